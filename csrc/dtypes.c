@@ -1,0 +1,297 @@
+/*
+ * dtypes.c: the one table of dtypes we move, the one table of reduction ops, and which op fits
+ * which kind of dtype.
+ *
+ * A NumPy dtype is looked up by kind and item size, not by type number, so every alias of a type
+ * (np.intc, np.longlong, ...) finds the same entry. float16 has no reduction ops in MPI, so it
+ * travels as MPI_UINT16_T and reduces with user ops (half -> float, operate, round back to nearest
+ * even), which gives NumPy's result for each pairwise step. AVG is SUM followed by a division by the
+ * group size, for floating and complex dtypes only (torch's AVG is not defined for integers here).
+ */
+#include "pydist.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+// ---------------------------------------------------------------------------------------------------
+// The dtype table. MPI_Datatype values are link-time constants in MPICH but not in every MPI, so the
+// table is filled in at first use rather than statically.
+
+enum { DT_BOOL, DT_I8, DT_I16, DT_I32, DT_I64, DT_U8, DT_U16, DT_U32, DT_U64,
+       DT_F16, DT_F32, DT_F64, DT_C64, DT_C128, DT_COUNT };
+
+static PdDtype table[DT_COUNT];
+static int table_ready = 0;
+
+static void table_fill(void) {
+    table[DT_BOOL] = (PdDtype){MPI_C_BOOL, "bool", 'b', 0};
+    table[DT_I8] = (PdDtype){MPI_INT8_T, "int8", 'i', 0};
+    table[DT_I16] = (PdDtype){MPI_INT16_T, "int16", 'i', 0};
+    table[DT_I32] = (PdDtype){MPI_INT32_T, "int32", 'i', 0};
+    table[DT_I64] = (PdDtype){MPI_INT64_T, "int64", 'i', 0};
+    table[DT_U8] = (PdDtype){MPI_UINT8_T, "uint8", 'u', 0};
+    table[DT_U16] = (PdDtype){MPI_UINT16_T, "uint16", 'u', 0};
+    table[DT_U32] = (PdDtype){MPI_UINT32_T, "uint32", 'u', 0};
+    table[DT_U64] = (PdDtype){MPI_UINT64_T, "uint64", 'u', 0};
+    table[DT_F16] = (PdDtype){MPI_UINT16_T, "float16", 'f', 1};
+    table[DT_F32] = (PdDtype){MPI_FLOAT, "float32", 'f', 0};
+    table[DT_F64] = (PdDtype){MPI_DOUBLE, "float64", 'f', 0};
+    table[DT_C64] = (PdDtype){MPI_C_FLOAT_COMPLEX, "complex64", 'c', 0};
+    table[DT_C128] = (PdDtype){MPI_C_DOUBLE_COMPLEX, "complex128", 'c', 0};
+    table_ready = 1;
+}
+
+static int index_of(char kind, int size) {
+    switch (kind) {
+    case 'b': return size == 1 ? DT_BOOL : -1;
+    case 'i': return size == 1 ? DT_I8 : size == 2 ? DT_I16 : size == 4 ? DT_I32 : size == 8 ? DT_I64 : -1;
+    case 'u': return size == 1 ? DT_U8 : size == 2 ? DT_U16 : size == 4 ? DT_U32 : size == 8 ? DT_U64 : -1;
+    case 'f': return size == 2 ? DT_F16 : size == 4 ? DT_F32 : size == 8 ? DT_F64 : -1;
+    case 'c': return size == 8 ? DT_C64 : size == 16 ? DT_C128 : -1;
+    default: return -1;
+    }
+}
+
+static const PdDtype *lookup_descr(PyArray_Descr *descr, const char *fn, const char *arg) {
+    if (!table_ready) {
+        table_fill();
+    }
+    int i = index_of(descr->kind, (int)PyDataType_ELSIZE(descr));
+    if (i < 0 || PyDataType_HASFIELDS(descr) || PyDataType_HASSUBARRAY(descr)) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s(): `%s` has unsupported dtype %R; supported: bool, int8..int64, "
+                     "uint8..uint64, float16, float32, float64, complex64, complex128",
+                     fn, arg, (PyObject *)descr);
+        return NULL;
+    }
+    return &table[i];
+}
+
+const PdDtype *pd_dtype_of(PyArrayObject *arr, const char *fn, const char *arg) {
+    return lookup_descr(PyArray_DESCR(arr), fn, arg);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// float16 <-> float32, bit-exact with NumPy (round to nearest, ties to even).
+
+static float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0x1f) {                 // inf / nan
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else if (exp != 0) {             // normal
+        bits = sign | ((exp + 112) << 23) | (mant << 13);
+    } else if (mant == 0) {            // zero
+        bits = sign;
+    } else {                           // subnormal: value = mant * 2^-24, exact in float
+        float f = (float)mant * 5.9604644775390625e-8f;
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    }
+    float out;
+    memcpy(&out, &bits, 4);
+    return out;
+}
+
+static uint16_t float_to_half(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    uint32_t absx = x & 0x7fffffffu;
+    if (absx >= 0x7f800000u) {                       // inf or nan (keep nan quiet)
+        return sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u | ((absx >> 13) & 0x3ffu) : 0);
+    }
+    if (absx >= 0x477ff000u) {                       // rounds to >= 65520: overflow to inf
+        return sign | 0x7c00u;
+    }
+    if (absx < 0x38800000u) {                        // below the smallest normal half: subnormal
+        if (absx < 0x33000000u) {                    // below half the smallest subnormal: zero
+            return sign;
+        }
+        uint32_t e = absx >> 23;
+        uint32_t m = (absx & 0x7fffffu) | 0x800000u; // implicit bit
+        uint32_t shift = 126 - e;                    // 14 + (113 - e) - 1 ... bits to drop
+        uint32_t half_m = m >> shift;
+        uint32_t rem = m & ((1u << shift) - 1);
+        uint32_t halfway = 1u << (shift - 1);
+        if (rem > halfway || (rem == halfway && (half_m & 1u))) {
+            half_m++;
+        }
+        return sign | (uint16_t)half_m;
+    }
+    // normal: rebias exponent (127 -> 15) and round the 23-bit mantissa to 10 bits
+    uint32_t h = ((absx >> 13) - (112u << 10));
+    uint32_t rem = absx & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) {
+        h++;                                         // may carry into the exponent: still correct
+    }
+    return sign | (uint16_t)h;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// float16 user ops. MPI calls them as inout[i] = in[i] (op) inout[i].
+
+#define HALF_OP(name, expr)                                                                        \
+    static void name(void *in, void *inout, MPI_Count *len, MPI_Datatype *dt) {                    \
+        (void)dt;                                                                                   \
+        const uint16_t *a_ = (const uint16_t *)in;                                                  \
+        uint16_t *b_ = (uint16_t *)inout;                                                           \
+        for (MPI_Count i = 0; i < *len; i++) {                                                      \
+            float a = half_to_float(a_[i]), b = half_to_float(b_[i]);                               \
+            b_[i] = float_to_half(expr);                                                            \
+        }                                                                                           \
+    }
+
+// MIN/MAX propagate NaN, as np.minimum/np.maximum do.
+HALF_OP(half_sum, a + b)
+HALF_OP(half_prod, a * b)
+HALF_OP(half_min, (a != a || b != b) ? NAN : (a < b ? a : b))
+HALF_OP(half_max, (a != a || b != b) ? NAN : (a > b ? a : b))
+
+static MPI_Op half_ops[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+
+int pd_ops_init(void) {
+    MPI_User_function_c *fns[4] = {half_sum, half_prod, half_min, half_max};
+    for (int i = 0; i < 4; i++) {
+        if (half_ops[i] == MPI_OP_NULL) {
+            int rc = MPI_Op_create_c(fns[i], 1, &half_ops[i]);
+            if (rc != MPI_SUCCESS) {
+                return pd_raise_mpi_int(rc, "MPI_Op_create_c");
+            }
+        }
+    }
+    return 0;
+}
+
+void pd_ops_free(void) {
+    for (int i = 0; i < 4; i++) {
+        if (half_ops[i] != MPI_OP_NULL) {
+            MPI_Op_free(&half_ops[i]);
+            half_ops[i] = MPI_OP_NULL;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The op table: which MPI op implements (op, kind). MPI_OP_NULL = not defined for that kind.
+
+static const char *op_names[PD_OP_COUNT] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"};
+
+const char *pd_op_name(int op) {
+    return (op >= 0 && op < PD_OP_COUNT) ? op_names[op] : "?";
+}
+
+static MPI_Op op_for(int op, const PdDtype *dt) {
+    if (dt->is_half) {
+        switch (op) {
+        case PD_OP_SUM: case PD_OP_AVG: return half_ops[0];
+        case PD_OP_PRODUCT: return half_ops[1];
+        case PD_OP_MIN: return half_ops[2];
+        case PD_OP_MAX: return half_ops[3];
+        default: return MPI_OP_NULL;
+        }
+    }
+    switch (dt->kind) {
+    case 'b':  // NumPy's bool arithmetic: + is or, * is and, min is and, max is or
+        switch (op) {
+        case PD_OP_SUM: case PD_OP_MAX: case PD_OP_BOR: return MPI_LOR;
+        case PD_OP_PRODUCT: case PD_OP_MIN: case PD_OP_BAND: return MPI_LAND;
+        case PD_OP_BXOR: return MPI_LXOR;
+        default: return MPI_OP_NULL;
+        }
+    case 'i': case 'u':
+        switch (op) {
+        case PD_OP_SUM: return MPI_SUM;
+        case PD_OP_PRODUCT: return MPI_PROD;
+        case PD_OP_MIN: return MPI_MIN;
+        case PD_OP_MAX: return MPI_MAX;
+        case PD_OP_BAND: return MPI_BAND;
+        case PD_OP_BOR: return MPI_BOR;
+        case PD_OP_BXOR: return MPI_BXOR;
+        default: return MPI_OP_NULL;
+        }
+    case 'f':
+        switch (op) {
+        case PD_OP_SUM: case PD_OP_AVG: return MPI_SUM;
+        case PD_OP_PRODUCT: return MPI_PROD;
+        case PD_OP_MIN: return MPI_MIN;
+        case PD_OP_MAX: return MPI_MAX;
+        default: return MPI_OP_NULL;
+        }
+    case 'c':
+        switch (op) {
+        case PD_OP_SUM: case PD_OP_AVG: return MPI_SUM;
+        case PD_OP_PRODUCT: return MPI_PROD;
+        default: return MPI_OP_NULL;
+        }
+    default:
+        return MPI_OP_NULL;
+    }
+}
+
+int pd_op_resolve(int op, const PdDtype *dt, const char *fn, MPI_Op *out) {
+    if (op < 0 || op >= PD_OP_COUNT) {
+        PyErr_Format(PyExc_ValueError, "%s(): `op` must be a ReduceOp (SUM, AVG, PRODUCT, MIN, MAX, "
+                     "BAND, BOR, BXOR); got %d", fn, op);
+        return -1;
+    }
+    MPI_Op m = op_for(op, dt);
+    if (m == MPI_OP_NULL) {
+        PyErr_Format(PyExc_TypeError, "%s(): ReduceOp.%s is not defined for dtype %s",
+                     fn, op_names[op], dt->name);
+        return -1;
+    }
+    *out = m;
+    return 0;
+}
+
+// _C.check_op(op, dtype): raise TypeError/ValueError if the pair is invalid, else None. The tests
+// use it to enumerate the dtype x op matrix from this very table.
+PyObject *pd_check_op(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long op;
+    PyArray_Descr *descr = NULL;
+    if (pd_check_nargs(nargs, 2, "check_op") < 0 || pd_arg_long(args[0], "check_op", "op", &op) < 0) {
+        return NULL;
+    }
+    if (!PyArray_DescrConverter(args[1], &descr)) {
+        return NULL;
+    }
+    const PdDtype *dt = lookup_descr(descr, "check_op", "dtype");
+    Py_DECREF(descr);
+    if (dt == NULL) {
+        return NULL;
+    }
+    MPI_Op m;
+    if (pd_op_resolve((int)op, dt, "check_op", &m) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// AVG: divide the summed buffer by the group size. Runs without the GIL.
+
+void pd_divide_inplace(void *buf, MPI_Count count, const PdDtype *dt, int divisor) {
+    if (dt->is_half) {
+        uint16_t *p = buf;
+        for (MPI_Count i = 0; i < count; i++) {
+            p[i] = float_to_half(half_to_float(p[i]) / (float)divisor);
+        }
+    } else if (dt->mpi == MPI_FLOAT) {
+        float *p = buf;
+        for (MPI_Count i = 0; i < count; i++) p[i] /= (float)divisor;
+    } else if (dt->mpi == MPI_DOUBLE) {
+        double *p = buf;
+        for (MPI_Count i = 0; i < count; i++) p[i] /= (double)divisor;
+    } else if (dt->mpi == MPI_C_FLOAT_COMPLEX) {
+        float *p = buf;  // interleaved (re, im)
+        for (MPI_Count i = 0; i < 2 * count; i++) p[i] /= (float)divisor;
+    } else if (dt->mpi == MPI_C_DOUBLE_COMPLEX) {
+        double *p = buf;
+        for (MPI_Count i = 0; i < 2 * count; i++) p[i] /= (double)divisor;
+    }
+}

@@ -1,0 +1,268 @@
+/*
+ * group.c: MPI start-up and shut-down, and the table of process groups (communicators).
+ *
+ * MPI is initialised once per process (MPI_THREAD_MULTIPLE, since other Python threads may call in
+ * while one waits with the GIL released) and finalised once, at interpreter exit. A process group is
+ * a slot in a table holding its communicator; destroy_process_group frees the communicators but
+ * leaves MPI running, so a later init_process_group works, as it does in torch. Every communicator
+ * gets MPI_ERRORS_RETURN the moment it exists, so no MPI error can kill the interpreter silently.
+ */
+#include "pydist.h"
+
+typedef struct {
+    MPI_Comm comm;   // MPI_COMM_NULL: free slot, or this process is not a member
+    int rank;        // this process's rank in the group
+    int size;
+    int in_use;
+} GroupSlot;
+
+static GroupSlot groups[PD_MAX_GROUPS];
+int pd_initialized = 0;
+static int thread_level = MPI_THREAD_SINGLE;
+
+// ---------------------------------------------------------------------------------------------------
+// Lookup
+
+MPI_Comm *pd_group_comm(long handle, const char *fn) {
+    if (!pd_initialized) {
+        PyErr_Format(PyExc_ValueError, "%s(): the default process group has not been initialized; "
+                     "call pydist.init_process_group(backend=\"mpi\") first", fn);
+        return NULL;
+    }
+    if (handle < 0 || handle >= PD_MAX_GROUPS || !groups[handle].in_use ||
+        groups[handle].comm == MPI_COMM_NULL) {
+        PyErr_Format(PyExc_ValueError, "%s(): `group` is not a live process group of this rank "
+                     "(handle %ld)", fn, handle);
+        return NULL;
+    }
+    return &groups[handle].comm;
+}
+
+int pd_group_size(long handle) {
+    return groups[handle].size;
+}
+
+int pd_group_rank(long handle) {
+    return groups[handle].rank;
+}
+
+int pd_group_from_global(long handle, int global_rank) {
+    if (handle == 0) {
+        return global_rank;
+    }
+    MPI_Group world_g, g;
+    int out = MPI_UNDEFINED;
+    MPI_Comm_group(groups[0].comm, &world_g);
+    MPI_Comm_group(groups[handle].comm, &g);
+    MPI_Group_translate_ranks(world_g, 1, &global_rank, g, &out);
+    MPI_Group_free(&world_g);
+    MPI_Group_free(&g);
+    return out;
+}
+
+int pd_group_to_global(long handle, int group_rank) {
+    if (handle == 0) {
+        return group_rank;
+    }
+    MPI_Group world_g, g;
+    int out = MPI_UNDEFINED;
+    MPI_Comm_group(groups[0].comm, &world_g);
+    MPI_Comm_group(groups[handle].comm, &g);
+    MPI_Group_translate_ranks(g, 1, &group_rank, world_g, &out);
+    MPI_Group_free(&world_g);
+    MPI_Group_free(&g);
+    return out;
+}
+
+static int slot_set(int slot, MPI_Comm comm) {
+    int rc = MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(comm, &groups[slot].rank);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(comm, &groups[slot].size);
+    if (rc != MPI_SUCCESS) {
+        return pd_raise_mpi_int(rc, "MPI_Comm_set_errhandler");
+    }
+    groups[slot].comm = comm;
+    groups[slot].in_use = 1;
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// init / destroy / finalize
+
+// _C.init(timeout_seconds) -> (rank, size, thread_level). timeout < 0: none.
+PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    int flag = 0, rc;
+    if (pd_check_nargs(nargs, 1, "init") < 0) {
+        return NULL;
+    }
+    double timeout = PyFloat_AsDouble(args[0]);
+    if (timeout == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (pd_initialized) {
+        PyErr_SetString(PyExc_ValueError, "init_process_group(): the default process group is already "
+                        "initialized; call destroy_process_group() before initializing it again");
+        return NULL;
+    }
+    MPI_Finalized(&flag);
+    if (flag) {
+        PyErr_SetString(pd_DistError, "init_process_group(): MPI has already been finalized in this "
+                        "process and cannot be started again");
+        return NULL;
+    }
+    MPI_Initialized(&flag);
+    if (!flag) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &thread_level);
+        Py_END_ALLOW_THREADS
+        if (rc != MPI_SUCCESS) {
+            return pd_raise_mpi(rc, "MPI_Init_thread");
+        }
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+        MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
+    }
+    if (pd_ops_init() < 0) {
+        return NULL;
+    }
+    // Our own dup of MPI_COMM_WORLD, so user code using MPI_COMM_WORLD directly (mpi4py) can never
+    // match our messages. Started nonblocking and waited on with our poll: with more ranks than
+    // cores a blocking call would spin through whole scheduler slices.
+    MPI_Comm world = MPI_COMM_NULL;
+    MPI_Request req = MPI_REQUEST_NULL;
+    rc = MPI_Comm_idup(MPI_COMM_WORLD, &world, &req);
+    if (rc != MPI_SUCCESS) {
+        return pd_raise_mpi(rc, "MPI_Comm_idup");
+    }
+    if (pd_wait(&req, MPI_STATUS_IGNORE, timeout, "init_process_group") < 0) {
+        return NULL;  // the dup never completed (another rank never arrived): leave MPI as it is
+    }
+    if (slot_set(0, world) < 0) {
+        MPI_Comm_free(&world);
+        return NULL;
+    }
+    pd_default_timeout = timeout;
+    pd_initialized = 1;
+    return Py_BuildValue("iii", groups[0].rank, groups[0].size, thread_level);
+}
+
+static void free_groups(void) {
+    for (int i = 0; i < PD_MAX_GROUPS; i++) {
+        if (groups[i].in_use && groups[i].comm != MPI_COMM_NULL) {
+            MPI_Comm_free(&groups[i].comm);
+        }
+        groups[i].comm = MPI_COMM_NULL;
+        groups[i].in_use = 0;
+    }
+}
+
+// _C.destroy(): free every group's communicator; MPI itself stays up for a later init.
+PyObject *pd_destroy(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    if (!pd_initialized) {
+        PyErr_SetString(PyExc_ValueError, "destroy_process_group(): the default process group has not "
+                        "been initialized");
+        return NULL;
+    }
+    pd_parked_drain();
+    free_groups();
+    pd_initialized = 0;
+    Py_RETURN_NONE;
+}
+
+// _C.finalize(): at interpreter exit. Safe to call when MPI never started or already ended.
+PyObject *pd_finalize(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    int init = 0, fin = 0;
+    MPI_Initialized(&init);
+    MPI_Finalized(&fin);
+    if (init && !fin) {
+        pd_parked_drain();
+        free_groups();
+        pd_initialized = 0;
+        pd_ops_free();
+        Py_BEGIN_ALLOW_THREADS
+        MPI_Finalize();
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
+// _C.abort(code): end the whole job. Used by the exception hook: MPI_Finalize here would leave the
+// other ranks waiting forever in their next collective, MPI_Abort makes the launcher kill them.
+PyObject *pd_abort(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long code = 1;
+    int init = 0, fin = 0;
+    if (pd_check_nargs(nargs, 1, "abort") < 0 || pd_arg_long(args[0], "abort", "code", &code) < 0) {
+        return NULL;
+    }
+    MPI_Initialized(&init);
+    MPI_Finalized(&fin);
+    if (init && !fin) {
+        MPI_Abort(MPI_COMM_WORLD, (int)code);
+    }
+    Py_RETURN_NONE;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Queries: cheap, no GIL release.
+
+PyObject *pd_get_rank(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long h;
+    if (pd_check_nargs(nargs, 1, "get_rank") < 0 || pd_arg_long(args[0], "get_rank", "group", &h) < 0 ||
+        pd_group_comm(h, "get_rank") == NULL) {
+        return NULL;
+    }
+    return PyLong_FromLong(groups[h].rank);
+}
+
+PyObject *pd_get_world_size(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long h;
+    if (pd_check_nargs(nargs, 1, "get_world_size") < 0 ||
+        pd_arg_long(args[0], "get_world_size", "group", &h) < 0 || pd_group_comm(h, "get_world_size") == NULL) {
+        return NULL;
+    }
+    return PyLong_FromLong(groups[h].size);
+}
+
+PyObject *pd_is_initialized(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyBool_FromLong(pd_initialized);
+}
+
+// _C.mpi_info() -> dict: the library version string and thread level, for diagnostics.
+PyObject *pd_mpi_info(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    char version[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
+    int len = 0;
+    MPI_Get_library_version(version, &len);
+    return Py_BuildValue("{s:s,s:i,s:i}", "library_version", version, "mpi_version", MPI_VERSION,
+                         "thread_level", thread_level);
+}
+
+int pd_group_peer(long handle, long global_rank, const char *fn, const char *arg, int allow_self) {
+    int world = groups[0].size;
+    if (global_rank < 0 || global_rank >= world) {
+        PyErr_Format(PyExc_ValueError, "%s(): `%s` must be a rank in [0, %d); got %ld", fn, arg, world,
+                     global_rank);
+        return -1;
+    }
+    if (!allow_self && global_rank == groups[0].rank) {
+        PyErr_Format(PyExc_ValueError, "%s(): `%s` must be another rank; rank %ld cannot %s itself", fn,
+                     arg, global_rank, strcmp(arg, "dst") == 0 ? "send to" : "receive from");
+        return -1;
+    }
+    int r = pd_group_from_global(handle, (int)global_rank);
+    if (r == MPI_UNDEFINED || r < 0) {
+        PyErr_Format(PyExc_ValueError, "%s(): `%s` = %ld is not a member of `group`", fn, arg, global_rank);
+        return -1;
+    }
+    return r;
+}

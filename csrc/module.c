@@ -1,0 +1,93 @@
+/*
+ * module.c: the pydist._C extension module: its function table, exception types and constants.
+ *
+ * The only file that imports NumPy's C API (PD_IMPORT_NUMPY). Multi-phase init (PEP 489), as in
+ * CPython's Modules/xxlimited.c. The functions are positional with fixed signatures; keywords,
+ * defaults, groups and warnings live in pydist/ (Python), and every function here re-validates what
+ * it uses, so calling _C directly cannot crash the interpreter.
+ */
+#define PD_IMPORT_NUMPY
+#include "pydist.h"
+
+#define FAST(name, fn, doc) {name, (PyCFunction)(void (*)(void))fn, METH_FASTCALL, doc}
+
+static PyMethodDef module_methods[] = {
+    FAST("init", pd_init, "init(timeout_seconds) -> (rank, size, thread_level)"),
+    {"destroy", pd_destroy, METH_NOARGS, "destroy() -> None: free every group's communicator"},
+    {"finalize", pd_finalize, METH_NOARGS, "finalize() -> None: MPI_Finalize, at interpreter exit"},
+    FAST("abort", pd_abort, "abort(code): MPI_Abort(MPI_COMM_WORLD, code)"),
+    {"is_initialized", pd_is_initialized, METH_NOARGS, "is_initialized() -> bool"},
+    {"mpi_info", pd_mpi_info, METH_NOARGS, "mpi_info() -> dict"},
+    FAST("get_rank", pd_get_rank, "get_rank(group) -> int"),
+    FAST("get_world_size", pd_get_world_size, "get_world_size(group) -> int"),
+    FAST("send", pd_send, "send(tensor, dst, tag, group) -> None"),
+    FAST("recv", pd_recv, "recv(tensor, src, tag, group) -> int (src < 0: any source)"),
+    FAST("isend", pd_isend, "isend(tensor, dst, tag, group) -> Work"),
+    FAST("irecv", pd_irecv, "irecv(tensor, src, tag, group) -> Work"),
+    FAST("barrier", pd_barrier, "barrier(group, async_op) -> None | Work"),
+    FAST("broadcast", pd_broadcast, "broadcast(tensor, src, group, async_op) -> None | Work"),
+    FAST("all_reduce", pd_all_reduce, "all_reduce(tensor, op, group, async_op) -> None | Work"),
+    FAST("set_wait_mode", pd_set_wait_mode, "set_wait_mode(mode) -> old mode (0: poll, 1: MPI_Wait)"),
+    FAST("check_op", pd_check_op, "check_op(op, dtype): raise if the op is not defined for the dtype"),
+    {NULL, NULL, 0, NULL},
+};
+
+static int add_exception(PyObject *m, PyObject **slot, const char *name, PyObject *base, const char *doc) {
+    *slot = PyErr_NewExceptionWithDoc(name, doc, base, NULL);
+    if (*slot == NULL) {
+        return -1;
+    }
+    return PyModule_AddObjectRef(m, strrchr(name, '.') + 1, *slot);
+}
+
+static int module_exec(PyObject *m) {
+    import_array1(-1);
+    if (pd_DistError == NULL) {  // the types are process-wide: MPI is too
+        if (add_exception(m, &pd_DistError, "pydist.DistError", PyExc_RuntimeError,
+                          "A distributed operation failed.") < 0 ||
+            add_exception(m, &pd_DistBackendError, "pydist.DistBackendError", pd_DistError,
+                          "MPI reported an error; the message carries MPI's own text.") < 0 ||
+            add_exception(m, &pd_DistTimeoutError, "pydist.DistTimeoutError", pd_DistError,
+                          "A wait ran past its timeout.") < 0) {
+            return -1;
+        }
+    } else if (PyModule_AddObjectRef(m, "DistError", pd_DistError) < 0 ||
+               PyModule_AddObjectRef(m, "DistBackendError", pd_DistBackendError) < 0 ||
+               PyModule_AddObjectRef(m, "DistTimeoutError", pd_DistTimeoutError) < 0) {
+        return -1;
+    }
+    if (pd_work_type_init(m) < 0) {
+        return -1;
+    }
+    static const struct { const char *name; int value; } ints[] = {
+        {"OP_SUM", PD_OP_SUM}, {"OP_AVG", PD_OP_AVG}, {"OP_PRODUCT", PD_OP_PRODUCT},
+        {"OP_MIN", PD_OP_MIN}, {"OP_MAX", PD_OP_MAX}, {"OP_BAND", PD_OP_BAND},
+        {"OP_BOR", PD_OP_BOR}, {"OP_BXOR", PD_OP_BXOR},
+        {"WAIT_POLL", PD_WAIT_POLL}, {"WAIT_MPI", PD_WAIT_MPI},
+        {"MAX_GROUPS", PD_MAX_GROUPS},
+    };
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        if (PyModule_AddIntConstant(m, ints[i].name, ints[i].value) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "pydist._C",
+    .m_doc = "pydist's C core: MPI collectives and point-to-point on NumPy arrays.",
+    .m_size = 0,
+    .m_methods = module_methods,
+    .m_slots = module_slots,
+};
+
+PyMODINIT_FUNC PyInit__C(void) {
+    return PyModuleDef_Init(&module_def);
+}

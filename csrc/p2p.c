@@ -1,0 +1,151 @@
+/*
+ * p2p.c: send, recv, isend, irecv.
+ *
+ * torch semantics: `dst`/`src` are global ranks whatever the group; sending to or receiving from
+ * yourself is a ValueError; recv(src=None) receives from anyone and returns the sender's rank.
+ * The blocking calls are the nonblocking ones plus pd_wait (work.c).
+ */
+#include "pydist.h"
+
+static int tag_ub = -1;
+
+static int check_tag(long tag, const char *fn) {
+    if (tag_ub < 0) {
+        int *ub = NULL, flag = 0;
+        MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+        tag_ub = (flag && ub) ? *ub : 32767;  // 32767 is the least MPI guarantees
+    }
+    if (tag < 0 || tag > tag_ub) {
+        PyErr_Format(PyExc_ValueError, "%s(): `tag` must be in [0, %d]; got %ld", fn, tag_ub, tag);
+        return -1;
+    }
+    return 0;
+}
+
+// Shared argument handling: (tensor, peer, tag, group). peer < 0 means any source (receives only).
+typedef struct {
+    PdBuf buf;
+    MPI_Comm comm;
+    long group;
+    int peer;  // group rank, or MPI_ANY_SOURCE
+    int tag;
+} P2PArgs;
+
+static int parse(PyObject *const *args, Py_ssize_t nargs, const char *fn, int is_recv, P2PArgs *a) {
+    long peer, tag, group;
+    const char *peer_name = is_recv ? "src" : "dst";
+    a->buf.arr = NULL;
+    if (pd_check_nargs(nargs, 4, fn) < 0 || pd_arg_long(args[1], fn, peer_name, &peer) < 0 ||
+        pd_arg_long(args[2], fn, "tag", &tag) < 0 || pd_arg_long(args[3], fn, "group", &group) < 0) {
+        return -1;
+    }
+    MPI_Comm *comm = pd_group_comm(group, fn);
+    if (comm == NULL || check_tag(tag, fn) < 0) {
+        return -1;
+    }
+    if (is_recv && peer < 0) {
+        a->peer = MPI_ANY_SOURCE;
+    } else if ((a->peer = pd_group_peer(group, peer, fn, peer_name, 0)) < 0) {
+        return -1;
+    }
+    if (pd_buf_get(args[0], fn, "tensor", is_recv, &a->buf) < 0) {
+        return -1;
+    }
+    a->comm = *comm;
+    a->group = group;
+    a->tag = (int)tag;
+    return 0;
+}
+
+static int start(P2PArgs *a, int is_recv, MPI_Request *req) {
+    int rc;
+    if (is_recv) {
+        rc = MPI_Irecv_c(a->buf.data, a->buf.count, a->buf.dtype->mpi, a->peer, a->tag, a->comm, req);
+    } else {
+        rc = MPI_Isend_c(a->buf.data, a->buf.count, a->buf.dtype->mpi, a->peer, a->tag, a->comm, req);
+    }
+    return rc == MPI_SUCCESS ? 0 : pd_raise_mpi_int(rc, is_recv ? "MPI_Irecv_c" : "MPI_Isend_c");
+}
+
+// ---------------------------------------------------------------------------------------------------
+
+// _C.send(tensor, dst, tag, group) -> None
+PyObject *pd_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    P2PArgs a;
+    MPI_Request req = MPI_REQUEST_NULL;
+    PyObject *ret = NULL;
+    if (parse(args, nargs, "send", 0, &a) < 0 || start(&a, 0, &req) < 0) {
+        goto done;
+    }
+    if (pd_wait_or_park(&req, MPI_STATUS_IGNORE, "send", (PyObject *)a.buf.arr, 0) < 0) {
+        goto done;
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    pd_buf_release(&a.buf);
+    return ret;
+}
+
+// _C.recv(tensor, src, tag, group) -> sender's global rank. src < 0: any source.
+PyObject *pd_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    P2PArgs a;
+    MPI_Request req = MPI_REQUEST_NULL;
+    MPI_Status status;
+    PyObject *ret = NULL;
+    if (parse(args, nargs, "recv", 1, &a) < 0 || start(&a, 1, &req) < 0) {
+        goto done;
+    }
+    if (pd_wait_or_park(&req, &status, "recv", (PyObject *)a.buf.arr, 1) < 0) {
+        goto done;
+    }
+    ret = PyLong_FromLong(pd_group_to_global(a.group, status.MPI_SOURCE));
+done:
+    pd_buf_release(&a.buf);
+    return ret;
+}
+
+static PyObject *start_async(PyObject *const *args, Py_ssize_t nargs, int is_recv) {
+    const char *fn = is_recv ? "irecv" : "isend";
+    P2PArgs a;
+    MPI_Request req = MPI_REQUEST_NULL;
+    PyObject *result = NULL;
+    PdWorkObject *w = NULL;
+    if (parse(args, nargs, fn, is_recv, &a) < 0) {
+        goto done;
+    }
+    result = PyList_New(1);
+    if (result == NULL) {
+        goto done;
+    }
+    PyList_SET_ITEM(result, 0, Py_NewRef(args[0]));
+    if (start(&a, is_recv, &req) < 0) {
+        goto done;
+    }
+    w = pd_work_new(req, fn, (PyObject *)a.buf.arr, result);
+    if (w == NULL) {
+        // cannot hand the request to anyone: park it so MPI never writes into freed memory
+        pd_park(req, Py_NewRef((PyObject *)a.buf.arr), is_recv);
+        goto done;
+    }
+    w->cancellable = is_recv;
+    w->is_recv = is_recv;
+    w->group = a.group;
+done:
+    Py_XDECREF(result);
+    pd_buf_release(&a.buf);
+    return (PyObject *)w;
+}
+
+// _C.isend(tensor, dst, tag, group) -> Work
+PyObject *pd_isend(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    return start_async(args, nargs, 0);
+}
+
+// _C.irecv(tensor, src, tag, group) -> Work; src < 0: any source
+PyObject *pd_irecv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    return start_async(args, nargs, 1);
+}

@@ -1,0 +1,195 @@
+/*
+ * pydist.h: the one header every csrc/ file includes.
+ *
+ * It pulls in Python, NumPy (shared API table, imported only in module.c) and MPI, and declares what
+ * the files share: the module state (exception types), the dtype/op tables, the array converter, the
+ * communicator table, the interruptible wait, and the Work type. Nothing here is exported from the
+ * shared object except PyInit__C (we build with -fvisibility=hidden).
+ */
+#ifndef PYDIST_H
+#define PYDIST_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#define PY_ARRAY_UNIQUE_SYMBOL pydist_ARRAY_API
+#ifndef PD_IMPORT_NUMPY
+#define NO_IMPORT_ARRAY
+#endif
+#include <numpy/arrayobject.h>
+
+#include <mpi.h>
+
+#if !defined(MPI_VERSION) || MPI_VERSION < 4
+#error "pydist needs an MPI 4 library (large-count calls); Debian/Ubuntu: apt-get install mpich libmpich-dev"
+#endif
+
+// ---------------------------------------------------------------------------------------------------
+// Errors (errors.c)
+
+// Exception types, created in module.c and shared by every file. DistError is a RuntimeError;
+// DistBackendError (MPI failures) and DistTimeoutError (waits that ran past their deadline) derive
+// from it, as in torch.distributed.
+extern PyObject *pd_DistError;
+extern PyObject *pd_DistBackendError;
+extern PyObject *pd_DistTimeoutError;
+
+// Raise DistBackendError "<call> failed: <MPI_Error_string> (error class N)". Returns NULL.
+PyObject *pd_raise_mpi(int rc, const char *call);
+// Same, returning -1, for int-returning helpers.
+int pd_raise_mpi_int(int rc, const char *call);
+
+// Check an MPI return code where the caller returns PyObject* on error via `goto error`.
+#define PD_CHECK_MPI(rc, call)                 \
+    do {                                       \
+        if ((rc) != MPI_SUCCESS) {             \
+            pd_raise_mpi((rc), (call));        \
+            goto error;                        \
+        }                                      \
+    } while (0)
+
+// ---------------------------------------------------------------------------------------------------
+// Dtypes and reduction ops (dtypes.c)
+
+// torch.distributed's ReduceOp values, in torch's order.
+enum {
+    PD_OP_SUM = 0, PD_OP_AVG = 1, PD_OP_PRODUCT = 2, PD_OP_MIN = 3, PD_OP_MAX = 4,
+    PD_OP_BAND = 5, PD_OP_BOR = 6, PD_OP_BXOR = 7, PD_OP_COUNT = 8
+};
+
+typedef struct {
+    MPI_Datatype mpi;   // what MPI moves (float16 travels as MPI_UINT16_T with our own ops)
+    const char *name;   // NumPy's name, for messages
+    char kind;          // 'b' bool, 'i' signed, 'u' unsigned, 'f' float, 'c' complex
+    int is_half;        // float16: reductions need our user ops
+} PdDtype;
+
+// Look up the table entry for an array's dtype; raises TypeError naming fn/arg and returns NULL
+// when the dtype is not one we move.
+const PdDtype *pd_dtype_of(PyArrayObject *arr, const char *fn, const char *arg);
+// The MPI op for (op, dtype); raises TypeError/ValueError and returns -1 when the pair is invalid.
+int pd_op_resolve(int op, const PdDtype *dt, const char *fn, MPI_Op *out);
+const char *pd_op_name(int op);
+int pd_ops_init(void);   // create the float16 user ops (after MPI_Init)
+void pd_ops_free(void);  // before MPI_Finalize
+// AVG is SUM followed by this division (elementwise, in place, on the reduced buffer).
+void pd_divide_inplace(void *buf, MPI_Count count, const PdDtype *dt, int divisor);
+
+// ---------------------------------------------------------------------------------------------------
+// Arrays (buffer.c)
+
+typedef struct {
+    PyArrayObject *arr;  // new reference; NULL when unused
+    const PdDtype *dtype;
+    void *data;
+    MPI_Count count;     // number of elements
+    Py_ssize_t nbytes;
+} PdBuf;
+
+// Validate `obj` as an array argument: ndarray (or a torch CPU tensor, viewed, not copied),
+// C-contiguous, aligned, native byte order, writeable if `writable`, a dtype we support.
+// On success fills *buf (holding a new reference) and returns 0; otherwise raises and returns -1.
+int pd_buf_get(PyObject *obj, const char *fn, const char *arg, int writable, PdBuf *buf);
+void pd_buf_release(PdBuf *buf);
+
+// ---------------------------------------------------------------------------------------------------
+// Process groups (group.c)
+
+// Groups are slots in a table of communicators; Python refers to them by slot index. Slot 0 is the
+// default (world) group, a dup of MPI_COMM_WORLD.
+#define PD_MAX_GROUPS 4096
+extern int pd_initialized;           // init_process_group has run and destroy has not
+// The communicator for a handle, or NULL with ValueError raised (bad handle, not initialized).
+MPI_Comm *pd_group_comm(long handle, const char *fn);
+// Rank/size in a group; set by pd_group_comm's caller via these helpers.
+int pd_group_size(long handle);
+int pd_group_rank(long handle);
+// Translate a global rank to the group's rank (MPI_UNDEFINED when not a member).
+int pd_group_from_global(long handle, int global_rank);
+int pd_group_to_global(long handle, int group_rank);
+// A `src`/`dst`/root argument: a global rank, as in torch, checked against the world and the group.
+// Returns its rank in the group, or -1 with ValueError raised. A peer equal to this rank is refused
+// unless allow_self (roots may be yourself; point-to-point partners may not).
+int pd_group_peer(long handle, long global_rank, const char *fn, const char *arg, int allow_self);
+
+// ---------------------------------------------------------------------------------------------------
+// Waiting (work.c)
+
+// How blocking calls wait: PD_WAIT_POLL (MPI_Test + sched_yield, interruptible, the default) or
+// PD_WAIT_MPI (plain MPI_Wait with the GIL released, for benchmarks).
+enum { PD_WAIT_POLL = 0, PD_WAIT_MPI = 1 };
+extern int pd_wait_mode;
+
+// Wait for `req` with the GIL held on entry and exit; released while waiting. timeout < 0 means
+// forever. Returns 0 when complete, otherwise raises (KeyboardInterrupt or other signal exception,
+// DistTimeoutError, DistBackendError) and returns -1 with the request still pending.
+int pd_wait(MPI_Request *req, MPI_Status *status, double timeout, const char *what);
+
+// Blocking call helper: wait, and if the wait is interrupted park the request together with the
+// objects that own its memory, so MPI can never write into freed memory. Consumes nothing.
+int pd_wait_or_park(MPI_Request *req, MPI_Status *status, const char *what, PyObject *keep,
+                    int cancellable);
+
+// Move a pending request and a reference to its owners onto the parked list (steals `keep`).
+void pd_park(MPI_Request req, PyObject *keep, int cancellable);
+// Complete or cancel what was parked (called before MPI_Finalize / at destroy).
+void pd_parked_drain(void);
+
+// The default timeout (seconds, < 0 = none) for blocking calls, set by init_process_group.
+extern double pd_default_timeout;
+
+// Work handles (async_op=True, isend/irecv).
+typedef struct {
+    PyObject_HEAD
+    MPI_Request req;
+    MPI_Status status;
+    PyObject *keep;        // owns the memory MPI reads/writes (a tuple of arrays); NULL when done
+    PyObject *result;      // what result() returns (list of arrays)
+    const char *what;      // operation name for messages
+    int cancellable;       // point-to-point requests may be cancelled at shutdown
+    int is_recv;
+    long group;            // group handle, to translate a receive's source to a global rank
+    int avg_divisor;       // >0: divide the result by this after completion (AVG)
+    const PdDtype *avg_dtype;
+    void *avg_buf;
+    MPI_Count avg_count;
+    PyObject *error;       // exception raised by a failed completion, re-raised by later wait()s
+} PdWorkObject;
+
+extern PyTypeObject *pd_WorkType;
+int pd_work_type_init(PyObject *module);
+// A new Work for `req` that keeps `keep` alive (new reference taken) and returns `result` from
+// result() (new reference taken, may be NULL for an empty list).
+PdWorkObject *pd_work_new(MPI_Request req, const char *what, PyObject *keep, PyObject *result);
+
+// ---------------------------------------------------------------------------------------------------
+// Module functions, one file per concern
+
+PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs);          // group.c
+PyObject *pd_destroy(PyObject *self, PyObject *unused);                               // group.c
+PyObject *pd_finalize(PyObject *self, PyObject *unused);                              // group.c
+PyObject *pd_abort(PyObject *self, PyObject *const *args, Py_ssize_t nargs);          // group.c
+PyObject *pd_get_rank(PyObject *self, PyObject *const *args, Py_ssize_t nargs);       // group.c
+PyObject *pd_get_world_size(PyObject *self, PyObject *const *args, Py_ssize_t nargs); // group.c
+PyObject *pd_is_initialized(PyObject *self, PyObject *unused);                        // group.c
+PyObject *pd_mpi_info(PyObject *self, PyObject *unused);                              // group.c
+
+PyObject *pd_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   // p2p.c
+PyObject *pd_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   // p2p.c
+PyObject *pd_isend(PyObject *self, PyObject *const *args, Py_ssize_t nargs);  // p2p.c
+PyObject *pd_irecv(PyObject *self, PyObject *const *args, Py_ssize_t nargs);  // p2p.c
+
+PyObject *pd_barrier(PyObject *self, PyObject *const *args, Py_ssize_t nargs);     // collectives.c
+PyObject *pd_broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   // collectives.c
+PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs);  // collectives.c
+
+PyObject *pd_set_wait_mode(PyObject *self, PyObject *const *args, Py_ssize_t nargs); // work.c
+PyObject *pd_check_op(PyObject *self, PyObject *const *args, Py_ssize_t nargs);     // dtypes.c
+
+// Small helpers for the positional _C signatures: parse a C long / bool argument or raise TypeError.
+int pd_arg_long(PyObject *obj, const char *fn, const char *arg, long *out);
+int pd_arg_bool(PyObject *obj, const char *fn, const char *arg, int *out);
+int pd_check_nargs(Py_ssize_t nargs, Py_ssize_t want, const char *fn);
+
+#endif  // PYDIST_H
