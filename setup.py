@@ -44,8 +44,9 @@ def _from_show(mpicc):
 
 
 def _from_pkg_config(name):
-    cflags = _run(["pkg-config", "--cflags", name])
-    libs = _run(["pkg-config", "--libs", name])
+    pkg_config = os.environ.get("PKG_CONFIG", "pkg-config")
+    cflags = _run([pkg_config, "--cflags", name])
+    libs = _run([pkg_config, "--libs", name])
     if cflags is None or libs is None:
         return None
     flags = {"include_dirs": [], "library_dirs": [], "libraries": [], "extra_link_args": []}

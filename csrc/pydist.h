@@ -134,7 +134,7 @@ int pd_wait_or_park(MPI_Request *req, MPI_Status *status, const char *what, PyOb
 // Move a pending request and a reference to its owners onto the parked list (steals `keep`).
 void pd_park(MPI_Request req, PyObject *keep, int cancellable);
 // Complete or cancel what was parked (called before MPI_Finalize / at destroy).
-void pd_parked_drain(void);
+int pd_parked_drain(void);
 
 // The default timeout (seconds, < 0 = none) for blocking calls, set by init_process_group.
 extern double pd_default_timeout;

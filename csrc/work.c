@@ -106,8 +106,10 @@ void pd_park(MPI_Request req, PyObject *keep, int cancellable) {
 }
 
 // Complete what can be completed; cancel pending receives; anything else (a collective that a peer
-// never joined) stays parked with its memory alive, since MPI may still own it.
-void pd_parked_drain(void) {
+// never joined) stays parked with its memory alive, since MPI may still own it. Returns how many
+// stay parked.
+int pd_parked_drain(void) {
+    int left = 0;
     Parked **link = &parked;
     while (*link != NULL) {
         Parked *p = *link;
@@ -124,8 +126,10 @@ void pd_parked_drain(void) {
             PyMem_RawFree(p);
         } else {
             link = &p->next;
+            left++;
         }
     }
+    return left;
 }
 
 int pd_wait_or_park(MPI_Request *req, MPI_Status *status, const char *what, PyObject *keep,

@@ -1,0 +1,44 @@
+"""python -m pydist script.py [args...]: run a script so that a failure on any rank ends the job.
+
+An exception or a non-zero sys.exit() on one rank prints a [rankN]-prefixed message and calls
+MPI_Abort, so mpiexec ends every rank within a second instead of leaving them waiting in their next
+collective. (init_process_group installs the same hook for exceptions; this also covers sys.exit and
+errors before init.)
+
+    mpiexec.mpich -n 4 python -m pydist train.py --epochs 5
+"""
+import os
+import runpy
+import sys
+
+from . import _C
+from .distributed import _excepthook, _rank_prefix
+
+
+def main():
+    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if len(sys.argv) >= 2 else 2
+    script = sys.argv[1]
+    sys.argv = sys.argv[1:]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if code != 0:
+            if not isinstance(e.code, int):
+                sys.stderr.write(f"{_rank_prefix()}: {e.code}\n")
+            sys.stderr.write(f"{_rank_prefix()}: exited with status {code}, aborting the job (MPI_Abort)\n")
+            sys.stderr.flush()
+            _C.abort(code)
+        raise
+    except BaseException:
+        _excepthook(*sys.exc_info())
+        _C.abort(1)   # if MPI never started, there is nobody to abort: fall through
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

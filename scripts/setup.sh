@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Install everything pydist needs on a fresh Debian/Ubuntu machine, then build pydist into .venv.
+#
+#   scripts/setup.sh          MPICH and the package (what `make train` needs)
+#   scripts/setup.sh --test   also the test and benchmark peers: pytest, hypothesis, torch (CPU)
+#
+# Safe to run again: it installs only what is missing. Needs root (or sudo) for apt-get.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# MPICH, never Open MPI: a library linked to one MPI and launched by the other's mpiexec runs every
+# process as rank 0 of 1. Debian's python3-mpi4py pulls Open MPI in, so it is never installed here.
+APT_PACKAGES=(mpich libmpich-dev pkg-config)
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "setup: installing ${missing[*]} with apt-get"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$PYTHON" -m venv .venv
+fi
+PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+"${PIP[@]}" -U "setuptools>=70" wheel "numpy>=1.23"
+if [ "${1:-}" = "--test" ]; then
+  # torch 2.13.0 is the CPU build (a local file here); other versions download GBs of CUDA.
+  "${PIP[@]}" "pytest>=7" "hypothesis>=6" "torch==2.13.0"
+fi
+# Editable, so the tests and examples run against this checkout; the C extension is built in place.
+"${PIP[@]}" --no-build-isolation -e .
+.venv/bin/python -c "import pydist, numpy; print('setup: pydist', pydist.__version__, 'ready in .venv')"
