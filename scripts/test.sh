@@ -22,13 +22,26 @@ cp pydist/*.py build/asan/pydist/
 PYDIST_ASAN=1 $PY setup.py -q build_ext --build-lib build/asan --build-temp build/asan-tmp 2>&1 \
   | { grep -iE "warning|error" || true; }
 ASAN_LIB=$(gcc -print-file-name=libasan.so)
-# Leak detection stays off: CPython itself keeps allocations alive at exit, which LeakSanitizer
-# reports by the thousand. Leaks are checked by tests/unit/test_memory.py (RSS and refcounts).
-export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
+# Every process writes its report to $ASAN_DIR. CPython keeps thousands of allocations alive at exit,
+# which LeakSanitizer lists too, so leaks do not fail the run by themselves (exitcode=0): below, a
+# leak fails it only if its allocation stack passes through our own code (csrc/). Memory errors
+# (overflows, use after free) fail at once.
+ASAN_DIR=$(mktemp -d)
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:log_path=$ASAN_DIR/asan
+export LSAN_OPTIONS=exitcode=0
 LD_PRELOAD=$ASAN_LIB PYTHONPATH=$PWD/build/asan $PY -P -c \
   "import pydist._C as c, sys; assert '/build/asan/' in c.__file__, c.__file__; print('asan build:', c.__file__)"
 LD_PRELOAD=$ASAN_LIB PYTHONPATH=$PWD/build/asan $PY -P -m pytest -q -p no:cacheprovider \
   tests/unit/test_api.py tests/unit/test_errors.py tests/unit/test_float16.py tests/unit/test_gil.py
 LD_PRELOAD=$ASAN_LIB PYTHONPATH=$PWD/build/asan $PY tests/run_mpi.py -n 2 3
+if grep -l "ERROR: AddressSanitizer" "$ASAN_DIR"/asan.* 2>/dev/null; then
+  cat "$ASAN_DIR"/asan.*; echo "AddressSanitizer found a memory error"; exit 1
+fi
+ours=$(cat "$ASAN_DIR"/asan.* 2>/dev/null | awk 'BEGIN { RS = "" } /leak of/ && /csrc\//')
+if [ -n "$ours" ]; then
+  echo "$ours"; echo "LeakSanitizer: leaks allocated by pydist's C code (above)"; exit 1
+fi
+echo "asan: no memory errors; no leaks from csrc/ ($(ls "$ASAN_DIR" | wc -l) process reports read)"
+rm -rf "$ASAN_DIR"
 
 echo "== all tests passed in $(( $(date +%s) - start )) s"
