@@ -114,7 +114,7 @@ PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (comm == NULL || pd_buf_get(args[0], "all_reduce", "tensor", 1, &buf) < 0) {
         return NULL;
     }
-    if (pd_op_resolve((int)op, buf.dtype, "all_reduce", &mop) < 0) {
+    if (pd_op_resolve(op, buf.dtype, "all_reduce", &mop) < 0) {
         goto done;
     }
     int rc = MPI_Iallreduce_c(MPI_IN_PLACE, buf.data, buf.count, buf.dtype->mpi, mop, *comm, &req);

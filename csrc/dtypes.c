@@ -184,13 +184,19 @@ const char *pd_op_name(int op) {
     return (op >= 0 && op < PD_OP_COUNT) ? op_names[op] : "?";
 }
 
+// float16's ops are created at init; until then a placeholder marks the valid pairs, so that which
+// pairs are valid never depends on whether MPI has started.
+static MPI_Op half_op(int i) {
+    return half_ops[i] != MPI_OP_NULL ? half_ops[i] : MPI_SUM;
+}
+
 static MPI_Op op_for(int op, const PdDtype *dt) {
     if (dt->is_half) {
         switch (op) {
-        case PD_OP_SUM: case PD_OP_AVG: return half_ops[0];
-        case PD_OP_PRODUCT: return half_ops[1];
-        case PD_OP_MIN: return half_ops[2];
-        case PD_OP_MAX: return half_ops[3];
+        case PD_OP_SUM: case PD_OP_AVG: return half_op(0);
+        case PD_OP_PRODUCT: return half_op(1);
+        case PD_OP_MIN: return half_op(2);
+        case PD_OP_MAX: return half_op(3);
         default: return MPI_OP_NULL;
         }
     }
@@ -232,15 +238,15 @@ static MPI_Op op_for(int op, const PdDtype *dt) {
     }
 }
 
-int pd_op_resolve(int op, const PdDtype *dt, const char *fn, MPI_Op *out) {
+int pd_op_resolve(long op, const PdDtype *dt, const char *fn, MPI_Op *out) {
     if (op < 0 || op >= PD_OP_COUNT) {
         PyErr_Format(PyExc_ValueError, "%s(): `op` must be a ReduceOp (SUM, AVG, PRODUCT, MIN, MAX, "
-                     "BAND, BOR, BXOR); got %d", fn, op);
+                     "BAND, BOR, BXOR); got %ld", fn, op);
         return -1;
     }
-    MPI_Op m = op_for(op, dt);
+    MPI_Op m = op_for((int)op, dt);
     if (m == MPI_OP_NULL) {
-        PyErr_Format(PyExc_TypeError, "%s(): ReduceOp.%s is not defined for dtype %s",
+        PyErr_Format(PyExc_TypeError, "%s(): `op` ReduceOp.%s is not defined for dtype %s",
                      fn, op_names[op], dt->name);
         return -1;
     }
@@ -266,7 +272,7 @@ PyObject *pd_check_op(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         return NULL;
     }
     MPI_Op m;
-    if (pd_op_resolve((int)op, dt, "check_op", &m) < 0) {
+    if (pd_op_resolve(op, dt, "check_op", &m) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;

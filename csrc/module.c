@@ -21,7 +21,7 @@ static PyMethodDef module_methods[] = {
     FAST("get_rank", pd_get_rank, "get_rank(group) -> int"),
     FAST("get_world_size", pd_get_world_size, "get_world_size(group) -> int"),
     FAST("send", pd_send, "send(tensor, dst, tag, group) -> None"),
-    FAST("recv", pd_recv, "recv(tensor, src, tag, group) -> int (src < 0: any source)"),
+    FAST("recv", pd_recv, "recv(tensor, src, tag, group) -> int (src None: any source)"),
     FAST("isend", pd_isend, "isend(tensor, dst, tag, group) -> Work"),
     FAST("irecv", pd_irecv, "irecv(tensor, src, tag, group) -> Work"),
     FAST("barrier", pd_barrier, "barrier(group, async_op) -> None | Work"),

@@ -22,7 +22,7 @@ static int check_tag(long tag, const char *fn) {
     return 0;
 }
 
-// Shared argument handling: (tensor, peer, tag, group). peer < 0 means any source (receives only).
+// Shared argument handling: (tensor, peer, tag, group). For receives, peer None means any source.
 typedef struct {
     PdBuf buf;
     MPI_Comm comm;
@@ -35,7 +35,8 @@ static int parse(PyObject *const *args, Py_ssize_t nargs, const char *fn, int is
     long peer, tag, group;
     const char *peer_name = is_recv ? "src" : "dst";
     a->buf.arr = NULL;
-    if (pd_check_nargs(nargs, 4, fn) < 0 || pd_arg_long(args[1], fn, peer_name, &peer) < 0 ||
+    int any_source = is_recv && nargs == 4 && args[1] == Py_None;
+    if (pd_check_nargs(nargs, 4, fn) < 0 || (!any_source && pd_arg_long(args[1], fn, peer_name, &peer) < 0) ||
         pd_arg_long(args[2], fn, "tag", &tag) < 0 || pd_arg_long(args[3], fn, "group", &group) < 0) {
         return -1;
     }
@@ -43,7 +44,7 @@ static int parse(PyObject *const *args, Py_ssize_t nargs, const char *fn, int is
     if (comm == NULL || check_tag(tag, fn) < 0) {
         return -1;
     }
-    if (is_recv && peer < 0) {
+    if (any_source) {
         a->peer = MPI_ANY_SOURCE;
     } else if ((a->peer = pd_group_peer(group, peer, fn, peer_name, 0)) < 0) {
         return -1;
@@ -87,7 +88,7 @@ done:
     return ret;
 }
 
-// _C.recv(tensor, src, tag, group) -> sender's global rank. src < 0: any source.
+// _C.recv(tensor, src, tag, group) -> sender's global rank. src None: any source.
 PyObject *pd_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     P2PArgs a;
@@ -144,7 +145,7 @@ PyObject *pd_isend(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return start_async(args, nargs, 0);
 }
 
-// _C.irecv(tensor, src, tag, group) -> Work; src < 0: any source
+// _C.irecv(tensor, src, tag, group) -> Work; src None: any source
 PyObject *pd_irecv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     return start_async(args, nargs, 1);

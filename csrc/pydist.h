@@ -69,7 +69,7 @@ typedef struct {
 // when the dtype is not one we move.
 const PdDtype *pd_dtype_of(PyArrayObject *arr, const char *fn, const char *arg);
 // The MPI op for (op, dtype); raises TypeError/ValueError and returns -1 when the pair is invalid.
-int pd_op_resolve(int op, const PdDtype *dt, const char *fn, MPI_Op *out);
+int pd_op_resolve(long op, const PdDtype *dt, const char *fn, MPI_Op *out);
 const char *pd_op_name(int op);
 int pd_ops_init(void);   // create the float16 user ops (after MPI_Init)
 void pd_ops_free(void);  // before MPI_Finalize

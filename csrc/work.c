@@ -73,8 +73,11 @@ int pd_wait(MPI_Request *req, MPI_Status *status, double timeout, const char *wh
         }
         double waited = MPI_Wtime() - start;
         if (timeout >= 0 && waited >= timeout) {
-            PyErr_Format(pd_DistTimeoutError, "%s timed out after %.3f s (timeout %.3f s): another rank "
-                         "may not have called it", what, waited, timeout);
+            // PyErr_Format has no float conversions: format the message first
+            char msg[300];
+            PyOS_snprintf(msg, sizeof msg, "%s timed out after %.3f s (timeout %.3f s): another rank may "
+                          "not have called it", what, waited, timeout);
+            PyErr_SetString(pd_DistTimeoutError, msg);
             return -1;
         }
     }
@@ -248,7 +251,7 @@ static PyObject *work_wait(PdWorkObject *w, PyObject *const *args, Py_ssize_t na
             return NULL;
         }
         if (timeout < 0) {
-            PyErr_Format(PyExc_ValueError, "wait(): `timeout` must be >= 0; got %g", timeout);
+            PyErr_Format(PyExc_ValueError, "wait(): `timeout` must be >= 0; got %R", t);
             return NULL;
         }
     }

@@ -12,7 +12,7 @@ import runpy
 import sys
 
 from . import _C
-from .distributed import _excepthook, _rank_prefix
+from .distributed import _abort, _excepthook, _rank_prefix
 
 
 def main():
@@ -30,8 +30,7 @@ def main():
             if not isinstance(e.code, int):
                 sys.stderr.write(f"{_rank_prefix()}: {e.code}\n")
             sys.stderr.write(f"{_rank_prefix()}: exited with status {code}, aborting the job (MPI_Abort)\n")
-            sys.stderr.flush()
-            _C.abort(code)
+            _abort(code)
         raise
     except BaseException:
         _excepthook(*sys.exc_info())

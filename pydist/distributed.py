@@ -10,6 +10,7 @@ import datetime
 import enum
 import os
 import sys
+import time
 import traceback
 import warnings
 
@@ -158,8 +159,16 @@ def _excepthook(exc_type, exc, tb):
     sys.stderr.flush()
     if _C.is_initialized() and _C.get_world_size(0) > 1:
         sys.stderr.write(f"{prefix}: unhandled exception, aborting the job (MPI_Abort)\n")
-        sys.stderr.flush()
-        _C.abort(1)
+        _abort(1)
+
+
+def _abort(code):
+    """MPI_Abort, after giving the launcher a moment to forward what this rank just printed (under
+    load, hydra could otherwise kill the job before the traceback reaches the terminal)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(0.2)
+    _C.abort(code)
 
 
 _atexit_registered = False
@@ -259,8 +268,12 @@ def is_nccl_available():
 
 def get_backend(group=None):
     """The backend of `group`: always ``"mpi"``."""
-    _C.get_rank(_group_handle(group, "get_backend") if group is not None else 0)  # raises before init
-    return Backend.MPI
+    if not _C.is_initialized():
+        raise ValueError("get_backend(): the default process group has not been initialized; "
+                         "call pydist.init_process_group(backend=\"mpi\") first")
+    if group is not None:
+        _group_handle(group, "get_backend")
+    return Backend(Backend.MPI)
 
 
 def get_rank(group=None):
@@ -306,7 +319,7 @@ def recv(tensor, src=None, group=None, tag=0):
     handle = 0 if group is None else _group_handle(group, "recv")
     if handle < 0:
         return -1
-    return _C.recv(tensor, -1 if src is None else src, tag, handle)
+    return _C.recv(tensor, src, tag, handle)
 
 
 def isend(tensor, dst, group=None, tag=0):
@@ -325,7 +338,7 @@ def irecv(tensor, src=None, group=None, tag=0):
     handle = 0 if group is None else _group_handle(group, "irecv")
     if handle < 0:
         return None
-    return _C.irecv(tensor, -1 if src is None else src, tag, handle)
+    return _C.irecv(tensor, src, tag, handle)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -6,6 +6,8 @@
 #   3. the same core tests on an AddressSanitizer build of the extension
 set -euo pipefail
 cd "$(dirname "$0")/.."
+LOG=$(mktemp)   # every stage's output, to add up the counts at the end
+exec > >(tee "$LOG") 2>&1
 PY=.venv/bin/python
 export PATH="$PWD/.venv/bin:$PATH"
 start=$(date +%s)
@@ -21,7 +23,9 @@ rm -rf build/asan && mkdir -p build/asan/pydist
 cp pydist/*.py build/asan/pydist/
 PYDIST_ASAN=1 $PY setup.py -q build_ext --build-lib build/asan --build-temp build/asan-tmp 2>&1 \
   | { grep -iE "warning|error" || true; }
-ASAN_LIB=$(gcc -print-file-name=libasan.so)
+# libstdc++ is preloaded too: with libasan alone, ASan's __cxa_throw hook aborts on any C++ exception
+# torch throws (even one it catches itself).
+ASAN_LIB="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)"
 # Every process writes its report to $ASAN_DIR. CPython keeps thousands of allocations alive at exit,
 # which LeakSanitizer lists too, so leaks do not fail the run by themselves (exitcode=0): below, a
 # leak fails it only if its allocation stack passes through our own code (csrc/). Memory errors
@@ -44,4 +48,6 @@ fi
 echo "asan: no memory errors; no leaks from csrc/ ($(ls "$ASAN_DIR" | wc -l) process reports read)"
 rm -rf "$ASAN_DIR"
 
+passed=$(grep -oE '^[0-9]+ passed' "$LOG" | awk '{ s += $1 } END { print s + 0 }')
 echo "== all tests passed in $(( $(date +%s) - start )) s"
+echo "total: $passed passed, 0 failed"
