@@ -123,3 +123,79 @@ error:
 void pd_buf_release(PdBuf *buf) {
     Py_CLEAR(buf->arr);
 }
+
+// ---------------------------------------------------------------------------------------------------
+// Lists of arrays (all_gather, gather, scatter, all_to_all). MPI moves them without copying as
+// bytes at displacements from the lowest array's address; every array must have the dtype and the
+// element count of `like` (the call's single tensor), as torch requires.
+
+int pd_buflist_get(PyObject *seq_obj, Py_ssize_t n, const char *fn, const char *arg, int writable,
+                   const PdBuf *like, PdBufList *out) {
+    memset(out, 0, sizeof *out);
+    if (!PyList_Check(seq_obj) && !PyTuple_Check(seq_obj)) {
+        PyErr_Format(PyExc_TypeError, "%s(): `%s` must be a list of arrays; got %.100s", fn, arg,
+                     Py_TYPE(seq_obj)->tp_name);
+        return -1;
+    }
+    PyObject *seq = PySequence_Fast(seq_obj, "");
+    if (seq == NULL) {
+        return -1;
+    }
+    if (PySequence_Fast_GET_SIZE(seq) != n) {
+        PyErr_Format(PyExc_ValueError, "%s(): `%s` must have one array per rank of the group (%zd); got %zd",
+                     fn, arg, n, PySequence_Fast_GET_SIZE(seq));
+        goto error;
+    }
+    out->n = n;
+    out->bufs = PyMem_Calloc(n ? n : 1, sizeof(PdBuf));
+    // counts and displacements must stay untouched until MPI completes, so they live in a bytes
+    // object that the operation's owner keeps alive with the arrays
+    out->meta = PyBytes_FromStringAndSize(NULL, (n ? n : 1) * (sizeof(MPI_Count) + sizeof(MPI_Aint)));
+    out->keep = PyTuple_New(n + 1);
+    if (out->bufs == NULL || out->meta == NULL || out->keep == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    out->counts = (MPI_Count *)PyBytes_AS_STRING(out->meta);
+    out->displs = (MPI_Aint *)(out->counts + (n ? n : 1));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s[%zd]", arg, i);
+        if (pd_buf_get(PySequence_Fast_GET_ITEM(seq, i), fn, name, writable, &out->bufs[i]) < 0) {
+            goto error;
+        }
+        if (out->bufs[i].dtype != like->dtype || out->bufs[i].count != like->count) {
+            PyErr_Format(PyExc_ValueError, "%s(): `%s` must have the dtype and size of the other array "
+                         "(%s, %lld elements); got %s with %lld elements", fn, name, like->dtype->name,
+                         (long long)like->count, out->bufs[i].dtype->name, (long long)out->bufs[i].count);
+            goto error;
+        }
+        PyTuple_SET_ITEM(out->keep, i, Py_NewRef((PyObject *)out->bufs[i].arr));
+        if (out->base == NULL || (char *)out->bufs[i].data < out->base) {
+            out->base = out->bufs[i].data;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out->counts[i] = (MPI_Count)out->bufs[i].nbytes;
+        out->displs[i] = (MPI_Aint)((char *)out->bufs[i].data - out->base);
+    }
+    PyTuple_SET_ITEM(out->keep, n, Py_NewRef(out->meta));
+    Py_DECREF(seq);
+    return 0;
+error:
+    Py_DECREF(seq);
+    pd_buflist_release(out);
+    return -1;
+}
+
+void pd_buflist_release(PdBufList *l) {
+    if (l->bufs != NULL) {
+        for (Py_ssize_t i = 0; i < l->n; i++) {
+            pd_buf_release(&l->bufs[i]);
+        }
+        PyMem_Free(l->bufs);
+        l->bufs = NULL;
+    }
+    Py_CLEAR(l->meta);
+    Py_CLEAR(l->keep);
+}

@@ -1,47 +1,77 @@
 /*
- * collectives.c: barrier, broadcast and all_reduce over MPI, on the array's own memory.
+ * collectives.c: every collective of torch.distributed, over MPI, on the arrays' own memory.
  *
  * Each call validates everything with the GIL held, starts MPI's nonblocking collective, and then
- * either waits for it (pd_wait: interruptible, yields the core) or hands the request to a Work
- * (async_op=True) that owns the array until the operation completes. all_reduce is in place
- * (MPI_IN_PLACE), as torch's is. AVG is SUM followed by a division by the group size.
+ * either waits for it (pd_wait: interruptible, yields the core, honours the group's timeout) or hands
+ * the request to a Work (async_op=True) that owns the arrays until the operation completes.
+ *
+ * In place where torch is: all_reduce, broadcast and reduce (on dst) write into `tensor`. AVG is
+ * SUM followed by a division by the group size, done on completion. List forms (all_gather, gather,
+ * scatter, all_to_all) move each rank's block straight into or out of the listed arrays, as bytes
+ * at displacements from the lowest array (pd_buflist_get); only reduce_scatter's list form copies,
+ * because MPI reductions need one contiguous input.
  */
 #include "pydist.h"
 
-// Finish a started collective: wait (blocking) or return a Work (async). `keep` owns the memory,
-// `orig` is what Work.result() lists. avg_* describe a pending AVG division (avg_divisor 0: none).
-static PyObject *finish(MPI_Request req, const char *what, int async_op, PyObject *keep, PyObject *orig,
-                        int avg_divisor, const PdBuf *buf) {
+// ---------------------------------------------------------------------------------------------------
+// Shared plumbing
+
+// The last two positional arguments of every collective: (group, async_op).
+static MPI_Comm *group_and_async(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, const char *fn,
+                                 long *group, int *async_op) {
+    if (pd_check_nargs(nargs, want, fn) < 0 || pd_arg_long(args[want - 2], fn, "group", group) < 0 ||
+        pd_arg_bool(args[want - 1], fn, "async_op", async_op) < 0) {
+        return NULL;
+    }
+    return pd_group_comm(*group, fn);
+}
+
+// Finish a started collective: wait (blocking) or return a Work (async). `keep` owns every byte MPI
+// touches; `result` is what Work.result() returns (borrowed; NULL: an empty list). When avg_buf is
+// set, its avg_count elements are divided by the group size once the operation has completed.
+static PyObject *finish(MPI_Request req, const char *what, long group, int async_op, PyObject *keep,
+                        PyObject *result, const PdBuf *avg_buf) {
+    int divisor = avg_buf ? pd_group_size(group) : 0;
     if (!async_op) {
-        if (pd_wait_or_park(&req, MPI_STATUS_IGNORE, what, keep, 0) < 0) {
+        if (pd_wait_or_park(&req, MPI_STATUS_IGNORE, what, keep, 0, group) < 0) {
             return NULL;
         }
-        if (avg_divisor > 0) {
-            pd_divide_inplace(buf->data, buf->count, buf->dtype, avg_divisor);
+        if (divisor > 0) {
+            pd_divide_inplace(avg_buf->data, avg_buf->count, avg_buf->dtype, divisor);
         }
         Py_RETURN_NONE;
     }
-    PyObject *result = orig ? PyList_New(1) : PyList_New(0);
-    PdWorkObject *w = NULL;
-    if (result != NULL) {
-        if (orig) {
-            PyList_SET_ITEM(result, 0, Py_NewRef(orig));
-        }
-        w = pd_work_new(req, what, keep, result);
-        Py_DECREF(result);
+    PyObject *list = result == NULL ? PyList_New(0) : PyList_Check(result) ? Py_NewRef(result) : PyList_New(1);
+    if (list != NULL && result != NULL && !PyList_Check(result)) {
+        PyList_SET_ITEM(list, 0, Py_NewRef(result));
     }
+    PdWorkObject *w = list ? pd_work_new(req, what, keep, list) : NULL;
+    Py_XDECREF(list);
     if (w == NULL) {
-        pd_park(req, Py_XNewRef(keep), 0);
+        pd_park(req, Py_XNewRef(keep), 0);  // nobody can own it now: keep its memory alive
         return NULL;
     }
-    if (avg_divisor > 0) {
-        w->avg_divisor = avg_divisor;
-        w->avg_dtype = buf->dtype;
-        w->avg_buf = buf->data;
-        w->avg_count = buf->count;
+    w->group = group;
+    if (divisor > 0) {
+        w->avg_divisor = divisor;
+        w->avg_dtype = avg_buf->dtype;
+        w->avg_buf = avg_buf->data;
+        w->avg_count = avg_buf->count;
     }
     return (PyObject *)w;
 }
+
+static PyObject *start_failed(int rc, const char *call) {
+    return pd_raise_mpi(rc, call);
+}
+
+// A tuple (a, b) of two owners, for operations with an input and an output.
+static PyObject *pair(PdBuf *a, PdBuf *b) {
+    return PyTuple_Pack(2, (PyObject *)a->arr, (PyObject *)b->arr);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// barrier, broadcast, all_reduce, reduce
 
 // _C.barrier(group, async_op) -> None | Work
 PyObject *pd_barrier(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -49,48 +79,41 @@ PyObject *pd_barrier(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     long group;
     int async_op;
     MPI_Request req = MPI_REQUEST_NULL;
-    if (pd_check_nargs(nargs, 2, "barrier") < 0 || pd_arg_long(args[0], "barrier", "group", &group) < 0 ||
-        pd_arg_bool(args[1], "barrier", "async_op", &async_op) < 0) {
-        return NULL;
-    }
-    MPI_Comm *comm = pd_group_comm(group, "barrier");
+    MPI_Comm *comm = group_and_async(args, nargs, 2, "barrier", &group, &async_op);
     if (comm == NULL) {
         return NULL;
     }
     int rc = MPI_Ibarrier(*comm, &req);
     if (rc != MPI_SUCCESS) {
-        return pd_raise_mpi(rc, "MPI_Ibarrier");
+        return start_failed(rc, "MPI_Ibarrier");
     }
-    return finish(req, "barrier", async_op, NULL, NULL, 0, NULL);
+    return finish(req, "barrier", group, async_op, NULL, NULL, NULL);
 }
 
 // _C.broadcast(tensor, src, group, async_op) -> None | Work. src is a global rank.
 PyObject *pd_broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
+    const char *fn = "broadcast";
     long src, group;
     int async_op, root;
     PdBuf buf = {0};
     MPI_Request req = MPI_REQUEST_NULL;
     PyObject *ret = NULL;
-    if (pd_check_nargs(nargs, 4, "broadcast") < 0 || pd_arg_long(args[1], "broadcast", "src", &src) < 0 ||
-        pd_arg_long(args[2], "broadcast", "group", &group) < 0 ||
-        pd_arg_bool(args[3], "broadcast", "async_op", &async_op) < 0) {
-        return NULL;
-    }
-    MPI_Comm *comm = pd_group_comm(group, "broadcast");
-    if (comm == NULL || (root = pd_group_peer(group, src, "broadcast", "src", 1)) < 0) {
+    MPI_Comm *comm = group_and_async(args, nargs, 4, fn, &group, &async_op);
+    if (comm == NULL || pd_arg_long(args[1], fn, "src", &src) < 0 ||
+        (root = pd_group_peer(group, src, fn, "src", 1)) < 0) {
         return NULL;
     }
     // Only the receivers write; the root may broadcast from a read-only array.
-    if (pd_buf_get(args[0], "broadcast", "tensor", root != pd_group_rank(group), &buf) < 0) {
+    if (pd_buf_get(args[0], fn, "tensor", root != pd_group_rank(group), &buf) < 0) {
         return NULL;
     }
     int rc = MPI_Ibcast_c(buf.data, buf.count, buf.dtype->mpi, root, *comm, &req);
     if (rc != MPI_SUCCESS) {
-        pd_raise_mpi(rc, "MPI_Ibcast_c");
+        start_failed(rc, "MPI_Ibcast_c");
         goto done;
     }
-    ret = finish(req, "broadcast", async_op, (PyObject *)buf.arr, args[0], 0, &buf);
+    ret = finish(req, fn, group, async_op, (PyObject *)buf.arr, args[0], NULL);
 done:
     pd_buf_release(&buf);
     return ret;
@@ -99,32 +122,486 @@ done:
 // _C.all_reduce(tensor, op, group, async_op) -> None | Work. In place.
 PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
+    const char *fn = "all_reduce";
     long op, group;
     int async_op;
     PdBuf buf = {0};
     MPI_Op mop;
     MPI_Request req = MPI_REQUEST_NULL;
     PyObject *ret = NULL;
-    if (pd_check_nargs(nargs, 4, "all_reduce") < 0 || pd_arg_long(args[1], "all_reduce", "op", &op) < 0 ||
-        pd_arg_long(args[2], "all_reduce", "group", &group) < 0 ||
-        pd_arg_bool(args[3], "all_reduce", "async_op", &async_op) < 0) {
+    MPI_Comm *comm = group_and_async(args, nargs, 4, fn, &group, &async_op);
+    if (comm == NULL || pd_arg_long(args[1], fn, "op", &op) < 0 ||
+        pd_buf_get(args[0], fn, "tensor", 1, &buf) < 0) {
         return NULL;
     }
-    MPI_Comm *comm = pd_group_comm(group, "all_reduce");
-    if (comm == NULL || pd_buf_get(args[0], "all_reduce", "tensor", 1, &buf) < 0) {
-        return NULL;
-    }
-    if (pd_op_resolve(op, buf.dtype, "all_reduce", &mop) < 0) {
+    if (pd_op_resolve(op, buf.dtype, fn, &mop) < 0) {
         goto done;
     }
     int rc = MPI_Iallreduce_c(MPI_IN_PLACE, buf.data, buf.count, buf.dtype->mpi, mop, *comm, &req);
     if (rc != MPI_SUCCESS) {
-        pd_raise_mpi(rc, "MPI_Iallreduce_c");
+        start_failed(rc, "MPI_Iallreduce_c");
         goto done;
     }
-    ret = finish(req, "all_reduce", async_op, (PyObject *)buf.arr, args[0],
-                 op == PD_OP_AVG ? pd_group_size(group) : 0, &buf);
+    ret = finish(req, fn, group, async_op, (PyObject *)buf.arr, args[0], op == PD_OP_AVG ? &buf : NULL);
 done:
     pd_buf_release(&buf);
+    return ret;
+}
+
+// _C.reduce(tensor, dst, op, group, async_op) -> None | Work. The result lands in `tensor` on dst
+// only; the other ranks' arrays are left as they were (MPI only reads them).
+PyObject *pd_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    const char *fn = "reduce";
+    long dst, op, group;
+    int async_op, root;
+    PdBuf buf = {0};
+    MPI_Op mop;
+    MPI_Request req = MPI_REQUEST_NULL;
+    PyObject *ret = NULL;
+    MPI_Comm *comm = group_and_async(args, nargs, 5, fn, &group, &async_op);
+    if (comm == NULL || pd_arg_long(args[1], fn, "dst", &dst) < 0 || pd_arg_long(args[2], fn, "op", &op) < 0 ||
+        (root = pd_group_peer(group, dst, fn, "dst", 1)) < 0) {
+        return NULL;
+    }
+    int is_root = root == pd_group_rank(group);
+    if (pd_buf_get(args[0], fn, "tensor", is_root, &buf) < 0) {
+        return NULL;
+    }
+    if (pd_op_resolve(op, buf.dtype, fn, &mop) < 0) {
+        goto done;
+    }
+    int rc = MPI_Ireduce_c(is_root ? MPI_IN_PLACE : buf.data, is_root ? buf.data : NULL, buf.count,
+                           buf.dtype->mpi, mop, root, *comm, &req);
+    if (rc != MPI_SUCCESS) {
+        start_failed(rc, "MPI_Ireduce_c");
+        goto done;
+    }
+    ret = finish(req, fn, group, async_op, (PyObject *)buf.arr, args[0],
+                 (op == PD_OP_AVG && is_root) ? &buf : NULL);
+done:
+    pd_buf_release(&buf);
+    return ret;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Gathers
+
+// _C.all_gather_into_tensor(output, input, group, async_op): output holds the group's inputs one after
+// another, in group rank order (output.size == input.size * group size). `input` may be this rank's
+// own slot of `output` (torch's in-place form).
+PyObject *pd_all_gather_into_tensor(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    const char *fn = "all_gather_into_tensor";
+    long group;
+    int async_op;
+    PdBuf out = {0}, in = {0};
+    MPI_Request req = MPI_REQUEST_NULL;
+    PyObject *ret = NULL, *keep = NULL;
+    MPI_Comm *comm = group_and_async(args, nargs, 4, fn, &group, &async_op);
+    if (comm == NULL || pd_buf_get(args[0], fn, "output_tensor", 1, &out) < 0) {
+        return NULL;
+    }
+    if (pd_buf_get(args[1], fn, "input_tensor", 0, &in) < 0) {
+        goto done;
+    }
+    int size = pd_group_size(group), rank = pd_group_rank(group);
+    if (in.dtype != out.dtype || out.count != in.count * size) {
+        PyErr_Format(PyExc_ValueError, "%s(): `output_tensor` must be %s with %d x %lld elements (group size "
+                     "x input); got %s with %lld", fn, in.dtype->name, size, (long long)in.count,
+                     out.dtype->name, (long long)out.count);
+        goto done;
+    }
+    int in_place = (char *)in.data == (char *)out.data + (Py_ssize_t)rank * in.nbytes;
+    if ((keep = pair(&out, &in)) == NULL) {
+        goto done;
+    }
+    int rc = MPI_Iallgather_c(in_place ? MPI_IN_PLACE : in.data, in.count, in.dtype->mpi, out.data, in.count,
+                              in.dtype->mpi, *comm, &req);
+    if (rc != MPI_SUCCESS) {
+        start_failed(rc, "MPI_Iallgather_c");
+        goto done;
+    }
+    ret = finish(req, fn, group, async_op, keep, args[0], NULL);
+done:
+    Py_XDECREF(keep);
+    pd_buf_release(&out);
+    pd_buf_release(&in);
+    return ret;
+}
+
+// _C.all_gather(tensor_list, tensor, group, async_op): tensor_list[i] receives group rank i's tensor.
+PyObject *pd_all_gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    const char *fn = "all_gather";
+    long group;
+    int async_op;
+    PdBuf in = {0};
+    PdBufList outs = {0};
+    MPI_Request req = MPI_REQUEST_NULL;
+    PyObject *ret = NULL, *keep = NULL;
+    MPI_Comm *comm = group_and_async(args, nargs, 4, fn, &group, &async_op);
+    if (comm == NULL || pd_buf_get(args[1], fn, "tensor", 0, &in) < 0) {
+        return NULL;
+    }
+    if (pd_buflist_get(args[0], pd_group_size(group), fn, "tensor_list", 1, &in, &outs) < 0) {
+        goto done;
+    }
+    if ((keep = PyTuple_Pack(2, outs.keep, (PyObject *)in.arr)) == NULL) {
+        goto done;
+    }
+    int rc = MPI_Iallgatherv_c(in.data, (MPI_Count)in.nbytes, MPI_BYTE, outs.base, outs.counts, outs.displs,
+                               MPI_BYTE, *comm, &req);
+    if (rc != MPI_SUCCESS) {
+        start_failed(rc, "MPI_Iallgatherv_c");
+        goto done;
+    }
+    ret = finish(req, fn, group, async_op, keep, args[0], NULL);
+done:
+    Py_XDECREF(keep);
+    pd_buflist_release(&outs);
+    pd_buf_release(&in);
+    return ret;
+}
+
+// _C.gather(tensor, gather_list or None, dst, group, async_op): on dst, gather_list[i] receives group
+// rank i's tensor; other ranks pass None.
+PyObject *pd_gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    const char *fn = "gather";
+    long dst, group;
+    int async_op, root;
+    PdBuf in = {0};
+    PdBufList outs = {0};
+    MPI_Request req = MPI_REQUEST_NULL;
+    PyObject *ret = NULL, *keep = NULL;
+    MPI_Comm *comm = group_and_async(args, nargs, 5, fn, &group, &async_op);
+    if (comm == NULL || pd_arg_long(args[2], fn, "dst", &dst) < 0 ||
+        (root = pd_group_peer(group, dst, fn, "dst", 1)) < 0 || pd_buf_get(args[0], fn, "tensor", 0, &in) < 0) {
+        return NULL;
+    }
+    int is_root = root == pd_group_rank(group);
+    if (is_root != (args[1] != Py_None)) {
+        PyErr_Format(PyExc_ValueError, is_root ? "%s(): `gather_list` is required on the destination rank"
+                                               : "%s(): `gather_list` must be None on ranks other than dst", fn);
+        goto done;
+    }
+    int rc;
+    if (is_root) {
+        if (pd_buflist_get(args[1], pd_group_size(group), fn, "gather_list", 1, &in, &outs) < 0 ||
+            (keep = PyTuple_Pack(2, outs.keep, (PyObject *)in.arr)) == NULL) {
+            goto done;
+        }
+        rc = MPI_Igatherv_c(in.data, (MPI_Count)in.nbytes, MPI_BYTE, outs.base, outs.counts, outs.displs,
+                            MPI_BYTE, root, *comm, &req);
+    } else {
+        keep = Py_NewRef((PyObject *)in.arr);
+        rc = MPI_Igatherv_c(in.data, (MPI_Count)in.nbytes, MPI_BYTE, NULL, NULL, NULL, MPI_BYTE, root, *comm,
+                            &req);
+    }
+    if (rc != MPI_SUCCESS) {
+        start_failed(rc, "MPI_Igatherv_c");
+        goto done;
+    }
+    ret = finish(req, fn, group, async_op, keep, is_root ? args[1] : NULL, NULL);
+done:
+    Py_XDECREF(keep);
+    pd_buflist_release(&outs);
+    pd_buf_release(&in);
+    return ret;
+}
+
+// _C.scatter(tensor, scatter_list or None, src, group, async_op): group rank i receives
+// scatter_list[i] of src into `tensor`; other ranks pass None.
+PyObject *pd_scatter(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    const char *fn = "scatter";
+    long src, group;
+    int async_op, root;
+    PdBuf out = {0};
+    PdBufList ins = {0};
+    MPI_Request req = MPI_REQUEST_NULL;
+    PyObject *ret = NULL, *keep = NULL;
+    MPI_Comm *comm = group_and_async(args, nargs, 5, fn, &group, &async_op);
+    if (comm == NULL || pd_arg_long(args[2], fn, "src", &src) < 0 ||
+        (root = pd_group_peer(group, src, fn, "src", 1)) < 0 || pd_buf_get(args[0], fn, "tensor", 1, &out) < 0) {
+        return NULL;
+    }
+    int is_root = root == pd_group_rank(group);
+    if (is_root != (args[1] != Py_None)) {
+        PyErr_Format(PyExc_ValueError, is_root ? "%s(): `scatter_list` is required on the source rank"
+                                               : "%s(): `scatter_list` must be None on ranks other than src", fn);
+        goto done;
+    }
+    int rc;
+    if (is_root) {
+        if (pd_buflist_get(args[1], pd_group_size(group), fn, "scatter_list", 0, &out, &ins) < 0 ||
+            (keep = PyTuple_Pack(2, ins.keep, (PyObject *)out.arr)) == NULL) {
+            goto done;
+        }
+        rc = MPI_Iscatterv_c(ins.base, ins.counts, ins.displs, MPI_BYTE, out.data, (MPI_Count)out.nbytes,
+                             MPI_BYTE, root, *comm, &req);
+    } else {
+        keep = Py_NewRef((PyObject *)out.arr);
+        rc = MPI_Iscatterv_c(NULL, NULL, NULL, MPI_BYTE, out.data, (MPI_Count)out.nbytes, MPI_BYTE, root,
+                             *comm, &req);
+    }
+    if (rc != MPI_SUCCESS) {
+        start_failed(rc, "MPI_Iscatterv_c");
+        goto done;
+    }
+    ret = finish(req, fn, group, async_op, keep, args[0], NULL);
+done:
+    Py_XDECREF(keep);
+    pd_buflist_release(&ins);
+    pd_buf_release(&out);
+    return ret;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Reduce-scatter
+
+// Start MPI_Ireduce_scatter_block from `in` (group size x out.count elements) into `out`.
+static PyObject *reduce_scatter_start(const char *fn, PdBuf *out, void *in_data, PyObject *keep, long op,
+                                      long group, int async_op, MPI_Comm comm, PyObject *result) {
+    MPI_Op mop;
+    MPI_Request req = MPI_REQUEST_NULL;
+    if (pd_op_resolve(op, out->dtype, fn, &mop) < 0) {
+        return NULL;
+    }
+    int rc = MPI_Ireduce_scatter_block_c(in_data, out->data, out->count, out->dtype->mpi, mop, comm, &req);
+    if (rc != MPI_SUCCESS) {
+        return start_failed(rc, "MPI_Ireduce_scatter_block_c");
+    }
+    return finish(req, fn, group, async_op, keep, result, op == PD_OP_AVG ? out : NULL);
+}
+
+// _C.reduce_scatter_tensor(output, input, op, group, async_op): input holds group-size blocks of
+// output's size; rank i gets the reduction of every rank's block i.
+PyObject *pd_reduce_scatter_tensor(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    const char *fn = "reduce_scatter_tensor";
+    long op, group;
+    int async_op;
+    PdBuf out = {0}, in = {0};
+    PyObject *ret = NULL, *keep = NULL;
+    MPI_Comm *comm = group_and_async(args, nargs, 5, fn, &group, &async_op);
+    if (comm == NULL || pd_arg_long(args[2], fn, "op", &op) < 0 || pd_buf_get(args[0], fn, "output", 1, &out) < 0) {
+        return NULL;
+    }
+    if (pd_buf_get(args[1], fn, "input", 0, &in) < 0) {
+        goto done;
+    }
+    int size = pd_group_size(group);
+    if (in.dtype != out.dtype || in.count != out.count * size) {
+        PyErr_Format(PyExc_ValueError, "%s(): `input` must be %s with %d x %lld elements (group size x output); "
+                     "got %s with %lld", fn, out.dtype->name, size, (long long)out.count, in.dtype->name,
+                     (long long)in.count);
+        goto done;
+    }
+    if ((keep = pair(&out, &in)) == NULL) {
+        goto done;
+    }
+    ret = reduce_scatter_start(fn, &out, in.data, keep, op, group, async_op, *comm, args[0]);
+done:
+    Py_XDECREF(keep);
+    pd_buf_release(&out);
+    pd_buf_release(&in);
+    return ret;
+}
+
+// _C.reduce_scatter(output, input_list, op, group, async_op): rank i gets the reduction of every
+// rank's input_list[i]. MPI reduces one contiguous buffer, so the list is copied into one first.
+PyObject *pd_reduce_scatter(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    const char *fn = "reduce_scatter";
+    long op, group;
+    int async_op;
+    PdBuf out = {0};
+    PdBufList ins = {0};
+    PyObject *ret = NULL, *keep = NULL, *packed = NULL;
+    MPI_Comm *comm = group_and_async(args, nargs, 5, fn, &group, &async_op);
+    if (comm == NULL || pd_arg_long(args[2], fn, "op", &op) < 0 || pd_buf_get(args[0], fn, "output", 1, &out) < 0) {
+        return NULL;
+    }
+    int size = pd_group_size(group);
+    if (pd_buflist_get(args[1], size, fn, "input_list", 0, &out, &ins) < 0) {
+        goto done;
+    }
+    npy_intp total = (npy_intp)out.count * size;
+    packed = PyArray_SimpleNewFromDescr(1, &total, (Py_INCREF(PyArray_DESCR(out.arr)), PyArray_DESCR(out.arr)));
+    if (packed == NULL) {
+        goto done;
+    }
+    for (int i = 0; i < size; i++) {
+        memcpy((char *)PyArray_DATA((PyArrayObject *)packed) + (Py_ssize_t)i * out.nbytes, ins.bufs[i].data,
+               out.nbytes);
+    }
+    if ((keep = PyTuple_Pack(2, (PyObject *)out.arr, packed)) == NULL) {
+        goto done;
+    }
+    ret = reduce_scatter_start(fn, &out, PyArray_DATA((PyArrayObject *)packed), keep, op, group, async_op,
+                               *comm, args[0]);
+done:
+    Py_XDECREF(keep);
+    Py_XDECREF(packed);
+    pd_buflist_release(&ins);
+    pd_buf_release(&out);
+    return ret;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// All-to-all
+
+// Row sizes for all_to_all_single: `splits` (None: equal rows) over dimension 0 of `b`, written as
+// byte counts and displacements into counts/displs. Returns -1 with ValueError on bad splits.
+static int split_bytes(PyObject *splits, const PdBuf *b, int size, const char *fn, const char *arg,
+                       MPI_Count *counts, MPI_Aint *displs) {
+    int nd = PyArray_NDIM(b->arr);
+    if (nd == 0) {
+        PyErr_Format(PyExc_ValueError, "%s(): `%s` must have at least one dimension", fn, arg);
+        return -1;
+    }
+    npy_intp rows = PyArray_DIM(b->arr, 0);
+    Py_ssize_t row_bytes = PyArray_ITEMSIZE(b->arr);
+    for (int d = 1; d < nd; d++) {
+        row_bytes *= PyArray_DIM(b->arr, d);
+    }
+    if (splits == Py_None) {
+        if (rows % size != 0) {
+            PyErr_Format(PyExc_ValueError, "%s(): dimension 0 of `%s` (%zd) must divide evenly by the group "
+                         "size %d when no split sizes are given", fn, arg, (Py_ssize_t)rows, size);
+            return -1;
+        }
+        for (int i = 0; i < size; i++) {
+            counts[i] = (MPI_Count)(rows / size) * row_bytes;
+            displs[i] = (MPI_Aint)i * (MPI_Aint)counts[i];
+        }
+        return 0;
+    }
+    PyObject *seq = PySequence_Fast(splits, "split sizes must be a list of ints");
+    if (seq == NULL) {
+        return -1;
+    }
+    int ok = PySequence_Fast_GET_SIZE(seq) == size;
+    long long sum = 0;
+    for (int i = 0; ok && i < size; i++) {
+        long v;
+        if (pd_arg_long(PySequence_Fast_GET_ITEM(seq, i), fn, "split sizes", &v) < 0) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        ok = v >= 0;
+        counts[i] = (MPI_Count)v * row_bytes;
+        displs[i] = (MPI_Aint)sum * row_bytes;
+        sum += v;
+    }
+    Py_DECREF(seq);
+    if (!ok || sum != rows) {
+        PyErr_Format(PyExc_ValueError, "%s(): the split sizes of `%s` must be %d non-negative ints summing to "
+                     "its dimension 0 (%zd); got %R", fn, arg, size, (Py_ssize_t)rows, splits);
+        return -1;
+    }
+    return 0;
+}
+
+// _C.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, async_op):
+// rank i's block j of input (rows along dimension 0) becomes rank j's block i of output.
+PyObject *pd_all_to_all_single(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    const char *fn = "all_to_all_single";
+    long group;
+    int async_op;
+    PdBuf out = {0}, in = {0};
+    MPI_Request req = MPI_REQUEST_NULL;
+    PyObject *ret = NULL, *keep = NULL, *meta = NULL;
+    MPI_Comm *comm = group_and_async(args, nargs, 6, fn, &group, &async_op);
+    if (comm == NULL || pd_buf_get(args[0], fn, "output", 1, &out) < 0) {
+        return NULL;
+    }
+    if (pd_buf_get(args[1], fn, "input", 0, &in) < 0) {
+        goto done;
+    }
+    if (in.dtype != out.dtype) {
+        PyErr_Format(PyExc_TypeError, "%s(): `output` and `input` must have one dtype; got %s and %s", fn,
+                     out.dtype->name, in.dtype->name);
+        goto done;
+    }
+    int size = pd_group_size(group);
+    // counts and displacements for both sides, kept alive with the arrays until MPI completes
+    meta = PyBytes_FromStringAndSize(NULL, 2 * (Py_ssize_t)size * (sizeof(MPI_Count) + sizeof(MPI_Aint)));
+    if (meta == NULL) {
+        goto done;
+    }
+    MPI_Count *rcounts = (MPI_Count *)PyBytes_AS_STRING(meta), *scounts = rcounts + size;
+    MPI_Aint *rdispls = (MPI_Aint *)(scounts + size), *sdispls = rdispls + size;
+    if (split_bytes(args[2], &out, size, fn, "output", rcounts, rdispls) < 0 ||
+        split_bytes(args[3], &in, size, fn, "input", scounts, sdispls) < 0) {
+        goto done;
+    }
+    if ((keep = PyTuple_Pack(3, (PyObject *)out.arr, (PyObject *)in.arr, meta)) == NULL) {
+        goto done;
+    }
+    int rc = MPI_Ialltoallv_c(in.data, scounts, sdispls, MPI_BYTE, out.data, rcounts, rdispls, MPI_BYTE, *comm,
+                              &req);
+    if (rc != MPI_SUCCESS) {
+        start_failed(rc, "MPI_Ialltoallv_c");
+        goto done;
+    }
+    ret = finish(req, fn, group, async_op, keep, args[0], NULL);
+done:
+    Py_XDECREF(keep);
+    Py_XDECREF(meta);
+    pd_buf_release(&out);
+    pd_buf_release(&in);
+    return ret;
+}
+
+// _C.all_to_all(output_list, input_list, group, async_op): rank i's input_list[j] becomes rank j's
+// output_list[i]. Every array has the dtype and size of input_list[0].
+PyObject *pd_all_to_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    const char *fn = "all_to_all";
+    long group;
+    int async_op;
+    PdBuf first = {0};
+    PdBufList outs = {0}, ins = {0};
+    MPI_Request req = MPI_REQUEST_NULL;
+    PyObject *ret = NULL, *keep = NULL;
+    MPI_Comm *comm = group_and_async(args, nargs, 4, fn, &group, &async_op);
+    if (comm == NULL) {
+        return NULL;
+    }
+    int size = pd_group_size(group);
+    if ((PyList_Check(args[1]) || PyTuple_Check(args[1])) && PySequence_Size(args[1]) > 0) {
+        PyObject *item = PySequence_GetItem(args[1], 0);
+        int bad = item == NULL || pd_buf_get(item, fn, "input_tensor_list[0]", 0, &first) < 0;
+        Py_XDECREF(item);
+        if (bad) {
+            return NULL;
+        }
+    } else {
+        PyErr_Format(PyExc_ValueError, "%s(): `input_tensor_list` must be a list of %d arrays", fn, size);
+        return NULL;
+    }
+    if (pd_buflist_get(args[1], size, fn, "input_tensor_list", 0, &first, &ins) < 0 ||
+        pd_buflist_get(args[0], size, fn, "output_tensor_list", 1, &first, &outs) < 0) {
+        goto done;
+    }
+    if ((keep = PyTuple_Pack(2, outs.keep, ins.keep)) == NULL) {
+        goto done;
+    }
+    int rc = MPI_Ialltoallv_c(ins.base, ins.counts, ins.displs, MPI_BYTE, outs.base, outs.counts, outs.displs,
+                              MPI_BYTE, *comm, &req);
+    if (rc != MPI_SUCCESS) {
+        start_failed(rc, "MPI_Ialltoallv_c");
+        goto done;
+    }
+    ret = finish(req, fn, group, async_op, keep, args[0], NULL);
+done:
+    Py_XDECREF(keep);
+    pd_buflist_release(&outs);
+    pd_buflist_release(&ins);
+    pd_buf_release(&first);
     return ret;
 }

@@ -11,9 +11,11 @@
 
 typedef struct {
     MPI_Comm comm;   // MPI_COMM_NULL: free slot, or this process is not a member
+    MPI_Group group; // the comm's group, kept for rank translation
     int rank;        // this process's rank in the group
     int size;
     int in_use;
+    char broken[256];  // non-empty: an operation timed out and the group must not be used again
 } GroupSlot;
 
 static GroupSlot groups[PD_MAX_GROUPS];
@@ -32,7 +34,14 @@ MPI_Comm *pd_group_comm(long handle, const char *fn) {
     if (handle < 0 || handle >= PD_MAX_GROUPS || !groups[handle].in_use ||
         groups[handle].comm == MPI_COMM_NULL) {
         PyErr_Format(PyExc_ValueError, "%s(): `group` is not a live process group of this rank "
-                     "(handle %ld)", fn, handle);
+                     "(handle %ld; destroyed?)", fn, handle);
+        return NULL;
+    }
+    if (groups[handle].broken[0]) {
+        // After a timeout the ranks no longer agree on which collective comes next: any further call
+        // could match the wrong peer operation, so refuse at once, as torch's watchdog does.
+        PyErr_Format(pd_DistError, "%s(): the process group is broken: %s; restart the job "
+                     "(or destroy and recreate the group on every rank)", fn, groups[handle].broken);
         return NULL;
     }
     return &groups[handle].comm;
@@ -47,43 +56,52 @@ int pd_group_rank(long handle) {
 }
 
 int pd_group_from_global(long handle, int global_rank) {
+    int out = MPI_UNDEFINED;
     if (handle == 0) {
         return global_rank;
     }
-    MPI_Group world_g, g;
-    int out = MPI_UNDEFINED;
-    MPI_Comm_group(groups[0].comm, &world_g);
-    MPI_Comm_group(groups[handle].comm, &g);
-    MPI_Group_translate_ranks(world_g, 1, &global_rank, g, &out);
-    MPI_Group_free(&world_g);
-    MPI_Group_free(&g);
+    MPI_Group_translate_ranks(groups[0].group, 1, &global_rank, groups[handle].group, &out);
     return out;
 }
 
 int pd_group_to_global(long handle, int group_rank) {
+    int out = MPI_UNDEFINED;
     if (handle == 0) {
         return group_rank;
     }
-    MPI_Group world_g, g;
-    int out = MPI_UNDEFINED;
-    MPI_Comm_group(groups[0].comm, &world_g);
-    MPI_Comm_group(groups[handle].comm, &g);
-    MPI_Group_translate_ranks(g, 1, &group_rank, world_g, &out);
-    MPI_Group_free(&world_g);
-    MPI_Group_free(&g);
+    MPI_Group_translate_ranks(groups[handle].group, 1, &group_rank, groups[0].group, &out);
     return out;
+}
+
+void pd_group_mark_broken(long handle, const char *why) {
+    if (handle >= 0 && handle < PD_MAX_GROUPS && groups[handle].in_use && !groups[handle].broken[0]) {
+        snprintf(groups[handle].broken, sizeof groups[handle].broken, "%s", why);
+    }
 }
 
 static int slot_set(int slot, MPI_Comm comm) {
     int rc = MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(comm, &groups[slot].rank);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_size(comm, &groups[slot].size);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_group(comm, &groups[slot].group);
     if (rc != MPI_SUCCESS) {
         return pd_raise_mpi_int(rc, "MPI_Comm_set_errhandler");
     }
     groups[slot].comm = comm;
     groups[slot].in_use = 1;
+    groups[slot].broken[0] = 0;
     return 0;
+}
+
+static void slot_free(int slot) {
+    if (groups[slot].in_use && groups[slot].comm != MPI_COMM_NULL) {
+        MPI_Group_free(&groups[slot].group);
+        MPI_Comm_free(&groups[slot].comm);
+    }
+    groups[slot].comm = MPI_COMM_NULL;
+    groups[slot].group = MPI_GROUP_NULL;
+    groups[slot].in_use = 0;
+    groups[slot].broken[0] = 0;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -148,11 +166,7 @@ PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 
 static void free_groups(void) {
     for (int i = 0; i < PD_MAX_GROUPS; i++) {
-        if (groups[i].in_use && groups[i].comm != MPI_COMM_NULL) {
-            MPI_Comm_free(&groups[i].comm);
-        }
-        groups[i].comm = MPI_COMM_NULL;
-        groups[i].in_use = 0;
+        slot_free(i);
     }
 }
 
@@ -271,4 +285,104 @@ int pd_group_peer(long handle, long global_rank, const char *fn, const char *arg
         return -1;
     }
     return r;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Sub-groups
+
+// _C.new_group(ranks) -> handle, or -1 on a rank that is not a member. Collective over the world,
+// as in torch: every rank calls it with the same ranks (sorted, unique, checked by the caller and
+// again here). Group ranks follow global rank order.
+PyObject *pd_new_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    const char *fn = "new_group";
+    if (pd_check_nargs(nargs, 1, fn) < 0 || pd_group_comm(0, fn) == NULL) {
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[0], "new_group(): `ranks` must be a sequence of ints");
+    if (seq == NULL) {
+        return NULL;
+    }
+    int member = 0;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    long prev = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long r;
+        if (pd_arg_long(PySequence_Fast_GET_ITEM(seq, i), fn, "ranks", &r) < 0) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        if (r < 0 || r >= groups[0].size || r <= prev) {
+            PyErr_Format(PyExc_ValueError, "new_group(): `ranks` must be sorted, unique ranks in [0, %d); "
+                         "got %R", groups[0].size, args[0]);
+            Py_DECREF(seq);
+            return NULL;
+        }
+        prev = r;
+        member |= (r == groups[0].rank);
+    }
+    Py_DECREF(seq);
+    int slot = -1;
+    for (int i = 1; i < PD_MAX_GROUPS && slot < 0; i++) {
+        if (!groups[i].in_use) {
+            slot = i;
+        }
+    }
+    // Everyone arrives first through our interruptible wait; the split itself is blocking in MPI
+    // and would otherwise spin with no timeout if a rank never came.
+    MPI_Request req = MPI_REQUEST_NULL;
+    int rc = MPI_Ibarrier(groups[0].comm, &req);
+    if (rc != MPI_SUCCESS) {
+        return pd_raise_mpi(rc, "MPI_Ibarrier");
+    }
+    if (pd_wait_or_park(&req, MPI_STATUS_IGNORE, fn, NULL, 0, 0) < 0) {
+        return NULL;
+    }
+    MPI_Comm comm = MPI_COMM_NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = MPI_Comm_split(groups[0].comm, member ? 0 : MPI_UNDEFINED, groups[0].rank, &comm);
+    Py_END_ALLOW_THREADS
+    if (rc != MPI_SUCCESS) {
+        return pd_raise_mpi(rc, "MPI_Comm_split");
+    }
+    if (!member) {
+        return PyLong_FromLong(-1);
+    }
+    if (slot < 0) {
+        MPI_Comm_free(&comm);
+        PyErr_Format(pd_DistError, "new_group(): too many live process groups (%d); destroy some first",
+                     PD_MAX_GROUPS - 1);
+        return NULL;
+    }
+    if (slot_set(slot, comm) < 0) {
+        MPI_Comm_free(&comm);
+        return NULL;
+    }
+    return PyLong_FromLong(slot);
+}
+
+// _C.destroy_group(handle): free one sub-group's communicator (local; the world is slot 0).
+PyObject *pd_destroy_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long h;
+    if (pd_check_nargs(nargs, 1, "destroy_group") < 0 || pd_arg_long(args[0], "destroy_group", "group", &h) < 0) {
+        return NULL;
+    }
+    if (h <= 0 || h >= PD_MAX_GROUPS || !groups[h].in_use) {
+        PyErr_Format(PyExc_ValueError, "destroy_process_group(): `group` is not a live sub-group (handle %ld)", h);
+        return NULL;
+    }
+    slot_free((int)h);
+    Py_RETURN_NONE;
+}
+
+// _C.live_groups() -> number of communicators this rank holds (for leak tests).
+PyObject *pd_live_groups(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    long n = 0;
+    for (int i = 0; i < PD_MAX_GROUPS; i++) {
+        n += groups[i].in_use && groups[i].comm != MPI_COMM_NULL;
+    }
+    return PyLong_FromLong(n);
 }

@@ -79,7 +79,7 @@ PyObject *pd_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (parse(args, nargs, "send", 0, &a) < 0 || start(&a, 0, &req) < 0) {
         goto done;
     }
-    if (pd_wait_or_park(&req, MPI_STATUS_IGNORE, "send", (PyObject *)a.buf.arr, 0) < 0) {
+    if (pd_wait_or_park(&req, MPI_STATUS_IGNORE, "send", (PyObject *)a.buf.arr, 0, a.group) < 0) {
         goto done;
     }
     ret = Py_NewRef(Py_None);
@@ -98,7 +98,7 @@ PyObject *pd_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (parse(args, nargs, "recv", 1, &a) < 0 || start(&a, 1, &req) < 0) {
         goto done;
     }
-    if (pd_wait_or_park(&req, &status, "recv", (PyObject *)a.buf.arr, 1) < 0) {
+    if (pd_wait_or_park(&req, &status, "recv", (PyObject *)a.buf.arr, 1, a.group) < 0) {
         goto done;
     }
     ret = PyLong_FromLong(pd_group_to_global(a.group, status.MPI_SOURCE));

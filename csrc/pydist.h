@@ -93,6 +93,23 @@ typedef struct {
 int pd_buf_get(PyObject *obj, const char *fn, const char *arg, int writable, PdBuf *buf);
 void pd_buf_release(PdBuf *buf);
 
+// A list of arrays of one dtype and size, described for MPI's v-collectives as bytes at
+// displacements from the lowest address. `keep` (a tuple of the arrays and `meta`, which holds the
+// counts and displacements) must outlive the MPI operation.
+typedef struct {
+    Py_ssize_t n;
+    PdBuf *bufs;
+    char *base;
+    MPI_Count *counts;  // bytes, in meta
+    MPI_Aint *displs;   // bytes from base, in meta
+    PyObject *meta;
+    PyObject *keep;
+} PdBufList;
+
+int pd_buflist_get(PyObject *seq, Py_ssize_t n, const char *fn, const char *arg, int writable,
+                   const PdBuf *like, PdBufList *out);
+void pd_buflist_release(PdBufList *l);
+
 // ---------------------------------------------------------------------------------------------------
 // Process groups (group.c)
 
@@ -108,6 +125,8 @@ int pd_group_rank(long handle);
 // Translate a global rank to the group's rank (MPI_UNDEFINED when not a member).
 int pd_group_from_global(long handle, int global_rank);
 int pd_group_to_global(long handle, int group_rank);
+// After a timeout: every later call on the group raises DistError with `why` at once.
+void pd_group_mark_broken(long handle, const char *why);
 // A `src`/`dst`/root argument: a global rank, as in torch, checked against the world and the group.
 // Returns its rank in the group, or -1 with ValueError raised. A peer equal to this rank is refused
 // unless allow_self (roots may be yourself; point-to-point partners may not).
@@ -128,8 +147,9 @@ int pd_wait(MPI_Request *req, MPI_Status *status, double timeout, const char *wh
 
 // Blocking call helper: wait, and if the wait is interrupted park the request together with the
 // objects that own its memory, so MPI can never write into freed memory. Consumes nothing.
+// A timeout (the group's default) marks `group` broken.
 int pd_wait_or_park(MPI_Request *req, MPI_Status *status, const char *what, PyObject *keep,
-                    int cancellable);
+                    int cancellable, long group);
 
 // Move a pending request and a reference to its owners onto the parked list (steals `keep`).
 void pd_park(MPI_Request req, PyObject *keep, int cancellable);
@@ -174,6 +194,9 @@ PyObject *pd_get_rank(PyObject *self, PyObject *const *args, Py_ssize_t nargs); 
 PyObject *pd_get_world_size(PyObject *self, PyObject *const *args, Py_ssize_t nargs); // group.c
 PyObject *pd_is_initialized(PyObject *self, PyObject *unused);                        // group.c
 PyObject *pd_mpi_info(PyObject *self, PyObject *unused);                              // group.c
+PyObject *pd_new_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs);      // group.c
+PyObject *pd_destroy_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs);  // group.c
+PyObject *pd_live_groups(PyObject *self, PyObject *unused);                           // group.c
 
 PyObject *pd_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   // p2p.c
 PyObject *pd_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   // p2p.c
@@ -183,6 +206,15 @@ PyObject *pd_irecv(PyObject *self, PyObject *const *args, Py_ssize_t nargs);  //
 PyObject *pd_barrier(PyObject *self, PyObject *const *args, Py_ssize_t nargs);     // collectives.c
 PyObject *pd_broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   // collectives.c
 PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs);  // collectives.c
+PyObject *pd_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs);      // collectives.c
+PyObject *pd_all_gather_into_tensor(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *pd_all_gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *pd_gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *pd_scatter(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *pd_reduce_scatter_tensor(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *pd_reduce_scatter(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *pd_all_to_all_single(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *pd_all_to_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 PyObject *pd_set_wait_mode(PyObject *self, PyObject *const *args, Py_ssize_t nargs); // work.c
 PyObject *pd_check_op(PyObject *self, PyObject *const *args, Py_ssize_t nargs);     // dtypes.c

@@ -136,9 +136,14 @@ int pd_parked_drain(void) {
 }
 
 int pd_wait_or_park(MPI_Request *req, MPI_Status *status, const char *what, PyObject *keep,
-                    int cancellable) {
+                    int cancellable, long group) {
     if (pd_wait(req, status, pd_default_timeout, what) == 0) {
         return 0;
+    }
+    if (PyErr_ExceptionMatches(pd_DistTimeoutError)) {
+        char why[200];
+        snprintf(why, sizeof why, "%s timed out after %.1f s", what, pd_default_timeout);
+        pd_group_mark_broken(group, why);
     }
     if (*req != MPI_REQUEST_NULL) {
         Py_XINCREF(keep);
@@ -261,6 +266,12 @@ static PyObject *work_wait(PdWorkObject *w, PyObject *const *args, Py_ssize_t na
     }
     if (w->req != MPI_REQUEST_NULL) {
         int rc = pd_wait(&w->req, &w->status, timeout, w->what ? w->what : what_default);
+        if (rc < 0 && t == NULL && PyErr_ExceptionMatches(pd_DistTimeoutError)) {
+            // the group's own timeout ran out (not a caller's short poll): the group is unusable
+            char why[200];
+            snprintf(why, sizeof why, "%s timed out after %.1f s", w->what, timeout);
+            pd_group_mark_broken(w->group, why);
+        }
         if (rc < 0) {
             // a timeout or a signal leaves the request pending and this Work still usable
             if (w->req == MPI_REQUEST_NULL) {

@@ -22,6 +22,10 @@ __all__ = [
     "init_process_group", "destroy_process_group", "is_initialized", "is_available",
     "is_mpi_available", "is_gloo_available", "is_nccl_available", "get_backend", "get_rank",
     "get_world_size", "barrier", "send", "recv", "isend", "irecv", "broadcast", "all_reduce",
+    "reduce", "all_gather", "all_gather_into_tensor", "gather", "scatter", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "new_group", "get_global_rank",
+    "get_group_rank", "get_process_group_ranks", "P2POp", "batch_isend_irecv", "monitored_barrier",
+    "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
 ]
 
 DistError = _C.DistError
@@ -101,6 +105,10 @@ class GroupMember:
 
 
 _world = None   # the default ProcessGroup
+_default_timeout = -1.0   # seconds, from init_process_group; < 0: none
+
+
+_DESTROYED = -2
 
 
 def _group_handle(group, fn):
@@ -110,6 +118,8 @@ def _group_handle(group, fn):
     if not isinstance(group, ProcessGroup):
         raise TypeError(f"{fn}(): `group` must be a ProcessGroup from new_group() or None; "
                         f"got {type(group).__name__}")
+    if group._handle == _DESTROYED:
+        raise ValueError(f"{fn}(): `group` has been destroyed")
     if group._handle < 0:
         warnings.warn(f"Running {fn} on global rank {get_rank()} which does not belong to the given group.",
                       stacklevel=3)
@@ -228,6 +238,8 @@ def init_process_group(backend="mpi", init_method=None, timeout=None, world_size
         _C.destroy()
         raise ValueError(f"{fn}(): `rank` = {rank} does not match MPI's rank {my_rank} "
                          f"(set by mpiexec); leave it at -1")
+    global _default_timeout
+    _default_timeout = seconds
     _world = ProcessGroup(0, range(size))
     GroupMember.WORLD = _world
     if sys.excepthook is sys.__excepthook__:
@@ -235,11 +247,17 @@ def init_process_group(backend="mpi", init_method=None, timeout=None, world_size
 
 
 def destroy_process_group(group=None):
-    """Free the default group (``group=None``) and every other group; MPI stays up for a later init."""
+    """Free `group`'s communicator; with ``group=None`` free every group and the default one (MPI stays
+    up, so init_process_group may be called again)."""
     global _world
     if group is not None and group is not _world:
-        raise ValueError("destroy_process_group(): destroying a single sub-group is not supported yet; "
-                         "call it with group=None")
+        if not isinstance(group, ProcessGroup):
+            raise TypeError(f"destroy_process_group(): `group` must be a ProcessGroup or None; "
+                            f"got {type(group).__name__}")
+        if group._handle > 0:
+            _C.destroy_group(group._handle)
+        group._handle = _DESTROYED
+        return
     _C.destroy()
     _world = None
     GroupMember.WORLD = None
@@ -383,6 +401,361 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     if handle < 0:
         return None
     return _C.all_reduce(tensor, op, handle, async_op)
+
+
+
+def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False):
+    """Reduce `tensor` across `group` into `tensor` on global rank `dst` (in place there).
+
+    The other ranks' arrays are only read. Returns None, or a Work when ``async_op=True``.
+    """
+    handle = 0 if group is None else _group_handle(group, "reduce")
+    if handle < 0:
+        return None
+    return _C.reduce(tensor, dst, op, handle, async_op)
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+    """Gather every rank's `input_tensor` into `output_tensor`, concatenated in group rank order.
+
+    ``output_tensor.size == input_tensor.size * group size``; `input_tensor` may be this rank's own
+    slice of `output_tensor`.
+    """
+    handle = 0 if group is None else _group_handle(group, "all_gather_into_tensor")
+    if handle < 0:
+        return None
+    return _C.all_gather_into_tensor(output_tensor, input_tensor, handle, async_op)
+
+
+_all_gather_base = all_gather_into_tensor   # torch's old name
+
+
+def all_gather(tensor_list, tensor, group=None, async_op=False):
+    """``tensor_list[i]`` receives group rank i's `tensor`, on every rank (no copies).
+
+    Example (``mpiexec -n 2``)::
+
+        >>> out = [np.zeros(2), np.zeros(2)]
+        >>> dist.all_gather(out, np.full(2, float(dist.get_rank())))
+        >>> out                          # on both ranks
+        [array([0., 0.]), array([1., 1.])]
+    """
+    handle = 0 if group is None else _group_handle(group, "all_gather")
+    if handle < 0:
+        return None
+    return _C.all_gather(tensor_list, tensor, handle, async_op)
+
+
+def gather(tensor, gather_list=None, dst=0, group=None, async_op=False):
+    """On global rank `dst`, ``gather_list[i]`` receives group rank i's `tensor`.
+
+    `gather_list` is required on `dst` and must be None elsewhere (``ValueError``).
+    """
+    handle = 0 if group is None else _group_handle(group, "gather")
+    if handle < 0:
+        return None
+    return _C.gather(tensor, gather_list, dst, handle, async_op)
+
+
+def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False):
+    """Group rank i receives ``scatter_list[i]`` of global rank `src` into `tensor`.
+
+    `scatter_list` is required on `src` and must be None elsewhere (``ValueError``).
+    """
+    handle = 0 if group is None else _group_handle(group, "scatter")
+    if handle < 0:
+        return None
+    return _C.scatter(tensor, scatter_list, src, handle, async_op)
+
+
+def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False):
+    """Group rank i receives in `output` the reduction of every rank's ``input_list[i]``.
+
+    MPI reduces one contiguous buffer, so `input_list` is copied into one first; use
+    reduce_scatter_tensor to avoid that copy.
+    """
+    handle = 0 if group is None else _group_handle(group, "reduce_scatter")
+    if handle < 0:
+        return None
+    return _C.reduce_scatter(output, input_list, op, handle, async_op)
+
+
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False):
+    """`input` holds group-size blocks of `output`'s size; group rank i receives the reduction of
+    every rank's block i."""
+    handle = 0 if group is None else _group_handle(group, "reduce_scatter_tensor")
+    if handle < 0:
+        return None
+    return _C.reduce_scatter_tensor(output, input, op, handle, async_op)
+
+
+_reduce_scatter_base = reduce_scatter_tensor   # torch's old name
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
+                      async_op=False):
+    """Rank i's block j of `input` becomes rank j's block i of `output`; blocks are rows along
+    dimension 0, equal unless split sizes (one int per rank) are given."""
+    handle = 0 if group is None else _group_handle(group, "all_to_all_single")
+    if handle < 0:
+        return None
+    return _C.all_to_all_single(output, input, output_split_sizes, input_split_sizes, handle, async_op)
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
+    """Rank i's ``input_tensor_list[j]`` becomes rank j's ``output_tensor_list[i]``."""
+    handle = 0 if group is None else _group_handle(group, "all_to_all")
+    if handle < 0:
+        return None
+    return _C.all_to_all(output_tensor_list, input_tensor_list, handle, async_op)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Groups
+
+def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local_synchronization=False,
+              group_desc=None, device_id=None):
+    """A process group of the given global ranks (default: all). Every rank must call it, as in torch.
+
+    On a rank that is not in `ranks`, the returned group is a placeholder: calls with it warn and
+    return None, and ``get_rank(group)`` is -1. Group ranks follow global rank order.
+    """
+    fn = "new_group"
+    world = get_world_size()
+    if ranks is None:
+        ranks = list(range(world))
+    try:
+        ranks = sorted(int(r) for r in ranks)
+    except (TypeError, ValueError):
+        raise TypeError(f"{fn}(): `ranks` must be a list of ints; got {ranks!r}") from None
+    if len(set(ranks)) != len(ranks) or any(r < 0 or r >= world for r in ranks):
+        raise ValueError(f"{fn}(): `ranks` must be distinct ranks in [0, {world}); got {ranks}")
+    if timeout is not None:
+        _seconds(timeout, fn)
+    return ProcessGroup(_C.new_group(ranks), ranks)
+
+
+def get_process_group_ranks(group):
+    """The global ranks of `group`, in group rank order."""
+    if group is None or group is GroupMember.WORLD:
+        return list(range(get_world_size()))
+    return list(group.ranks)
+
+
+def get_global_rank(group, group_rank):
+    """The global rank of `group`'s rank `group_rank`."""
+    ranks = get_process_group_ranks(group)
+    if not 0 <= group_rank < len(ranks):
+        raise ValueError(f"get_global_rank(): `group_rank` must be in [0, {len(ranks)}); got {group_rank}")
+    return ranks[group_rank]
+
+
+def get_group_rank(group, global_rank):
+    """`global_rank`'s rank in `group` (``ValueError`` if it is not a member)."""
+    ranks = get_process_group_ranks(group)
+    if global_rank not in ranks:
+        raise ValueError(f"get_group_rank(): global rank {global_rank} is not part of the group {ranks}")
+    return ranks.index(global_rank)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Batched point-to-point
+
+class P2POp:
+    """One point-to-point operation for batch_isend_irecv: ``P2POp(dist.isend, arr, peer)``."""
+
+    def __init__(self, op, tensor, peer=None, group=None, tag=0, group_peer=None):
+        if op not in (isend, irecv):
+            raise ValueError("P2POp(): `op` must be pydist.isend or pydist.irecv")
+        if peer is None and group_peer is None:
+            raise ValueError("P2POp(): give `peer` (a global rank) or `group_peer`")
+        if peer is None:
+            peer = get_global_rank(group, group_peer)
+        self.op, self.tensor, self.peer, self.group, self.tag = op, tensor, peer, group, tag
+
+    def __repr__(self):
+        return f"P2POp({self.op.__name__}, peer={self.peer}, tag={self.tag})"
+
+
+def batch_isend_irecv(p2p_op_list):
+    """Start every operation of `p2p_op_list` and return their Work handles (wait on each)."""
+    if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list or \
+            not all(isinstance(p, P2POp) for p in p2p_op_list):
+        raise ValueError("batch_isend_irecv(): `p2p_op_list` must be a non-empty list of P2POp")
+    # Validate everything before anything starts, so a bad entry cannot leave half a batch posted.
+    for p in p2p_op_list:
+        _group_handle(p.group, "batch_isend_irecv")
+    return [p.op(p.tensor, p.peer, group=p.group, tag=p.tag) for p in p2p_op_list]
+
+
+# ---------------------------------------------------------------------------------------------------
+# monitored_barrier
+
+_MONITOR_TAG = 32700   # reserved for monitored_barrier's messages (MPI guarantees tags up to 32767)
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    """A barrier that names the ranks that did not arrive.
+
+    Group rank 0 waits for every other rank's message; a rank still missing after `timeout` (default:
+    init_process_group's, else 30 minutes) makes rank 0 raise ``DistError`` naming it (with
+    ``wait_all_ranks=True``, naming all of them). Then rank 0 releases the others.
+    """
+    import numpy as np
+    fn = "monitored_barrier"
+    handle = 0 if group is None else _group_handle(group, fn)
+    if handle < 0:
+        return None
+    seconds = _seconds(timeout, fn) if timeout is not None else (_default_timeout if _default_timeout > 0
+                                                                   else 1800.0)
+    ranks = get_process_group_ranks(group)
+    me = get_rank()
+    token = np.zeros(1, np.uint8)
+    if me != ranks[0]:
+        _C.send(token, ranks[0], _MONITOR_TAG, handle)
+        work = _C.irecv(np.zeros(1, np.uint8), ranks[0], _MONITOR_TAG, handle)
+        try:
+            work.wait(seconds)
+        except DistTimeoutError:
+            raise DistTimeoutError(f"{fn}(): rank {ranks[0]} did not release rank {me} within {seconds:g} s "
+                                   "(another rank may not have called monitored_barrier)") from None
+        return None
+    import time
+    bufs = {r: np.zeros(1, np.uint8) for r in ranks[1:]}
+    works = {r: _C.irecv(bufs[r], r, _MONITOR_TAG, handle) for r in ranks[1:]}
+    deadline = time.monotonic() + seconds
+    for r, w in works.items():
+        try:
+            w.wait(max(0.0, deadline - time.monotonic()))
+        except DistTimeoutError:
+            pass
+    missing = [r for r, w in works.items() if not w.is_completed()]
+    if missing:
+        shown = missing if wait_all_ranks else missing[:1]
+        who = ", ".join(str(r) for r in shown)
+        raise DistError(f"{fn}(): Rank{'s' if len(shown) > 1 else ''} {who} failed to pass monitoredBarrier "
+                        f"in {seconds:g} s")
+    for r in ranks[1:]:
+        _C.send(token, r, _MONITOR_TAG, handle)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Object collectives: pickle over the array collectives. Unpickling runs arbitrary code: use these
+# only between trusted peers (your own job's ranks), as torch's documentation warns.
+
+def _to_bytes(obj):
+    import numpy as np
+    import pickle
+    return np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+
+
+def _from_bytes(buf):
+    import pickle
+    return pickle.loads(buf.tobytes())
+
+
+def broadcast_object_list(object_list, src=0, group=None, device=None):
+    """Broadcast the picklable objects of `object_list` from `src`; other ranks' list is filled in
+    place (it must have the same length). Trusted peers only (pickle)."""
+    import numpy as np
+    handle = 0 if group is None else _group_handle(group, "broadcast_object_list")
+    if handle < 0:
+        return None
+    is_src = get_rank() == src
+    sizes = np.zeros(len(object_list), np.int64)
+    payloads = [_to_bytes(o) for o in object_list] if is_src else []
+    if is_src:
+        sizes[:] = [len(p) for p in payloads]
+    _C.broadcast(sizes, src, handle, False)
+    data = np.concatenate(payloads) if is_src and payloads else np.zeros(int(sizes.sum()), np.uint8)
+    _C.broadcast(data, src, handle, False)
+    if not is_src:
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        for i in range(len(object_list)):
+            object_list[i] = _from_bytes(data[offsets[i]:offsets[i + 1]])
+    return None
+
+
+def _gather_sizes(payload, handle, size):
+    import numpy as np
+    sizes = np.zeros(size, np.int64)
+    _C.all_gather_into_tensor(sizes, np.array([len(payload)], np.int64), handle, False)
+    return sizes
+
+
+def all_gather_object(object_list, obj, group=None):
+    """``object_list[i]`` becomes group rank i's `obj`, on every rank. Trusted peers only (pickle)."""
+    import numpy as np
+    handle = 0 if group is None else _group_handle(group, "all_gather_object")
+    if handle < 0:
+        return None
+    size = get_world_size(group)
+    if len(object_list) != size:
+        raise ValueError(f"all_gather_object(): `object_list` must have {size} entries; got {len(object_list)}")
+    payload = _to_bytes(obj)
+    sizes = _gather_sizes(payload, handle, size)
+    width = int(sizes.max()) if size else 0
+    mine = np.zeros(width, np.uint8)
+    mine[:len(payload)] = payload
+    out = np.zeros(width * size, np.uint8)
+    _C.all_gather_into_tensor(out, mine, handle, False)
+    for i in range(size):
+        object_list[i] = _from_bytes(out[i * width:i * width + int(sizes[i])])
+    return None
+
+
+def gather_object(obj, object_gather_list=None, dst=0, group=None):
+    """On `dst`, ``object_gather_list[i]`` becomes group rank i's `obj`. Trusted peers only (pickle)."""
+    import numpy as np
+    handle = 0 if group is None else _group_handle(group, "gather_object")
+    if handle < 0:
+        return None
+    size = get_world_size(group)
+    is_dst = get_rank() == dst
+    if is_dst and (object_gather_list is None or len(object_gather_list) != size):
+        raise ValueError(f"gather_object(): `object_gather_list` must be a list of {size} entries on dst")
+    if not is_dst and object_gather_list is not None:
+        raise ValueError("gather_object(): `object_gather_list` must be None on ranks other than dst")
+    payload = _to_bytes(obj)
+    sizes = _gather_sizes(payload, handle, size)
+    width = int(sizes.max()) if size else 0
+    mine = np.zeros(width, np.uint8)
+    mine[:len(payload)] = payload
+    outs = [np.zeros(width, np.uint8) for _ in range(size)] if is_dst else None
+    _C.gather(mine, outs, dst, handle, False)
+    if is_dst:
+        for i in range(size):
+            object_gather_list[i] = _from_bytes(outs[i][:int(sizes[i])])
+    return None
+
+
+def scatter_object_list(scatter_object_output_list, scatter_object_input_list=None, src=0, group=None):
+    """Group rank i gets ``scatter_object_input_list[i]`` of `src` in
+    ``scatter_object_output_list[0]``. Trusted peers only (pickle)."""
+    import numpy as np
+    handle = 0 if group is None else _group_handle(group, "scatter_object_list")
+    if handle < 0:
+        return None
+    if not isinstance(scatter_object_output_list, list) or len(scatter_object_output_list) < 1:
+        raise ValueError("scatter_object_list(): `scatter_object_output_list` must be a list of at least 1 entry")
+    size = get_world_size(group)
+    is_src = get_rank() == src
+    if is_src and (scatter_object_input_list is None or len(scatter_object_input_list) != size):
+        raise ValueError(f"scatter_object_list(): `scatter_object_input_list` must have {size} entries on src")
+    payloads = [_to_bytes(o) for o in scatter_object_input_list] if is_src else []
+    sizes = np.array([len(p) for p in payloads] if is_src else [0] * size, np.int64)
+    _C.broadcast(sizes, src, handle, False)
+    width = int(sizes.max()) if size else 0
+    ins = None
+    if is_src:
+        ins = [np.zeros(width, np.uint8) for _ in range(size)]
+        for i, p in enumerate(payloads):
+            ins[i][:len(p)] = p
+    mine = np.zeros(width, np.uint8)
+    _C.scatter(mine, ins, src, handle, False)
+    scatter_object_output_list[0] = _from_bytes(mine[:int(sizes[get_rank(group)])])
+    return None
 
 
 if os.environ.get("PYDIST_WAIT", "").lower() == "mpi":

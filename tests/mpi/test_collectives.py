@@ -1,0 +1,152 @@
+"""reduce, gathers, scatter, reduce-scatter and all-to-all at every world size and every root,
+against NumPy references each rank computes on its own (make_input rebuilds any rank's input)."""
+import numpy as np
+import pytest
+
+import pydist as dist
+from helpers import DTYPES, OPS, make_input, parallel_assert, reference, valid
+
+SIZES = [0, 1, 7, 1000]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", OPS, ids=[o.name for o in OPS])
+def test_reduce_every_root(op, dtype):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    ok = True
+    for root in range(size):
+        for n in (0, 1, 13):
+            x = make_input(4, rank, (n,), dtype, op)
+            if not valid(op, dtype):
+                with pytest.raises(TypeError):
+                    dist.reduce(x, dst=root, op=op)
+                continue
+            before = x.copy()
+            dist.reduce(x, dst=root, op=op)
+            if rank == root:
+                ok &= np.array_equal(x, reference(op, [make_input(4, r, (n,), dtype, op) for r in range(size)]))
+            else:
+                ok &= np.array_equal(x, before)   # only read on other ranks
+    parallel_assert(ok)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", SIZES)
+def test_all_gather_list_and_tensor(dtype, n):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    x = make_input(5, rank, (n,), dtype)
+    expected = [make_input(5, r, (n,), dtype) for r in range(size)]
+    outs = [np.zeros(n, dtype) for _ in range(size)]
+    dist.all_gather(outs, x)
+    ok = all(np.array_equal(o, e) for o, e in zip(outs, expected))
+    flat = np.zeros(n * size, dtype)
+    dist.all_gather_into_tensor(flat, x)
+    ok &= np.array_equal(flat, np.concatenate(expected))
+    # torch's in-place form: the input is this rank's own slice of the output
+    flat2 = np.zeros(n * size, dtype)
+    flat2[rank * n:(rank + 1) * n] = x
+    dist.all_gather_into_tensor(flat2, flat2[rank * n:(rank + 1) * n])
+    ok &= np.array_equal(flat2, np.concatenate(expected))
+    parallel_assert(ok)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float64", "complex64", "bool"])
+def test_gather_and_scatter_every_root(dtype):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    ok = True
+    for root in range(size):
+        x = make_input(6, rank, (3, 5), dtype)
+        gl = [np.zeros((3, 5), dtype) for _ in range(size)] if rank == root else None
+        dist.gather(x, gl, dst=root)
+        if rank == root:
+            ok &= all(np.array_equal(g, make_input(6, r, (3, 5), dtype)) for r, g in enumerate(gl))
+        sl = [make_input(7, root * 10 + r, (4,), dtype) for r in range(size)] if rank == root else None
+        out = np.zeros(4, dtype)
+        dist.scatter(out, sl, src=root)
+        ok &= np.array_equal(out, make_input(7, root * 10 + rank, (4,), dtype))
+    parallel_assert(ok)
+
+
+def test_gather_scatter_list_on_the_wrong_rank():
+    rank, size = dist.get_rank(), dist.get_world_size()
+    x = np.zeros(2)
+    if rank == 0:
+        with pytest.raises(ValueError, match="gather_list"):
+            dist.gather(x, None, dst=0)
+        with pytest.raises(ValueError, match="scatter_list"):
+            dist.scatter(x, None, src=0)
+        with pytest.raises(ValueError, match="one array per rank"):
+            dist.gather(x, [np.zeros(2)] * (size + 1), dst=0)
+    elif rank == 1:
+        with pytest.raises(ValueError, match="must be None"):
+            dist.gather(x, [np.zeros(2)] * size, dst=0)
+    parallel_assert(True)
+
+
+@pytest.mark.parametrize("dtype", ["int64", "float32", "float16", "complex128"])
+@pytest.mark.parametrize("op", [dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.AVG], ids=lambda o: o.name)
+@pytest.mark.parametrize("n", [0, 1, 7])
+def test_reduce_scatter(dtype, op, n):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    inputs = [make_input(8, r, (size * n,), dtype, op) for r in range(size)]
+    if not valid(op, dtype):
+        with pytest.raises(TypeError):
+            dist.reduce_scatter_tensor(np.zeros(n, dtype), inputs[rank], op=op)
+        return
+    full = reference(op, inputs)
+    out = np.zeros(n, dtype)
+    dist.reduce_scatter_tensor(out, inputs[rank], op=op)
+    ok = np.array_equal(out, full[rank * n:(rank + 1) * n])
+    out2 = np.zeros(n, dtype)
+    dist.reduce_scatter(out2, [inputs[rank][i * n:(i + 1) * n].copy() for i in range(size)], op=op)
+    ok &= np.array_equal(out2, full[rank * n:(rank + 1) * n])
+    parallel_assert(ok)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "float64", "complex64"])
+def test_all_to_all_single_equal_and_uneven(dtype):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    # equal blocks of 2 rows x 3 columns
+    x = make_input(9, rank, (2 * size, 3), dtype)
+    out = np.zeros((2 * size, 3), dtype)
+    dist.all_to_all_single(out, x)
+    expected = np.concatenate([make_input(9, r, (2 * size, 3), dtype)[2 * rank:2 * rank + 2] for r in range(size)])
+    ok = np.array_equal(out, expected)
+    # uneven: rank r sends (r + j) % 3 rows to rank j
+    splits = lambda r: [(r + j) % 3 for j in range(size)]  # noqa: E731
+    x = make_input(10, rank, (sum(splits(rank)), 2), dtype)
+    recv_splits = [splits(r)[rank] for r in range(size)]
+    out = np.zeros((sum(recv_splits), 2), dtype)
+    dist.all_to_all_single(out, x, output_split_sizes=recv_splits, input_split_sizes=splits(rank))
+    parts = []
+    for r in range(size):
+        xr = make_input(10, r, (sum(splits(r)), 2), dtype)
+        start = sum(splits(r)[:rank])
+        parts.append(xr[start:start + splits(r)[rank]])
+    ok &= np.array_equal(out, np.concatenate(parts))
+    parallel_assert(ok)
+
+
+def test_all_to_all_lists():
+    rank, size = dist.get_rank(), dist.get_world_size()
+    ins = [np.full(3, rank * 100 + j, np.int64) for j in range(size)]
+    outs = [np.zeros(3, np.int64) for _ in range(size)]
+    dist.all_to_all(outs, ins)
+    parallel_assert(all(np.array_equal(outs[i], np.full(3, i * 100 + rank)) for i in range(size)))
+
+
+def test_async_collectives_out_of_order():
+    rank, size = dist.get_rank(), dist.get_world_size()
+    g = [np.zeros(4) for _ in range(size)]
+    w1 = dist.all_gather(g, np.full(4, float(rank)), async_op=True)
+    r = np.full(3, rank + 1.0)
+    w2 = dist.reduce(r, dst=0, async_op=True)
+    o = np.zeros(2)
+    w3 = dist.reduce_scatter_tensor(o, np.ones(2 * size), async_op=True)
+    for w in (w3, w1, w2):
+        assert w.wait() is True
+    ok = all(np.array_equal(g[i], np.full(4, float(i))) for i in range(size))
+    ok &= np.array_equal(o, np.full(2, float(size)))
+    if rank == 0:
+        ok &= np.array_equal(r, np.full(3, size * (size + 1) / 2))
+    parallel_assert(ok)
