@@ -10,8 +10,13 @@
  * scatter, all_to_all) move each rank's block straight into or out of the listed arrays, as bytes
  * at displacements from the lowest array (pd_buflist_get); only reduce_scatter's list form copies,
  * because MPI reductions need one contiguous input.
+ *
+ * pd_validate_only (PYDIST_DEBUG=DETAIL) makes every collective return right after its argument
+ * checks, so that debug.py can raise local argument errors before its cross-rank comparison.
  */
 #include "pydist.h"
+
+int pd_validate_only = 0;
 
 // ---------------------------------------------------------------------------------------------------
 // Shared plumbing
@@ -83,6 +88,9 @@ PyObject *pd_barrier(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (comm == NULL) {
         return NULL;
     }
+    if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
+        Py_RETURN_NONE;
+    }
     int rc = MPI_Ibarrier(*comm, &req);
     if (rc != MPI_SUCCESS) {
         return start_failed(rc, "MPI_Ibarrier");
@@ -107,6 +115,10 @@ PyObject *pd_broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     // Only the receivers write; the root may broadcast from a read-only array.
     if (pd_buf_get(args[0], fn, "tensor", root != pd_group_rank(group), &buf) < 0) {
         return NULL;
+    }
+    if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
+        ret = Py_NewRef(Py_None);
+        goto done;
     }
     int rc = MPI_Ibcast_c(buf.data, buf.count, buf.dtype->mpi, root, *comm, &req);
     if (rc != MPI_SUCCESS) {
@@ -135,6 +147,10 @@ PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     if (pd_op_resolve(op, buf.dtype, fn, &mop) < 0) {
+        goto done;
+    }
+    if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
+        ret = Py_NewRef(Py_None);
         goto done;
     }
     int rc = MPI_Iallreduce_c(MPI_IN_PLACE, buf.data, buf.count, buf.dtype->mpi, mop, *comm, &req);
@@ -169,6 +185,10 @@ PyObject *pd_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         return NULL;
     }
     if (pd_op_resolve(op, buf.dtype, fn, &mop) < 0) {
+        goto done;
+    }
+    if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
+        ret = Py_NewRef(Py_None);
         goto done;
     }
     int rc = MPI_Ireduce_c(is_root ? MPI_IN_PLACE : buf.data, is_root ? buf.data : NULL, buf.count,
@@ -216,6 +236,10 @@ PyObject *pd_all_gather_into_tensor(PyObject *self, PyObject *const *args, Py_ss
     if ((keep = pair(&out, &in)) == NULL) {
         goto done;
     }
+    if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
+        ret = Py_NewRef(Py_None);
+        goto done;
+    }
     int rc = MPI_Iallgather_c(in_place ? MPI_IN_PLACE : in.data, in.count, in.dtype->mpi, out.data, in.count,
                               in.dtype->mpi, *comm, &req);
     if (rc != MPI_SUCCESS) {
@@ -248,6 +272,10 @@ PyObject *pd_all_gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     if ((keep = PyTuple_Pack(2, outs.keep, (PyObject *)in.arr)) == NULL) {
+        goto done;
+    }
+    if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
+        ret = Py_NewRef(Py_None);
         goto done;
     }
     int rc = MPI_Iallgatherv_c(in.data, (MPI_Count)in.nbytes, MPI_BYTE, outs.base, outs.counts, outs.displs,
@@ -292,10 +320,18 @@ PyObject *pd_gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             (keep = PyTuple_Pack(2, outs.keep, (PyObject *)in.arr)) == NULL) {
             goto done;
         }
+        if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
+            ret = Py_NewRef(Py_None);
+            goto done;
+        }
         rc = MPI_Igatherv_c(in.data, (MPI_Count)in.nbytes, MPI_BYTE, outs.base, outs.counts, outs.displs,
                             MPI_BYTE, root, *comm, &req);
     } else {
         keep = Py_NewRef((PyObject *)in.arr);
+        if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
+            ret = Py_NewRef(Py_None);
+            goto done;
+        }
         rc = MPI_Igatherv_c(in.data, (MPI_Count)in.nbytes, MPI_BYTE, NULL, NULL, NULL, MPI_BYTE, root, *comm,
                             &req);
     }
@@ -339,10 +375,18 @@ PyObject *pd_scatter(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             (keep = PyTuple_Pack(2, ins.keep, (PyObject *)out.arr)) == NULL) {
             goto done;
         }
+        if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
+            ret = Py_NewRef(Py_None);
+            goto done;
+        }
         rc = MPI_Iscatterv_c(ins.base, ins.counts, ins.displs, MPI_BYTE, out.data, (MPI_Count)out.nbytes,
                              MPI_BYTE, root, *comm, &req);
     } else {
         keep = Py_NewRef((PyObject *)out.arr);
+        if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
+            ret = Py_NewRef(Py_None);
+            goto done;
+        }
         rc = MPI_Iscatterv_c(NULL, NULL, NULL, MPI_BYTE, out.data, (MPI_Count)out.nbytes, MPI_BYTE, root,
                              *comm, &req);
     }
@@ -368,6 +412,9 @@ static PyObject *reduce_scatter_start(const char *fn, PdBuf *out, void *in_data,
     MPI_Request req = MPI_REQUEST_NULL;
     if (pd_op_resolve(op, out->dtype, fn, &mop) < 0) {
         return NULL;
+    }
+    if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
+        Py_RETURN_NONE;
     }
     int rc = MPI_Ireduce_scatter_block_c(in_data, out->data, out->count, out->dtype->mpi, mop, comm, &req);
     if (rc != MPI_SUCCESS) {
@@ -542,6 +589,10 @@ PyObject *pd_all_to_all_single(PyObject *self, PyObject *const *args, Py_ssize_t
     if ((keep = PyTuple_Pack(3, (PyObject *)out.arr, (PyObject *)in.arr, meta)) == NULL) {
         goto done;
     }
+    if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
+        ret = Py_NewRef(Py_None);
+        goto done;
+    }
     int rc = MPI_Ialltoallv_c(in.data, scounts, sdispls, MPI_BYTE, out.data, rcounts, rdispls, MPI_BYTE, *comm,
                               &req);
     if (rc != MPI_SUCCESS) {
@@ -555,6 +606,19 @@ done:
     pd_buf_release(&out);
     pd_buf_release(&in);
     return ret;
+}
+
+// _C.set_validate_only(flag) -> old flag
+PyObject *pd_set_validate_only(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    int flag;
+    if (pd_check_nargs(nargs, 1, "set_validate_only") < 0 ||
+        pd_arg_bool(args[0], "set_validate_only", "flag", &flag) < 0) {
+        return NULL;
+    }
+    int old = pd_validate_only;
+    pd_validate_only = flag;
+    return PyBool_FromLong(old);
 }
 
 // _C.all_to_all(output_list, input_list, group, async_op): rank i's input_list[j] becomes rank j's
@@ -589,6 +653,10 @@ PyObject *pd_all_to_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     if ((keep = PyTuple_Pack(2, outs.keep, ins.keep)) == NULL) {
+        goto done;
+    }
+    if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
+        ret = Py_NewRef(Py_None);
         goto done;
     }
     int rc = MPI_Ialltoallv_c(ins.base, ins.counts, ins.displs, MPI_BYTE, outs.base, outs.counts, outs.displs,

@@ -159,6 +159,10 @@ PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         MPI_Comm_free(&world);
         return NULL;
     }
+    if (pd_liveness_start() < 0) {
+        slot_free(0);
+        return NULL;
+    }
     pd_default_timeout = timeout;
     pd_initialized = 1;
     return Py_BuildValue("iii", groups[0].rank, groups[0].size, thread_level);
@@ -193,9 +197,10 @@ PyObject *pd_finalize(PyObject *self, PyObject *unused) {
     MPI_Initialized(&init);
     MPI_Finalized(&fin);
     if (init && !fin) {
-        if (pd_parked_drain() > 0) {
-            // A collective some rank never joined is still pending: MPI_Finalize would wait for it
-            // forever. Leave without it; the launcher then reports this rank's exit and ends the job.
+        if (pd_liveness_announce() < 0 || pd_parked_drain() > 0) {
+            // A collective some rank never joined is still pending (or the wait for the others to
+            // exit was interrupted): MPI_Finalize would wait forever. Leave without it; the launcher
+            // then reports this rank's exit and ends the job.
             fprintf(stderr, "pydist: an operation that never completed is still pending at exit; "
                             "skipping MPI_Finalize\n");
             Py_RETURN_NONE;

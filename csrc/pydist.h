@@ -156,6 +156,11 @@ void pd_park(MPI_Request req, PyObject *keep, int cancellable);
 // Complete or cancel what was parked (called before MPI_Finalize / at destroy).
 int pd_parked_drain(void);
 
+// Exit notices (liveness.c): a wait gives up, naming the rank, when a peer's script has ended.
+int pd_liveness_start(void);                                  // at init
+int pd_liveness_check(double wait_started, const char *what); // from pd_wait, GIL held
+int pd_liveness_announce(void);                               // at exit, before MPI_Finalize
+
 // The default timeout (seconds, < 0 = none) for blocking calls, set by init_process_group.
 extern double pd_default_timeout;
 
@@ -215,6 +220,8 @@ PyObject *pd_reduce_scatter_tensor(PyObject *self, PyObject *const *args, Py_ssi
 PyObject *pd_reduce_scatter(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_all_to_all_single(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_all_to_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *pd_set_validate_only(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+extern int pd_validate_only;   // collectives check their arguments and return without sending
 
 PyObject *pd_set_wait_mode(PyObject *self, PyObject *const *args, Py_ssize_t nargs); // work.c
 PyObject *pd_check_op(PyObject *self, PyObject *const *args, Py_ssize_t nargs);     // dtypes.c

@@ -68,7 +68,7 @@ int pd_wait(MPI_Request *req, MPI_Status *status, double timeout, const char *wh
         if (done) {
             return 0;
         }
-        if (PyErr_CheckSignals() < 0) {
+        if (PyErr_CheckSignals() < 0 || pd_liveness_check(start, what) < 0) {
             return -1;
         }
         double waited = MPI_Wtime() - start;

@@ -758,5 +758,10 @@ def scatter_object_list(scatter_object_output_list, scatter_object_input_list=No
     return None
 
 
+if os.environ.get("PYDIST_DEBUG", "").upper() == "DETAIL":
+    from . import debug as _debug
+    for _name in _debug.CHECKED:
+        globals()[_name] = _debug.wrap(globals()[_name], _group_handle)
+
 if os.environ.get("PYDIST_WAIT", "").lower() == "mpi":
     _C.set_wait_mode(_C.WAIT_MPI)

@@ -39,6 +39,8 @@ def test_pip_install_into_a_fresh_venv(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     check = ("import numpy as np, pydist as dist; dist.init_process_group(backend='mpi'); "
              "a = np.arange(3.0); dist.all_reduce(a); print(dist.__file__, a.tolist())")
-    proc = subprocess.run([py, "-c", check], cwd=str(tmp_path), capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only the new venv's pydist
+    proc = subprocess.run([py, "-c", check], cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert str(env_dir) in proc.stdout and "[0.0, 1.0, 2.0]" in proc.stdout, proc.stdout
