@@ -25,16 +25,25 @@ static int thread_level = MPI_THREAD_SINGLE;
 // ---------------------------------------------------------------------------------------------------
 // Lookup
 
-MPI_Comm *pd_group_comm(long handle, const char *fn) {
+// Initialised, and a live group of this rank? (Raises ValueError otherwise.) Queries stop here:
+// a broken group still answers get_rank/get_world_size.
+static int check_handle(long handle, const char *fn) {
     if (!pd_initialized) {
         PyErr_Format(PyExc_ValueError, "%s(): the default process group has not been initialized; "
                      "call pydist.init_process_group(backend=\"mpi\") first", fn);
-        return NULL;
+        return -1;
     }
     if (handle < 0 || handle >= PD_MAX_GROUPS || !groups[handle].in_use ||
         groups[handle].comm == MPI_COMM_NULL) {
         PyErr_Format(PyExc_ValueError, "%s(): `group` is not a live process group of this rank "
                      "(handle %ld; destroyed?)", fn, handle);
+        return -1;
+    }
+    return 0;
+}
+
+MPI_Comm *pd_group_comm(long handle, const char *fn) {
+    if (check_handle(handle, fn) < 0) {
         return NULL;
     }
     if (groups[handle].broken[0]) {
@@ -239,7 +248,7 @@ PyObject *pd_get_rank(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     long h;
     if (pd_check_nargs(nargs, 1, "get_rank") < 0 || pd_arg_long(args[0], "get_rank", "group", &h) < 0 ||
-        pd_group_comm(h, "get_rank") == NULL) {
+        check_handle(h, "get_rank") < 0) {
         return NULL;
     }
     return PyLong_FromLong(groups[h].rank);
@@ -249,7 +258,7 @@ PyObject *pd_get_world_size(PyObject *self, PyObject *const *args, Py_ssize_t na
     (void)self;
     long h;
     if (pd_check_nargs(nargs, 1, "get_world_size") < 0 ||
-        pd_arg_long(args[0], "get_world_size", "group", &h) < 0 || pd_group_comm(h, "get_world_size") == NULL) {
+        pd_arg_long(args[0], "get_world_size", "group", &h) < 0 || check_handle(h, "get_world_size") < 0) {
         return NULL;
     }
     return PyLong_FromLong(groups[h].size);

@@ -1,0 +1,193 @@
+"""Jobs that go wrong must say what went wrong, on which rank, within seconds (real mpiexec).
+
+Each case runs a small script under mpiexec with a hard timeout and checks the exit status, the
+message and the time taken. Ranks' output through mpiexec is not line-atomic, so a script that has
+something to report writes it with report(), one file per rank, and the test reads those files.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MPIEXEC = shutil.which("mpiexec.mpich") or shutil.which("mpiexec")
+
+PRELUDE = """
+import os, sys, time
+import numpy as np
+import pydist as dist
+
+def report(msg):
+    with open(os.path.join(os.environ["JOB_OUT"], f"rank{dist.get_rank()}.txt"), "a") as f:
+        f.write(msg.replace(chr(10), " | ") + chr(10))
+"""
+
+
+def run_job(tmp_path, n, body, env_extra=None, timeout=60):
+    script = tmp_path / "job.py"
+    script.write_text(PRELUDE + textwrap.dedent(body))
+    env = dict(os.environ, MPIEXEC_TIMEOUT=str(timeout), UCX_ERROR_SIGNALS="", JOB_OUT=str(tmp_path),
+               **(env_extra or {}))
+    start = time.monotonic()
+    proc = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, str(script)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout + 30)
+    return proc, time.monotonic() - start
+
+
+def reports(tmp_path, rank):
+    path = tmp_path / f"rank{rank}.txt"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_timeout_names_the_operation_and_breaks_the_group(tmp_path):
+    """Rank 1 never joins the all-reduce: the others raise DistTimeoutError after the 2 s timeout
+    (not later than a second after it), and the group then refuses further calls at once."""
+    proc, _ = run_job(tmp_path, 3, """
+        dist.init_process_group(timeout=2.0)
+        if dist.get_rank() != 1:
+            t = time.monotonic()
+            try:
+                dist.all_reduce(np.ones(4))
+            except dist.DistTimeoutError as e:
+                report(f"TIMEOUT after {time.monotonic() - t:.2f} s: {e}")
+            t = time.monotonic()
+            try:
+                dist.barrier()
+            except dist.DistError as e:
+                report(f"BROKEN in {time.monotonic() - t:.3f} s: {e}")
+        else:
+            time.sleep(4)
+        os._exit(0)   # the broken collectives can never finish: skip the orderly shutdown
+    """)
+    for r in (0, 2):
+        timeout_line, broken = reports(tmp_path, r)
+        assert timeout_line.startswith("TIMEOUT after"), (timeout_line, proc.stderr)
+        waited = float(timeout_line.split()[2])
+        assert 2.0 <= waited <= 3.0, timeout_line
+        assert "all_reduce timed out after" in timeout_line
+        assert broken.startswith("BROKEN in"), broken
+        assert float(broken.split()[2]) < 0.1 and "broken" in broken and "all_reduce" in broken, broken
+
+
+def test_monitored_barrier_names_the_missing_rank(tmp_path):
+    proc, seconds = run_job(tmp_path, 4, """
+        dist.init_process_group()
+        if dist.get_rank() == 2:
+            time.sleep(5)
+            os._exit(0)
+        t = time.monotonic()
+        try:
+            dist.monitored_barrier(timeout=1.5, wait_all_ranks=True)
+            report("PASSED")
+        except dist.DistError as e:
+            report(f"ERROR after {time.monotonic() - t:.2f} s: {e}")
+        os._exit(0)
+    """)
+    (err,) = reports(tmp_path, 0)
+    assert "Rank 2 failed to pass monitoredBarrier" in err, (err, proc.stderr)
+    assert 1.5 <= float(err.split()[2]) <= 2.5, err
+
+
+def test_monitored_barrier_passes_when_everyone_arrives(tmp_path):
+    proc, _ = run_job(tmp_path, 3, """
+        dist.init_process_group()
+        time.sleep(0.1 * dist.get_rank())
+        dist.monitored_barrier(timeout=10)
+        report("PASSED")
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert all(reports(tmp_path, r) == ["PASSED"] for r in range(3))
+
+
+def test_detail_mode_reports_what_each_rank_passed(tmp_path):
+    proc, _ = run_job(tmp_path, 3, """
+        dist.init_process_group()
+        r = dist.get_rank()
+        try:
+            if r == 1:
+                dist.broadcast(np.ones((2, 2), np.float32), src=0)
+            else:
+                dist.all_reduce(np.ones(4), op=dist.ReduceOp.MAX)
+            report("NO ERROR")
+        except ValueError as e:
+            report(f"ERROR {e}")
+        x = np.ones(2)
+        dist.all_reduce(x)
+        report(f"AFTER {x.tolist()}")
+    """, env_extra={"PYDIST_DEBUG": "DETAIL"})
+    assert proc.returncode == 0, proc.stderr
+    for r in range(3):
+        err, after = reports(tmp_path, r)
+        assert "rank 0: all_reduce(float64 (4,), op=MAX)" in err, err
+        assert "rank 1: broadcast(float32 (2, 2), src=0)" in err, err
+        assert "rank 2: all_reduce(float64 (4,), op=MAX)" in err, err
+        assert after == "AFTER [3.0, 3.0]"
+
+
+def _dies(tmp_path, how):
+    return run_job(tmp_path, 3, f"""
+        dist.init_process_group()
+        if dist.get_rank() == 1:
+            time.sleep(0.3)
+            {how}
+        dist.all_reduce(np.zeros(3))
+        print("NOT REACHED", flush=True)
+    """, timeout=60)
+
+
+def test_dead_rank_exception(tmp_path):
+    proc, seconds = _dies(tmp_path, "raise RuntimeError('boom')")
+    assert proc.returncode != 0 and "[rank1]" in proc.stderr and "boom" in proc.stderr, proc.stderr
+    assert seconds < 10 and "NOT REACHED" not in proc.stdout
+
+
+def test_dead_rank_sys_exit(tmp_path):
+    """A rank's script ends early (sys.exit): the ranks waiting for it give up within the 2 s grace
+    and name it, and the job ends non-zero."""
+    proc, seconds = _dies(tmp_path, "sys.exit(0)")
+    assert proc.returncode != 0
+    assert "rank 1 has exited" in proc.stderr and "all_reduce cannot complete" in proc.stderr, proc.stderr
+    assert seconds < 10 and "NOT REACHED" not in proc.stdout
+
+
+def test_dead_rank_sigkill(tmp_path):
+    """SIGKILL leaves no chance to say anything: the launcher sees the process die and ends the job,
+    naming the process and its signal."""
+    proc, seconds = _dies(tmp_path, "os.kill(os.getpid(), 9)")
+    assert proc.returncode != 0
+    assert "BAD TERMINATION" in proc.stdout + proc.stderr
+    assert seconds < 10 and "NOT REACHED" not in proc.stdout
+
+
+def test_ctrl_c_ends_a_job_blocked_in_a_collective(tmp_path):
+    """SIGINT to mpiexec while ranks wait in a barrier that rank 2 never joins: the job ends within
+    2 seconds."""
+    script = tmp_path / "blocked.py"
+    script.write_text(PRELUDE + textwrap.dedent("""
+        dist.init_process_group()
+        report("READY")
+        if dist.get_rank() == 2:
+            time.sleep(120)
+        dist.barrier()
+    """))
+    env = dict(os.environ, MPIEXEC_TIMEOUT="60", UCX_ERROR_SIGNALS="", JOB_OUT=str(tmp_path))
+    proc = subprocess.Popen([MPIEXEC, "-n", "3", sys.executable, str(script)], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not all(reports(tmp_path, r) == ["READY"] for r in range(3)):
+            assert proc.poll() is None and time.monotonic() < deadline, "job ended before every rank was ready"
+            time.sleep(0.05)
+        time.sleep(0.5)   # let them block
+        start = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+        seconds = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert seconds < 2.0, f"took {seconds:.2f} s"
