@@ -13,6 +13,7 @@ import sys
 import time
 import traceback
 import warnings
+import weakref
 
 from . import _C
 
@@ -106,6 +107,7 @@ class GroupMember:
 
 _world = None   # the default ProcessGroup
 _default_timeout = -1.0   # seconds, from init_process_group; < 0: none
+_subgroups = weakref.WeakSet()   # live groups from new_group, invalidated by destroy_process_group()
 
 
 _DESTROYED = -2
@@ -259,6 +261,9 @@ def destroy_process_group(group=None):
         group._handle = _DESTROYED
         return
     _C.destroy()
+    for g in _subgroups:   # their communicator slots may be reused by later groups
+        g._handle = _DESTROYED
+    _subgroups.clear()
     _world = None
     GroupMember.WORLD = None
 
@@ -532,7 +537,9 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
         raise ValueError(f"{fn}(): `ranks` must be distinct ranks in [0, {world}); got {ranks}")
     if timeout is not None:
         _seconds(timeout, fn)
-    return ProcessGroup(_C.new_group(ranks), ranks)
+    group = ProcessGroup(_C.new_group(ranks), ranks)
+    _subgroups.add(group)
+    return group
 
 
 def get_process_group_ranks(group):

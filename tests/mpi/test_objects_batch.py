@@ -99,3 +99,19 @@ def test_work_keeps_its_arrays_alive():
         ok &= all(np.array_equal(w.result()[r], np.full(1000, r + k, np.float64)) for r in range(size))
         ok &= np.array_equal(w2.result()[0], np.repeat(np.arange(size, dtype=np.int32), 7))
     parallel_assert(ok and all(j.sum() == 1000 for j in junk))
+
+
+def test_groups_die_with_the_default_group():
+    """After destroy_process_group() and a new init, an old group object must not silently reach a
+    newer group that reuses its slot."""
+    size = dist.get_world_size()
+    old = dist.new_group(list(range(size)))
+    dist.destroy_process_group()
+    dist.init_process_group(backend="mpi", timeout=60)
+    new = dist.new_group(list(range(size)))
+    with pytest.raises(ValueError, match="destroyed"):
+        dist.all_reduce(np.zeros(1), group=old)
+    x = np.ones(1)
+    dist.all_reduce(x, group=new)
+    dist.destroy_process_group(new)
+    parallel_assert(x[0] == size)
