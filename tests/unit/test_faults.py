@@ -84,6 +84,7 @@ def test_monitored_barrier_names_the_missing_rank(tmp_path):
             report("PASSED")
         except dist.DistError as e:
             report(f"ERROR after {time.monotonic() - t:.2f} s: {e}")
+        time.sleep(2)   # the first rank to exit ends the job: let every rank write its report first
         os._exit(0)
     """)
     (err,) = reports(tmp_path, 0)
