@@ -398,8 +398,8 @@ def test_source_rank_of_a_send_or_collective_is_value_error():
         w.source_rank()
 
 
-def test_destroy_a_group_that_is_not_the_default_is_value_error():
-    check(ValueError, "destroy_process_group", None, lambda: dist.destroy_process_group(group="g"))
+def test_destroy_something_that_is_not_a_group_is_type_error():
+    check(TypeError, "destroy_process_group", "group", lambda: dist.destroy_process_group(group="g"))
     assert dist.is_initialized()
 
 

@@ -160,7 +160,12 @@ def test_blocking_recv_releases_the_gil_and_times_out(counter, restore_group):
     progress = counter.count - before
     assert 0.4 <= elapsed <= 3.0, elapsed
     assert progress >= MIN_PROGRESS, f"the counting thread made {progress} steps during recv"
-    assert_group_works()
+    # The receive is still posted and would steal the next message meant for someone else: the
+    # group refuses further operations at once (restore_group recreates it afterwards).
+    t0 = time.monotonic()
+    with pytest.raises(dist.DistError, match="broken: recv timed out"):
+        dist.all_reduce(np.zeros(1))
+    assert time.monotonic() - t0 < 0.1
 
 
 def test_keyboard_interrupt_ends_a_wait_without_timeout(restore_group):
