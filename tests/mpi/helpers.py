@@ -33,13 +33,15 @@ def make_input(seed, rank, shape, dtype, op=None):
     dt = np.dtype(dtype)
     small = op in (dist.ReduceOp.PRODUCT,)
     if dt.kind == "b":
-        return rng.integers(0, 2, size=shape).astype(dt)
-    if dt.kind == "u":
-        return rng.integers(0, 4 if small else 60, size=shape).astype(dt)
-    lo, hi = (-2, 3) if small else (-30, 31)
-    if dt.kind == "c":
-        return (rng.integers(lo, hi, size=shape) + 1j * rng.integers(lo, hi, size=shape)).astype(dt)
-    return rng.integers(lo, hi, size=shape).astype(dt)
+        out = rng.integers(0, 2, size=shape)
+    elif dt.kind == "u":
+        out = rng.integers(0, 4 if small else 60, size=shape)
+    else:
+        lo, hi = (-2, 3) if small else (-30, 31)
+        out = rng.integers(lo, hi, size=shape)
+        if dt.kind == "c":
+            out = out + 1j * rng.integers(lo, hi, size=shape)
+    return np.asarray(out).astype(dt)   # np.asarray: a 0-d array, never a NumPy scalar, for shape ()
 
 
 def reference(op, inputs):
