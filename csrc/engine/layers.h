@@ -1,0 +1,48 @@
+/*
+ * layers.h: the forward and backward kernels of the engine's layers, on float32 NCHW batches.
+ * Plain C, no Python.h, no MPI: a model (model.c) strings them together.
+ *
+ * Weights are laid out exactly as PyTorch's: Linear weight (out, in) row-major, Conv2d weight
+ * (out_c, in_c, kh, kw), then the bias, so a flat buffer of ours equals torch's parameters()
+ * concatenated. Backward kernels overwrite (not accumulate) the gradients they produce.
+ */
+#ifndef PYDIST_ENGINE_LAYERS_H
+#define PYDIST_ENGINE_LAYERS_H
+
+#include <stdint.h>
+
+// y (B, out) = x (B, in) W^T + b
+void linear_forward(const float *x, const float *W, const float *b, float *y, int B, int in, int out);
+// dW = dy^T x, db = sum_B dy, dx = dy W (dx may be NULL: the first layer needs none)
+void linear_backward(const float *x, const float *W, const float *dy, float *dW, float *db, float *dx,
+                     int B, int in, int out);
+
+typedef struct {
+    int in_c, in_h, in_w;     // input (C, H, W)
+    int out_c, k, stride, pad;
+    int out_h, out_w;         // (in + 2 pad - k) / stride + 1
+} ConvShape;
+
+// y (B, out_c, out_h, out_w) = conv(x, W) + b, by im2col of the whole batch + one GEMM; `cols` is
+// scratch of conv_scratch_floats(s, B) floats.
+long conv_scratch_floats(const ConvShape *s, int B);
+void conv2d_forward(const ConvShape *s, const float *x, const float *W, const float *b, float *y, float *cols, int B);
+// dW, db from dy and x; dx (may be NULL) by GEMM then col2im. `cols` scratch as above.
+void conv2d_backward(const ConvShape *s, const float *x, const float *W, const float *dy, float *dW, float *db,
+                     float *dx, float *cols, int B);
+
+// Max pooling with a k x k window and stride k over (B*C) planes of h x w; out is (h/k) x (w/k).
+// argmax records, per output, the input offset of the maximum (the first one on ties, as PyTorch).
+void maxpool_forward(const float *x, float *y, int32_t *argmax, int planes, int h, int w, int k);
+void maxpool_backward(const float *dy, const int32_t *argmax, float *dx, int planes, int h, int w, int k);
+
+void relu_forward(const float *x, float *y, long n);
+// dx = dy where y > 0, else 0 (PyTorch's threshold_backward on the output)
+void relu_backward(const float *y, const float *dy, float *dx, long n);
+
+// Mean over the batch of -log_softmax(logits)[label]; dlogits = (softmax - onehot) / B.
+// Returns the mean loss; *correct (may be NULL) counts argmax == label. dlogits may be NULL.
+double log_softmax_nll(const float *logits, const int32_t *labels, float *dlogits, int B, int classes,
+                       int *correct);
+
+#endif  // PYDIST_ENGINE_LAYERS_H

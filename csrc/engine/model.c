@@ -1,0 +1,274 @@
+/*
+ * model.c: shapes, buffers, initialisation, and the forward and backward passes of a layer list
+ * (see model.h); the arithmetic is in layers.c.
+ */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const LAYER_NAMES[] = {"linear", "conv2d", "maxpool2d", "relu", "flatten"};
+
+static long act_size(int c, int h, int w) {
+    return (long)c * h * w;
+}
+
+// Buffers are 64-byte aligned for BLAS and for the vector units; zeroed so nothing uninitialised is
+// ever read (a NaN from garbage would propagate everywhere).
+static void *alloc_zeroed(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes > 0 ? bytes : 64) != 0) {
+        return NULL;
+    }
+    memset(p, 0, bytes > 0 ? bytes : 64);
+    return p;
+}
+
+static int shape_layers(Model *m, char *err, size_t errlen) {
+    int c = m->in_c, h = m->in_h, w = m->in_w;
+    long offset = 0;
+    for (int i = 0; i < m->num_layers; i++) {
+        Layer *L = &m->layers[i];
+        const LayerSpec *s = &L->spec;
+        L->in_c = c, L->in_h = h, L->in_w = w;
+        L->weights = L->biases = 0;
+        switch (s->type) {
+        case LAYER_LINEAR:
+            if (h != 1 || w != 1 || c != s->in || s->out <= 0) {
+                snprintf(err, errlen, "layer %d (linear %d -> %d) gets input of shape (%d, %d, %d); a linear "
+                         "layer needs a flat input of %d features (add a flatten layer, or fix `in`)",
+                         i, s->in, s->out, c, h, w, s->in);
+                return -1;
+            }
+            L->weights = (long)s->out * s->in, L->biases = s->out;
+            c = s->out;
+            break;
+        case LAYER_CONV2D:
+            if (c != s->in || s->out <= 0 || s->kernel <= 0 || s->stride <= 0 || s->padding < 0 ||
+                h + 2 * s->padding < s->kernel || w + 2 * s->padding < s->kernel) {
+                snprintf(err, errlen, "layer %d (conv2d %d -> %d, kernel %d, stride %d, padding %d) does not fit "
+                         "its input of shape (%d, %d, %d)", i, s->in, s->out, s->kernel, s->stride, s->padding,
+                         c, h, w);
+                return -1;
+            }
+            L->conv = (ConvShape){c, h, w, s->out, s->kernel, s->stride, s->padding,
+                                  (h + 2 * s->padding - s->kernel) / s->stride + 1,
+                                  (w + 2 * s->padding - s->kernel) / s->stride + 1};
+            L->weights = (long)s->out * s->in * s->kernel * s->kernel, L->biases = s->out;
+            c = s->out, h = L->conv.out_h, w = L->conv.out_w;
+            break;
+        case LAYER_MAXPOOL2D:
+            if (s->kernel <= 0 || h < s->kernel || w < s->kernel) {
+                snprintf(err, errlen, "layer %d (maxpool2d %d) does not fit its input of shape (%d, %d, %d)", i,
+                         s->kernel, c, h, w);
+                return -1;
+            }
+            h /= s->kernel, w /= s->kernel;
+            break;
+        case LAYER_RELU:
+            break;
+        case LAYER_FLATTEN:
+            c = c * h * w, h = 1, w = 1;
+            break;
+        default:
+            snprintf(err, errlen, "layer %d has an unknown type %d", i, (int)s->type);
+            return -1;
+        }
+        L->weight_offset = offset;
+        L->bias_offset = offset + L->weights;
+        offset += L->weights + L->biases;
+        L->out_c = c, L->out_h = h, L->out_w = w;
+    }
+    if (m->num_layers == 0 || h != 1 || w != 1 || c < 2) {
+        snprintf(err, errlen, "the last layer must give flat scores for at least 2 classes; it gives shape "
+                 "(%d, %d, %d)", c, h, w);
+        return -1;
+    }
+    m->classes = c;
+    m->num_params = offset;
+    return 0;
+}
+
+int model_create(Model *m, const LayerSpec *specs, int num_layers, int in_c, int in_h, int in_w, int max_batch,
+                 char *err, size_t errlen) {
+    memset(m, 0, sizeof(*m));
+    if (num_layers <= 0 || in_c <= 0 || in_h <= 0 || in_w <= 0 || max_batch <= 0) {
+        snprintf(err, errlen, "a model needs at least one layer, a positive input shape and batch size");
+        return -1;
+    }
+    m->num_layers = num_layers;
+    m->in_c = in_c, m->in_h = in_h, m->in_w = in_w;
+    m->max_batch = max_batch;
+    m->layers = calloc((size_t)num_layers, sizeof(Layer));
+    if (m->layers == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (int i = 0; i < num_layers; i++) {
+        m->layers[i].spec = specs[i];
+    }
+    if (shape_layers(m, err, errlen) < 0) {
+        model_free(m);
+        return -1;
+    }
+    m->params = alloc_zeroed(sizeof(float) * (size_t)m->num_params);
+    m->grads = alloc_zeroed(sizeof(float) * (size_t)m->num_params);
+    m->act = calloc((size_t)num_layers + 1, sizeof(float *));
+    m->dact = calloc((size_t)num_layers + 1, sizeof(float *));
+    m->argmax = calloc((size_t)num_layers, sizeof(int32_t *));
+    int ok = m->params && m->grads && m->act && m->dact && m->argmax;
+    long scratch = 0;
+    for (int i = 0; ok && i <= num_layers; i++) {
+        long n = i == 0 ? act_size(in_c, in_h, in_w)
+                        : act_size(m->layers[i - 1].out_c, m->layers[i - 1].out_h, m->layers[i - 1].out_w);
+        m->act[i] = alloc_zeroed(sizeof(float) * (size_t)n * max_batch);
+        m->dact[i] = alloc_zeroed(sizeof(float) * (size_t)n * max_batch);
+        ok = m->act[i] && m->dact[i];
+        if (ok && i < num_layers && m->layers[i].spec.type == LAYER_MAXPOOL2D) {
+            const Layer *L = &m->layers[i];
+            m->argmax[i] = alloc_zeroed(sizeof(int32_t) * (size_t)act_size(L->out_c, L->out_h, L->out_w) * max_batch);
+            ok = m->argmax[i] != NULL;
+        }
+        if (ok && i < num_layers && m->layers[i].spec.type == LAYER_CONV2D) {
+            long need = conv_scratch_floats(&m->layers[i].conv, max_batch);
+            scratch = need > scratch ? need : scratch;
+        }
+    }
+    if (ok && scratch > 0) {
+        ok = (m->scratch = alloc_zeroed(sizeof(float) * (size_t)scratch)) != NULL;
+    }
+    if (!ok) {
+        snprintf(err, errlen, "out of memory for a model of %ld parameters at batch %d", m->num_params, max_batch);
+        model_free(m);
+        return -1;
+    }
+    return 0;
+}
+
+void model_free(Model *m) {
+    for (int i = 0; i <= m->num_layers; i++) {
+        if (m->act) free(m->act[i]);
+        if (m->dact) free(m->dact[i]);
+        if (m->argmax && i < m->num_layers) free(m->argmax[i]);
+    }
+    free(m->act);
+    free(m->dact);
+    free(m->argmax);
+    free(m->params);
+    free(m->grads);
+    free(m->scratch);
+    free(m->layers);
+    memset(m, 0, sizeof(*m));
+}
+
+// ---------------------------------------------------------------------------------------------------
+
+static uint64_t splitmix64(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void model_init_params(Model *m, uint64_t seed) {
+    uint64_t state = seed ^ 0x5044495354ull;  // "PDIST": a seed of 0 is fine too
+    for (int i = 0; i < m->num_layers; i++) {
+        const Layer *L = &m->layers[i];
+        if (L->weights == 0) {
+            continue;
+        }
+        long fan_in = L->weights / L->biases;  // in features, or in_c * k * k
+        float bound = 1.0f / sqrtf((float)fan_in);
+        for (long j = 0; j < L->weights + L->biases; j++) {
+            double u = (double)(splitmix64(&state) >> 11) * 0x1.0p-53;  // [0, 1)
+            m->params[L->weight_offset + j] = (float)((2.0 * u - 1.0) * bound);
+        }
+    }
+}
+
+uint64_t model_hash(const Model *m) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the architecture's integers
+    int header[4] = {m->num_layers, m->in_c, m->in_h, m->in_w};
+    for (int i = 0; i < 4 + 6 * m->num_layers; i++) {
+        int v;
+        if (i < 4) {
+            v = header[i];
+        } else {
+            const LayerSpec *s = &m->layers[(i - 4) / 6].spec;
+            int fields[6] = {(int)s->type, s->in, s->out, s->kernel, s->stride, s->padding};
+            v = fields[(i - 4) % 6];
+        }
+        for (int b = 0; b < 4; b++) {
+            h = (h ^ (uint8_t)(v >> (8 * b))) * 1099511628211ull;
+        }
+    }
+    return h;
+}
+
+// ---------------------------------------------------------------------------------------------------
+
+const float *model_forward(Model *m, const float *x, int B) {
+    memcpy(m->act[0], x, sizeof(float) * (size_t)B * act_size(m->in_c, m->in_h, m->in_w));
+    for (int i = 0; i < m->num_layers; i++) {
+        const Layer *L = &m->layers[i];
+        const float *in = m->act[i];
+        float *out = m->act[i + 1];
+        const float *W = m->params + L->weight_offset, *b = m->params + L->bias_offset;
+        long n_out = (long)B * act_size(L->out_c, L->out_h, L->out_w);
+        switch (L->spec.type) {
+        case LAYER_LINEAR:
+            linear_forward(in, W, b, out, B, L->spec.in, L->spec.out);
+            break;
+        case LAYER_CONV2D:
+            conv2d_forward(&L->conv, in, W, b, out, m->scratch, B);
+            break;
+        case LAYER_MAXPOOL2D:
+            maxpool_forward(in, out, m->argmax[i], B * L->in_c, L->in_h, L->in_w, L->spec.kernel);
+            break;
+        case LAYER_RELU:
+            relu_forward(in, out, n_out);
+            break;
+        case LAYER_FLATTEN:
+            memcpy(out, in, sizeof(float) * (size_t)n_out);
+            break;
+        }
+    }
+    return m->act[m->num_layers];
+}
+
+double model_loss_backward(Model *m, const float *x, const int32_t *labels, int B, int *correct) {
+    const float *logits = model_forward(m, x, B);
+    double loss = log_softmax_nll(logits, labels, m->dact[m->num_layers], B, m->classes, correct);
+    for (int i = m->num_layers - 1; i >= 0; i--) {
+        const Layer *L = &m->layers[i];
+        const float *dy = m->dact[i + 1];
+        float *dx = i > 0 ? m->dact[i] : NULL;  // nobody needs the input's gradient
+        const float *W = m->params + L->weight_offset;
+        float *dW = m->grads + L->weight_offset, *db = m->grads + L->bias_offset;
+        long n_in = (long)B * act_size(L->in_c, L->in_h, L->in_w);
+        switch (L->spec.type) {
+        case LAYER_LINEAR:
+            linear_backward(m->act[i], W, dy, dW, db, dx, B, L->spec.in, L->spec.out);
+            break;
+        case LAYER_CONV2D:
+            conv2d_backward(&L->conv, m->act[i], W, dy, dW, db, dx, m->scratch, B);
+            break;
+        case LAYER_MAXPOOL2D:
+            if (dx) maxpool_backward(dy, m->argmax[i], dx, B * L->in_c, L->in_h, L->in_w, L->spec.kernel);
+            break;
+        case LAYER_RELU:
+            if (dx) relu_backward(m->act[i + 1], dy, dx, n_in);
+            break;
+        case LAYER_FLATTEN:
+            if (dx) memcpy(dx, dy, sizeof(float) * (size_t)n_in);
+            break;
+        }
+    }
+    return loss;
+}
+
+const char *layer_type_name(LayerType t) {
+    return (unsigned)t < sizeof(LAYER_NAMES) / sizeof(LAYER_NAMES[0]) ? LAYER_NAMES[t] : "?";
+}

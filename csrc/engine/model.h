@@ -1,0 +1,66 @@
+/*
+ * model.h: a network as a list of layers over ONE flat float32 parameter buffer and a gradient
+ * buffer of the same layout (each layer's weight, then its bias, in layer order: exactly the order of
+ * PyTorch's model.parameters(), so the buffers can be compared with torch's directly).
+ * Plain C, no Python.h, no MPI.
+ */
+#ifndef PYDIST_ENGINE_MODEL_H
+#define PYDIST_ENGINE_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "layers.h"
+
+typedef enum { LAYER_LINEAR, LAYER_CONV2D, LAYER_MAXPOOL2D, LAYER_RELU, LAYER_FLATTEN } LayerType;
+
+typedef struct {
+    LayerType type;
+    int in, out;                  // Linear: features; Conv2d: channels
+    int kernel, stride, padding;  // Conv2d; MaxPool2d uses kernel (stride = kernel)
+} LayerSpec;
+
+typedef struct {
+    LayerSpec spec;
+    int in_c, in_h, in_w, out_c, out_h, out_w;  // activation shapes per example
+    long weight_offset, bias_offset, weights, biases;  // into params/grads (0 counts: no parameters)
+    ConvShape conv;
+} Layer;
+
+typedef struct {
+    int num_layers;
+    Layer *layers;
+    int in_c, in_h, in_w, classes;
+    long num_params;
+    float *params, *grads;   // [num_params] each
+    int max_batch;
+    float **act;             // act[0] input, act[i+1] output of layer i: [max_batch * size]
+    float **dact;            // gradients of the same shapes
+    int32_t **argmax;        // per max-pool layer, else NULL
+    float *scratch;          // im2col for the largest convolution
+} Model;
+
+// Check the layer list against the input shape and allocate everything for batches up to max_batch.
+// The last layer's output must be flat (classes, 1, 1). Returns 0, or -1 with a message in err.
+int model_create(Model *m, const LayerSpec *specs, int num_layers, int in_c, int in_h, int in_w, int max_batch,
+                 char *err, size_t errlen);
+void model_free(Model *m);
+
+// PyTorch's default initialisation (kaiming_uniform with a=sqrt(5), i.e. U(-1/sqrt(fan_in),
+// 1/sqrt(fan_in)) for weights and biases alike), from a seeded generator of our own.
+void model_init_params(Model *m, uint64_t seed);
+
+// Forward pass of B <= max_batch examples x (B, in_c*in_h*in_w); returns the logits (B, classes),
+// valid until the next call.
+const float *model_forward(Model *m, const float *x, int B);
+
+// Forward, loss (log-softmax + NLL, mean over the batch) and backward: grads are overwritten with
+// d(loss)/d(params). Returns the loss; *correct (may be NULL) counts right answers.
+double model_loss_backward(Model *m, const float *x, const int32_t *labels, int B, int *correct);
+
+const char *layer_type_name(LayerType t);
+
+// Hash of the architecture (layer list and input shape), stored in checkpoints.
+uint64_t model_hash(const Model *m);
+
+#endif  // PYDIST_ENGINE_MODEL_H

@@ -1,0 +1,25 @@
+/*
+ * sgd.c: the update of sgd.h, term by term in torch's order so results agree to the last bits that
+ * float32 allows.
+ */
+#include "sgd.h"
+
+void sgd_step(const SgdConfig *c, float *params, const float *grads, float *buf, int *started, long n) {
+    const float lr = c->lr, mu = c->momentum, wd = c->weight_decay, keep = 1.0f - c->dampening;
+    const int first = !*started;
+    for (long i = 0; i < n; i++) {
+        float d = grads[i];
+        if (wd != 0.0f) {
+            d = d + wd * params[i];
+        }
+        if (mu != 0.0f) {
+            float b = first ? d : mu * buf[i] + keep * d;
+            buf[i] = b;
+            d = c->nesterov ? d + mu * b : b;
+        }
+        params[i] = params[i] - lr * d;
+    }
+    if (mu != 0.0f) {
+        *started = 1;
+    }
+}
