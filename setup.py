@@ -2,7 +2,8 @@
 
 MPICH is found by itself: an ``MPICC`` variable (a path to mpicc) wins; otherwise ``pkg-config mpich``;
 otherwise ``mpicc.mpich -show`` / ``mpicc -show``. Without MPICH the build stops with one line saying
-what to install. ``PYDIST_ASAN=1`` builds with AddressSanitizer (the test suite does this once).
+what to install. The training engine needs a CBLAS and zlib, found the same way: ``pkg-config openblas``
+(Debian: libopenblas-dev) and ``pkg-config zlib`` (zlib1g-dev). ``PYDIST_ASAN=1`` builds with AddressSanitizer (the test suite does this once).
 """
 import glob
 import os
@@ -16,6 +17,10 @@ from setuptools import Extension, setup
 
 MISSING_MPI = ("pydist: MPICH was not found; install it first (Debian/Ubuntu: "
                "`apt-get install -y mpich libmpich-dev`), or set MPICC to the mpicc of an MPICH install")
+MISSING_BLAS = ("pydist: OpenBLAS was not found (`pkg-config openblas`); install it first (Debian/Ubuntu: "
+                "`apt-get install -y libopenblas-dev`)")
+MISSING_ZLIB = ("pydist: zlib was not found (`pkg-config zlib`); install it first (Debian/Ubuntu: "
+                "`apt-get install -y zlib1g-dev`)")
 
 
 def _run(cmd):
@@ -81,8 +86,22 @@ def find_mpich():
     return found
 
 
+def merge(*found):
+    flags = {"include_dirs": [], "library_dirs": [], "libraries": [], "extra_link_args": []}
+    for f in found:
+        for key in flags:
+            flags[key] += [v for v in f[key] if v not in flags[key]]
+    return flags
+
+
 def extension():
-    mpi = find_mpich()
+    mpich = find_mpich()
+    blas, zlib = _from_pkg_config("openblas"), _from_pkg_config("zlib")
+    if blas is None:
+        sys.exit(MISSING_BLAS)
+    if zlib is None:
+        sys.exit(MISSING_ZLIB)
+    mpi = merge(mpich, blas, zlib)
     compile_args = ["-O2", "-Wall", "-Wextra", "-fvisibility=hidden", "-std=c11"]
     link_args = list(mpi["extra_link_args"])
     if os.environ.get("PYDIST_ASAN") == "1":
@@ -90,8 +109,8 @@ def extension():
         link_args += ["-fsanitize=address"]
     return Extension(
         "pydist._C",
-        sources=sorted(glob.glob("csrc/*.c")),
-        depends=glob.glob("csrc/*.h"),
+        sources=sorted(glob.glob("csrc/*.c") + glob.glob("csrc/engine/*.c")),
+        depends=glob.glob("csrc/*.h") + glob.glob("csrc/engine/*.h"),
         include_dirs=[numpy.get_include(), "csrc"] + mpi["include_dirs"],
         library_dirs=mpi["library_dirs"],
         libraries=mpi["libraries"],

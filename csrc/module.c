@@ -44,6 +44,9 @@ static PyMethodDef module_methods[] = {
     FAST("destroy_group", pd_destroy_group, "destroy_group(handle) -> None"),
     {"live_groups", pd_live_groups, METH_NOARGS, "live_groups() -> number of communicators held"},
     FAST("set_wait_mode", pd_set_wait_mode, "set_wait_mode(mode) -> old mode (0: poll, 1: MPI_Wait)"),
+    FAST("load_idx", pd_load_idx, "load_idx(images_path, labels_path) -> (images float32 (n, rows, cols), labels int32)"),
+    FAST("epoch_permutation", pd_epoch_permutation, "epoch_permutation(n, seed, epoch) -> int32 array"),
+    FAST("set_blas_threads", pd_set_blas_threads, "set_blas_threads(n): OpenBLAS threads in this process"),
     FAST("check_op", pd_check_op, "check_op(op, dtype): raise if the op is not defined for the dtype"),
     {NULL, NULL, 0, NULL},
 };
@@ -72,7 +75,7 @@ static int module_exec(PyObject *m) {
                PyModule_AddObjectRef(m, "DistTimeoutError", pd_DistTimeoutError) < 0) {
         return -1;
     }
-    if (pd_work_type_init(m) < 0) {
+    if (pd_work_type_init(m) < 0 || pd_engine_type_init(m) < 0) {
         return -1;
     }
     static const struct { const char *name; int value; } ints[] = {

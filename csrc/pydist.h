@@ -184,6 +184,14 @@ typedef struct {
 
 extern PyTypeObject *pd_WorkType;
 int pd_work_type_init(PyObject *module);
+
+// ---------------------------------------------------------------------------------------------------
+// The training engine (engine_py.c over csrc/engine/)
+
+int pd_engine_type_init(PyObject *module);
+PyObject *pd_load_idx(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *pd_epoch_permutation(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *pd_set_blas_threads(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 // A new Work for `req` that keeps `keep` alive (new reference taken) and returns `result` from
 // result() (new reference taken, may be NULL for an empty list).
 PdWorkObject *pd_work_new(MPI_Request req, const char *what, PyObject *keep, PyObject *result);

@@ -1,0 +1,632 @@
+/*
+ * engine_py.c: the training engine (csrc/engine/) as Python objects: _C.Engine, _C.load_idx and
+ * _C.epoch_permutation. pydist/engine.py builds the user-facing Model and Trainer on them.
+ *
+ * The step loop runs with the GIL released; its gradient all-reduce takes the GIL back only to wait
+ * the way every pydist call waits (pd_wait: polling, Ctrl-C, timeouts, dead ranks). An Engine is used
+ * by one call at a time (`busy`), since its buffers are written without the GIL.
+ */
+#include "pydist.h"
+
+#include <cblas.h>
+
+#include "engine/checkpoint.h"
+#include "engine/data.h"
+#include "engine/model.h"
+#include "engine/train.h"
+
+typedef struct {
+    PyObject_HEAD
+    Model model;
+    float *momentum;       // SGD momentum buffer [num_params]
+    int momentum_started;  // PyTorch's "buf is None" on the first step
+    float *x;              // one batch [max_batch * pixels]
+    int32_t *y;            // [max_batch]
+    int busy;
+} EngineObject;
+
+static PyTypeObject *EngineType;
+
+static int engine_enter(EngineObject *e, const char *fn) {
+    if (e->model.params == NULL) {
+        PyErr_Format(PyExc_RuntimeError, "Engine.%s(): the engine was not created", fn);
+        return -1;
+    }
+    if (e->busy) {
+        PyErr_Format(PyExc_RuntimeError, "Engine.%s(): the engine is in use by another thread", fn);
+        return -1;
+    }
+    e->busy = 1;
+    return 0;
+}
+
+// An array argument that C reads or writes directly: exactly this dtype, C-contiguous, aligned.
+static PyArrayObject *array_arg(PyObject *obj, int typenum, const char *fn, const char *arg, int writable) {
+    if (!PyArray_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "Engine.%s(): `%s` must be a numpy.ndarray, not %.100s", fn, arg,
+                     Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    PyArrayObject *a = (PyArrayObject *)obj;
+    if (PyArray_TYPE(a) != typenum || !PyArray_ISCARRAY_RO(a) || !PyArray_ISNOTSWAPPED(a)) {
+        PyErr_Format(PyExc_ValueError, "Engine.%s(): `%s` must be a C-contiguous, aligned %s array", fn, arg,
+                     typenum == NPY_FLOAT32 ? "float32" : "int32");
+        return NULL;
+    }
+    if (writable && !PyArray_ISWRITEABLE(a)) {
+        PyErr_Format(PyExc_ValueError, "Engine.%s(): `%s` must be writable", fn, arg);
+        return NULL;
+    }
+    return a;
+}
+
+static long pixels_of(const Model *m) {
+    return (long)m->in_c * m->in_h * m->in_w;
+}
+
+// Images (n, pixels...) float32 with n x pixels elements, labels (n,) int32 in [0, classes).
+static int data_args(EngineObject *e, PyObject *images, PyObject *labels, const char *fn, Dataset *ds) {
+    PyArrayObject *xi = array_arg(images, NPY_FLOAT32, fn, "images", 0);
+    PyArrayObject *yi = xi ? array_arg(labels, NPY_INT32, fn, "labels", 0) : NULL;
+    if (yi == NULL) {
+        return -1;
+    }
+    npy_intp n = PyArray_NDIM(xi) > 0 ? PyArray_DIM(xi, 0) : 0;
+    if (PyArray_NDIM(xi) < 1 || PyArray_SIZE(xi) != n * pixels_of(&e->model) || PyArray_NDIM(yi) != 1 ||
+        PyArray_DIM(yi, 0) != n || n > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "Engine.%s(): `images` must be (n, %ld pixels) and `labels` (n,); got "
+                     "%lld and %lld elements", fn, pixels_of(&e->model), (long long)PyArray_SIZE(xi),
+                     (long long)PyArray_SIZE(yi));
+        return -1;
+    }
+    const int32_t *y = PyArray_DATA(yi);
+    for (npy_intp i = 0; i < n; i++) {
+        if (y[i] < 0 || y[i] >= e->model.classes) {
+            PyErr_Format(PyExc_ValueError, "Engine.%s(): label %d at index %lld is outside the model's %d classes",
+                         fn, (int)y[i], (long long)i, e->model.classes);
+            return -1;
+        }
+    }
+    *ds = (Dataset){(int)n, 1, (int)pixels_of(&e->model), PyArray_DATA(xi), (int32_t *)y, e->model.classes};
+    return 0;
+}
+
+// A batch for forward/loss_and_grad: 1 <= B <= max_batch examples.
+static int batch_args(EngineObject *e, PyObject *const *args, int with_labels, const char *fn, int *B) {
+    PyArrayObject *x = array_arg(args[0], NPY_FLOAT32, fn, "x", 0);
+    if (x == NULL) {
+        return -1;
+    }
+    npy_intp n = PyArray_NDIM(x) > 0 ? PyArray_DIM(x, 0) : 0;
+    if (n < 1 || n > e->model.max_batch || PyArray_SIZE(x) != n * pixels_of(&e->model)) {
+        PyErr_Format(PyExc_ValueError, "Engine.%s(): `x` must hold 1 to %d examples of %ld values each; got "
+                     "shape with %lld values", fn, e->model.max_batch, pixels_of(&e->model),
+                     (long long)PyArray_SIZE(x));
+        return -1;
+    }
+    *B = (int)n;
+    if (with_labels) {
+        Dataset ds;
+        if (data_args(e, args[0], args[1], fn, &ds) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Construction
+
+// Engine(layers, input_shape, max_batch): layers is a sequence of 6-tuples of ints
+// (type, in, out, kernel, stride, padding), type a LayerType; pydist/engine.py writes them.
+static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *layers;
+    int in_c, in_h, in_w, max_batch;
+    static char *kwlist[] = {"layers", "input_shape", "max_batch", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O(iii)i:Engine", kwlist, &layers, &in_c, &in_h, &in_w,
+                                     &max_batch)) {
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(layers, "Engine(): `layers` must be a sequence of tuples");
+    if (seq == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    LayerSpec *specs = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof(LayerSpec));
+    EngineObject *e = NULL;
+    if (specs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int t, v[5];
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "iiiiii", &t, &v[0], &v[1], &v[2], &v[3], &v[4])) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "Engine(): layer %zd must be a tuple of 6 ints "
+                         "(type, in, out, kernel, stride, padding)", i);
+            goto done;
+        }
+        if (t < LAYER_LINEAR || t > LAYER_FLATTEN) {
+            PyErr_Format(PyExc_ValueError, "Engine(): layer %zd has unknown type %d", i, t);
+            goto done;
+        }
+        specs[i] = (LayerSpec){(LayerType)t, v[0], v[1], v[2], v[3], v[4]};
+    }
+    if (n > INT32_MAX || (e = (EngineObject *)type->tp_alloc(type, 0)) == NULL) {
+        goto done;
+    }
+    char err[512];
+    if (model_create(&e->model, specs, (int)n, in_c, in_h, in_w, max_batch, err, sizeof err) < 0) {
+        PyErr_Format(PyExc_ValueError, "Engine(): %s", err);
+        Py_CLEAR(e);
+        goto done;
+    }
+    e->momentum = PyMem_Calloc((size_t)e->model.num_params, sizeof(float));
+    e->x = PyMem_Calloc((size_t)max_batch * (size_t)pixels_of(&e->model), sizeof(float));
+    e->y = PyMem_Calloc((size_t)max_batch, sizeof(int32_t));
+    if (e->momentum == NULL || e->x == NULL || e->y == NULL) {
+        PyErr_NoMemory();
+        Py_CLEAR(e);
+    }
+done:
+    PyMem_Free(specs);
+    Py_DECREF(seq);
+    return (PyObject *)e;
+}
+
+static void engine_dealloc(EngineObject *e) {
+    PyTypeObject *tp = Py_TYPE(e);
+    model_free(&e->model);
+    PyMem_Free(e->momentum);
+    PyMem_Free(e->x);
+    PyMem_Free(e->y);
+    tp->tp_free((PyObject *)e);
+    Py_DECREF(tp);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Buffers as arrays that share the engine's memory (and keep the engine alive)
+
+static PyObject *buffer_view(EngineObject *e, float *data) {
+    npy_intp n = e->model.num_params;
+    PyObject *a = PyArray_SimpleNewFromData(1, &n, NPY_FLOAT32, data);
+    if (a != NULL && PyArray_SetBaseObject((PyArrayObject *)a, Py_NewRef((PyObject *)e)) < 0) {
+        Py_DECREF(a);
+        return NULL;
+    }
+    return a;
+}
+
+static PyObject *get_params(EngineObject *e, void *c) { (void)c; return buffer_view(e, e->model.params); }
+static PyObject *get_grads(EngineObject *e, void *c) { (void)c; return buffer_view(e, e->model.grads); }
+static PyObject *get_momentum(EngineObject *e, void *c) { (void)c; return buffer_view(e, e->momentum); }
+static PyObject *get_num_params(EngineObject *e, void *c) { (void)c; return PyLong_FromLong(e->model.num_params); }
+static PyObject *get_classes(EngineObject *e, void *c) { (void)c; return PyLong_FromLong(e->model.classes); }
+static PyObject *get_max_batch(EngineObject *e, void *c) { (void)c; return PyLong_FromLong(e->model.max_batch); }
+static PyObject *get_model_hash(EngineObject *e, void *c) {
+    (void)c;
+    return PyLong_FromUnsignedLongLong(model_hash(&e->model));
+}
+static PyObject *get_momentum_started(EngineObject *e, void *c) {
+    (void)c;
+    return PyBool_FromLong(e->momentum_started);
+}
+static int set_momentum_started(EngineObject *e, PyObject *v, void *c) {
+    (void)c;
+    int flag = v == NULL ? -1 : PyObject_IsTrue(v);
+    if (flag < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "momentum_started cannot be deleted");
+        return -1;
+    }
+    e->momentum_started = flag;
+    return 0;
+}
+
+// (weight_offset, weight_count, bias_offset, bias_count) per layer: where torch's tensors sit.
+static PyObject *get_layout(EngineObject *e, void *c) {
+    (void)c;
+    PyObject *out = PyList_New(e->model.num_layers);
+    for (int i = 0; out != NULL && i < e->model.num_layers; i++) {
+        const Layer *L = &e->model.layers[i];
+        PyObject *t = Py_BuildValue("(llll)", L->weight_offset, L->weights, L->bias_offset, L->biases);
+        if (t == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, t);
+    }
+    return out;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Methods
+
+static PyObject *engine_init_params(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
+    long seed;
+    if (pd_check_nargs(nargs, 1, "Engine.init_params") < 0 ||
+        pd_arg_long(args[0], "Engine.init_params", "seed", &seed) < 0 || engine_enter(e, "init_params") < 0) {
+        return NULL;
+    }
+    model_init_params(&e->model, (uint64_t)seed);
+    memset(e->momentum, 0, sizeof(float) * (size_t)e->model.num_params);
+    e->momentum_started = 0;
+    e->busy = 0;
+    Py_RETURN_NONE;
+}
+
+// forward(x) -> logits (B, classes), a new array
+static PyObject *engine_forward(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
+    int B;
+    if (pd_check_nargs(nargs, 1, "Engine.forward") < 0 || batch_args(e, args, 0, "forward", &B) < 0 ||
+        engine_enter(e, "forward") < 0) {
+        return NULL;
+    }
+    npy_intp dims[2] = {B, e->model.classes};
+    PyObject *out = PyArray_SimpleNew(2, dims, NPY_FLOAT32);
+    if (out != NULL) {
+        const float *x = PyArray_DATA((PyArrayObject *)args[0]);
+        const float *logits;
+        Py_BEGIN_ALLOW_THREADS
+        logits = model_forward(&e->model, x, B);
+        Py_END_ALLOW_THREADS
+        memcpy(PyArray_DATA((PyArrayObject *)out), logits, sizeof(float) * (size_t)B * e->model.classes);
+    }
+    e->busy = 0;
+    return out;
+}
+
+// loss_and_grad(x, labels) -> (mean loss, correct); grads hold d(loss)/d(params)
+static PyObject *engine_loss_and_grad(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
+    int B, correct = 0;
+    double loss;
+    if (pd_check_nargs(nargs, 2, "Engine.loss_and_grad") < 0 || batch_args(e, args, 1, "loss_and_grad", &B) < 0 ||
+        engine_enter(e, "loss_and_grad") < 0) {
+        return NULL;
+    }
+    const float *x = PyArray_DATA((PyArrayObject *)args[0]);
+    const int32_t *y = PyArray_DATA((PyArrayObject *)args[1]);
+    Py_BEGIN_ALLOW_THREADS
+    loss = model_loss_backward(&e->model, x, y, B, &correct);
+    Py_END_ALLOW_THREADS
+    e->busy = 0;
+    return Py_BuildValue("(di)", loss, correct);
+}
+
+static int sgd_args(PyObject *const *args, const char *fn, SgdConfig *c) {
+    double v[4];
+    static const char *names[4] = {"lr", "momentum", "dampening", "weight_decay"};
+    for (int i = 0; i < 4; i++) {
+        v[i] = PyFloat_AsDouble(args[i]);
+        if (v[i] == -1.0 && PyErr_Occurred()) {
+            PyErr_Format(PyExc_TypeError, "Engine.%s(): `%s` must be a number", fn, names[i]);
+            return -1;
+        }
+    }
+    int nesterov = PyObject_IsTrue(args[4]);
+    if (nesterov < 0) {
+        return -1;
+    }
+    *c = (SgdConfig){(float)v[0], (float)v[1], (float)v[2], (float)v[3], nesterov};
+    return 0;
+}
+
+// sgd_step(lr, momentum, dampening, weight_decay, nesterov): one update from the current grads
+static PyObject *engine_sgd_step(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
+    SgdConfig c;
+    if (pd_check_nargs(nargs, 5, "Engine.sgd_step") < 0 || sgd_args(args, "sgd_step", &c) < 0 ||
+        engine_enter(e, "sgd_step") < 0) {
+        return NULL;
+    }
+    sgd_step(&c, e->model.params, e->model.grads, e->momentum, &e->momentum_started, e->model.num_params);
+    e->busy = 0;
+    Py_RETURN_NONE;
+}
+
+typedef struct {
+    EngineObject *engine;
+    long group;
+    MPI_Comm comm;
+    PyThreadState *released;  // the thread state saved while the loop runs without the GIL
+} SyncContext;
+
+// The step loop's all-reduce: take the GIL back to wait the pydist way, then release it again.
+static int allreduce_grads(float *buf, long n, void *ctx) {
+    SyncContext *s = ctx;
+    PyEval_RestoreThread(s->released);
+    MPI_Request req = MPI_REQUEST_NULL;
+    int rc = MPI_Iallreduce_c(MPI_IN_PLACE, buf, (MPI_Count)n, MPI_FLOAT, MPI_SUM, s->comm, &req), ret = 0;
+    if (rc != MPI_SUCCESS) {
+        pd_raise_mpi(rc, "MPI_Iallreduce_c (gradients)");
+        ret = -1;
+    } else {
+        // On Ctrl-C or a timeout the request is parked with the engine, whose grads it writes.
+        ret = pd_wait_or_park(&req, MPI_STATUS_IGNORE, "the gradient all_reduce", (PyObject *)s->engine, 0, s->group);
+    }
+    s->released = PyEval_SaveThread();
+    return ret;
+}
+
+// train_steps(images, labels, perm, step_begin, step_end, batch, group, lr, momentum, dampening,
+//             weight_decay, nesterov) -> (loss_sum, correct, steps, t_comp, t_sync)
+// group: a pydist group handle, or -1 to train alone (rank 0 of 1, no communication).
+static PyObject *engine_train_steps(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
+    const char *fn = "train_steps";
+    long begin, end, batch, group;
+    Dataset ds;
+    SgdConfig sgd;
+    if (pd_check_nargs(nargs, 12, "Engine.train_steps") < 0 || data_args(e, args[0], args[1], fn, &ds) < 0 ||
+        pd_arg_long(args[3], fn, "step_begin", &begin) < 0 || pd_arg_long(args[4], fn, "step_end", &end) < 0 ||
+        pd_arg_long(args[5], fn, "batch", &batch) < 0 || pd_arg_long(args[6], fn, "group", &group) < 0 ||
+        sgd_args(args + 7, fn, &sgd) < 0) {
+        return NULL;
+    }
+    PyArrayObject *perm = array_arg(args[2], NPY_INT32, fn, "perm", 0);
+    if (perm == NULL) {
+        return NULL;
+    }
+    TrainConfig c = {0, 1, (int)batch, sgd, NULL, NULL};
+    SyncContext sync = {e, group, MPI_COMM_NULL, NULL};
+    if (group >= 0) {
+        MPI_Comm *comm = pd_group_comm(group, "train_steps");
+        if (comm == NULL) {
+            return NULL;
+        }
+        sync.comm = *comm;
+        c.rank = pd_group_rank(group), c.world = pd_group_size(group);
+        c.allreduce = allreduce_grads, c.ctx = &sync;
+    }
+    if (batch < 1 || batch > e->model.max_batch || begin < 0 || end < begin ||
+        end * c.world * batch > PyArray_SIZE(perm) || PyArray_SIZE(perm) > ds.n) {
+        PyErr_Format(PyExc_ValueError, "Engine.train_steps(): steps [%ld, %ld) of batch %ld on %d ranks need %ld "
+                     "entries of `perm` (a permutation of the %d examples; batch at most %d)", begin, end, batch,
+                     c.world, end * c.world * batch, ds.n, e->model.max_batch);
+        return NULL;
+    }
+    const int32_t *p = PyArray_DATA(perm);
+    for (npy_intp i = 0; i < PyArray_SIZE(perm); i++) {
+        if (p[i] < 0 || p[i] >= ds.n) {
+            PyErr_Format(PyExc_ValueError, "Engine.train_steps(): perm[%lld] = %d is not an example index",
+                         (long long)i, (int)p[i]);
+            return NULL;
+        }
+    }
+    if (engine_enter(e, fn) < 0) {
+        return NULL;
+    }
+    StepStats stats = {0};
+    sync.released = PyEval_SaveThread();
+    int rc = train_steps(&e->model, &c, e->momentum, &e->momentum_started, &ds, (const int *)p, (int)begin,
+                         (int)end, e->x, e->y, &stats);
+    PyEval_RestoreThread(sync.released);
+    e->busy = 0;
+    if (rc < 0) {
+        return NULL;  // the all-reduce raised
+    }
+    return Py_BuildValue("(dlidd)", stats.loss_sum, stats.correct, stats.steps, stats.t_comp, stats.t_sync);
+}
+
+// evaluate(images, labels, start, end, batch) -> (loss_sum, correct) over examples [start, end)
+static PyObject *engine_evaluate(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
+    const char *fn = "evaluate";
+    long start, end, batch;
+    Dataset ds;
+    if (pd_check_nargs(nargs, 5, "Engine.evaluate") < 0 || data_args(e, args[0], args[1], fn, &ds) < 0 ||
+        pd_arg_long(args[2], fn, "start", &start) < 0 || pd_arg_long(args[3], fn, "end", &end) < 0 ||
+        pd_arg_long(args[4], fn, "batch", &batch) < 0) {
+        return NULL;
+    }
+    if (start < 0 || end < start || end > ds.n || batch < 1 || batch > e->model.max_batch) {
+        PyErr_Format(PyExc_ValueError, "Engine.evaluate(): examples [%ld, %ld) of %d, batch %ld (at most %d)",
+                     start, end, ds.n, batch, e->model.max_batch);
+        return NULL;
+    }
+    if (engine_enter(e, fn) < 0) {
+        return NULL;
+    }
+    double loss_sum = 0.0;
+    long correct = 0;
+    long pixels = pixels_of(&e->model);
+    Py_BEGIN_ALLOW_THREADS
+    for (long i = start; i < end; i += batch) {
+        int B = (int)(end - i < batch ? end - i : batch), right = 0;
+        const float *logits = model_forward(&e->model, ds.images + i * pixels, B);
+        loss_sum += log_softmax_nll(logits, ds.labels + i, NULL, B, e->model.classes, &right) * B;
+        correct += right;
+    }
+    Py_END_ALLOW_THREADS
+    e->busy = 0;
+    return Py_BuildValue("(dl)", loss_sum, correct);
+}
+
+// save(path, step, epoch, seed): params + momentum, atomically (checkpoint.c)
+static PyObject *engine_save(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
+    long step, epoch, seed;
+    const char *path;
+    if (pd_check_nargs(nargs, 4, "Engine.save") < 0) {
+        return NULL;
+    }
+    if ((path = PyUnicode_AsUTF8(args[0])) == NULL || pd_arg_long(args[1], "save", "step", &step) < 0 ||
+        pd_arg_long(args[2], "save", "epoch", &epoch) < 0 || pd_arg_long(args[3], "save", "seed", &seed) < 0 ||
+        engine_enter(e, "save") < 0) {
+        return NULL;
+    }
+    CheckpointHeader h = {CHECKPOINT_MAGIC, CHECKPOINT_VERSION, (uint64_t)e->model.num_params, (uint64_t)step,
+                          (uint64_t)epoch, (uint64_t)seed, model_hash(&e->model), (uint64_t)e->momentum_started};
+    char err[1024];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = checkpoint_save(path, &h, e->model.params, e->momentum, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    e->busy = 0;
+    if (rc < 0) {
+        PyErr_SetString(PyExc_OSError, err);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+// load(path) -> (step, epoch, seed): params, momentum and momentum_started from a checkpoint
+static PyObject *engine_load(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
+    const char *path;
+    if (pd_check_nargs(nargs, 1, "Engine.load") < 0 || (path = PyUnicode_AsUTF8(args[0])) == NULL ||
+        engine_enter(e, "load") < 0) {
+        return NULL;
+    }
+    CheckpointHeader expect = {CHECKPOINT_MAGIC, CHECKPOINT_VERSION, (uint64_t)e->model.num_params, 0, 0, 0,
+                               model_hash(&e->model), 0};
+    CheckpointHeader h;
+    char err[1024];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = checkpoint_load(path, &h, e->model.params, e->momentum, &expect, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    e->busy = 0;
+    if (rc < 0) {
+        PyErr_SetString(PyExc_ValueError, err);
+        return NULL;
+    }
+    e->momentum_started = h.momentum_started != 0;
+    return Py_BuildValue("(KKK)", (unsigned long long)h.step, (unsigned long long)h.epoch,
+                         (unsigned long long)h.seed);
+}
+
+#define METHOD(name, fn, doc) {name, (PyCFunction)(void (*)(void))fn, METH_FASTCALL, doc}
+
+static PyMethodDef engine_methods[] = {
+    METHOD("init_params", engine_init_params, "init_params(seed): PyTorch's default initialisation"),
+    METHOD("forward", engine_forward, "forward(x) -> logits (B, classes)"),
+    METHOD("loss_and_grad", engine_loss_and_grad, "loss_and_grad(x, labels) -> (loss, correct); fills grads"),
+    METHOD("sgd_step", engine_sgd_step, "sgd_step(lr, momentum, dampening, weight_decay, nesterov)"),
+    METHOD("train_steps", engine_train_steps,
+           "train_steps(images, labels, perm, step_begin, step_end, batch, group, lr, momentum, dampening, "
+           "weight_decay, nesterov) -> (loss_sum, correct, steps, t_comp, t_sync)"),
+    METHOD("evaluate", engine_evaluate, "evaluate(images, labels, start, end, batch) -> (loss_sum, correct)"),
+    METHOD("save", engine_save, "save(path, step, epoch, seed): atomic checkpoint"),
+    METHOD("load", engine_load, "load(path) -> (step, epoch, seed)"),
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef engine_getset[] = {
+    {"params", (getter)get_params, NULL, "the flat parameter buffer (a view)", NULL},
+    {"grads", (getter)get_grads, NULL, "the flat gradient buffer (a view)", NULL},
+    {"momentum", (getter)get_momentum, NULL, "the SGD momentum buffer (a view)", NULL},
+    {"momentum_started", (getter)get_momentum_started, (setter)set_momentum_started, "momentum holds a value", NULL},
+    {"num_params", (getter)get_num_params, NULL, "number of parameters", NULL},
+    {"classes", (getter)get_classes, NULL, "number of output classes", NULL},
+    {"max_batch", (getter)get_max_batch, NULL, "largest batch per call", NULL},
+    {"model_hash", (getter)get_model_hash, NULL, "hash of the architecture (checkpoints)", NULL},
+    {"layout", (getter)get_layout, NULL, "(weight_offset, weights, bias_offset, biases) per layer", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot engine_slots[] = {
+    {Py_tp_new, engine_new},
+    {Py_tp_dealloc, engine_dealloc},
+    {Py_tp_methods, engine_methods},
+    {Py_tp_getset, engine_getset},
+    {Py_tp_doc, "Engine(layers, input_shape, max_batch): a model with flat parameter and gradient buffers, "
+                "its forward/backward passes, SGD, and the data-parallel step loop, all in C."},
+    {0, NULL},
+};
+
+static PyType_Spec engine_spec = {
+    .name = "pydist._C.Engine",
+    .basicsize = sizeof(EngineObject),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = engine_slots,
+};
+
+// ---------------------------------------------------------------------------------------------------
+// Module functions
+
+static void free_capsule(PyObject *capsule) {
+    free(PyCapsule_GetPointer(capsule, NULL));
+}
+
+// An array over malloc'ed memory that frees it when the array goes.
+static PyObject *owning_array(int nd, npy_intp *dims, int typenum, void *data) {
+    PyObject *a = PyArray_SimpleNewFromData(nd, dims, typenum, data);
+    PyObject *cap = a ? PyCapsule_New(data, NULL, free_capsule) : NULL;
+    if (cap == NULL || PyArray_SetBaseObject((PyArrayObject *)a, cap) < 0) {
+        if (cap == NULL) free(data);  // a failed SetBaseObject has consumed cap, which frees data
+        Py_XDECREF(a);
+        return NULL;
+    }
+    return a;
+}
+
+// load_idx(images_path, labels_path) -> (images (n, rows, cols) float32 normalised, labels int32)
+PyObject *pd_load_idx(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    const char *ipath, *lpath;
+    if (pd_check_nargs(nargs, 2, "load_idx") < 0 || (ipath = PyUnicode_AsUTF8(args[0])) == NULL ||
+        (lpath = PyUnicode_AsUTF8(args[1])) == NULL) {
+        return NULL;
+    }
+    Dataset ds = {0};
+    char err[1024];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = dataset_load_idx(&ds, ipath, lpath, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        PyErr_SetString(PyExc_ValueError, err);
+        return NULL;
+    }
+    npy_intp idims[3] = {ds.n, ds.rows, ds.cols}, ldims[1] = {ds.n};
+    PyObject *images = owning_array(3, idims, NPY_FLOAT32, ds.images);
+    PyObject *labels = owning_array(1, ldims, NPY_INT32, ds.labels);
+    if (images == NULL || labels == NULL) {
+        if (images == NULL) free(ds.images);  // not yet owned by an array
+        if (labels == NULL && images != NULL) free(ds.labels);
+        Py_XDECREF(images);
+        Py_XDECREF(labels);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", images, labels);
+}
+
+// epoch_permutation(n, seed, epoch) -> int32 array: the order every rank computes alike
+PyObject *pd_epoch_permutation(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long n, seed, epoch;
+    if (pd_check_nargs(nargs, 3, "epoch_permutation") < 0 || pd_arg_long(args[0], "epoch_permutation", "n", &n) < 0 ||
+        pd_arg_long(args[1], "epoch_permutation", "seed", &seed) < 0 ||
+        pd_arg_long(args[2], "epoch_permutation", "epoch", &epoch) < 0) {
+        return NULL;
+    }
+    if (n < 0 || n > INT32_MAX || epoch < 0 || epoch > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "epoch_permutation(): n and epoch must be in [0, 2**31)");
+        return NULL;
+    }
+    npy_intp dims[1] = {n};
+    PyObject *a = PyArray_SimpleNew(1, dims, NPY_INT32);
+    if (a != NULL) {
+        epoch_permutation(PyArray_DATA((PyArrayObject *)a), (int)n, (uint64_t)seed, (int)epoch);
+    }
+    return a;
+}
+
+// set_blas_threads(n) -> None: OpenBLAS threads in this process (the ranks are the parallelism)
+PyObject *pd_set_blas_threads(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long n;
+    if (pd_check_nargs(nargs, 1, "set_blas_threads") < 0 || pd_arg_long(args[0], "set_blas_threads", "n", &n) < 0) {
+        return NULL;
+    }
+    if (n < 1 || n > 1024) {
+        PyErr_SetString(PyExc_ValueError, "set_blas_threads(): n must be in [1, 1024]");
+        return NULL;
+    }
+    openblas_set_num_threads((int)n);
+    Py_RETURN_NONE;
+}
+
+int pd_engine_type_init(PyObject *module) {
+    EngineType = (PyTypeObject *)PyType_FromModuleAndSpec(module, &engine_spec, NULL);
+    if (EngineType == NULL) {
+        return -1;
+    }
+    return PyModule_AddObjectRef(module, "Engine", (PyObject *)EngineType);
+}
