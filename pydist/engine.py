@@ -1,0 +1,378 @@
+"""The native training engine: models whose parameters live in one flat buffer, and a data-parallel
+trainer whose whole step loop (forward, backward, gradient all-reduce, SGD update) runs in C.
+
+    >>> import pydist as dist
+    >>> from pydist.engine import Trainer, lenet5, load_fashion_mnist
+    >>> dist.init_process_group(backend="mpi")          # under mpiexec -n R; without it: 1 rank
+    >>> (x, y), (tx, ty) = load_fashion_mnist()
+    >>> trainer = Trainer(lenet5(), lr=0.05, momentum=0.9, batch_size=64)
+    >>> trainer.fit(x, y, epochs=5, test=(tx, ty))
+
+Every rank holds the same weights: rank 0's initial weights are broadcast, each step each rank takes
+its own disjoint part of a shared shuffle, the gradients are summed across ranks and divided by R,
+and every rank applies the same update. R ranks with batch B therefore train exactly as one process
+with batch R*B (tests/mpi/test_engine_dp.py checks it).
+"""
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+from . import _C
+from . import distributed as dist
+
+__all__ = ["Linear", "Conv2d", "MaxPool2d", "ReLU", "Flatten", "Model", "lenet5", "mlp", "Trainer",
+           "load_idx", "load_fashion_mnist", "DEFAULT_DATA_DIR"]
+
+DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"   # Debian's dataset-fashion-mnist
+_LINEAR, _CONV2D, _MAXPOOL2D, _RELU, _FLATTEN = range(5)  # csrc/engine/model.h LayerType
+
+
+# ---------------------------------------------------------------------------------------------------
+# Models
+
+def _positive(name, **values):
+    for key, v in values.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < (0 if key == "padding" else 1):
+            raise ValueError(f"{name}: `{key}` must be a {'non-negative' if key == 'padding' else 'positive'} "
+                             f"int, got {v!r}")
+
+
+class Linear:
+    """y = x W^T + b, W of shape (out_features, in_features), as torch.nn.Linear."""
+
+    def __init__(self, in_features, out_features):
+        _positive("Linear", in_features=in_features, out_features=out_features)
+        self.in_features, self.out_features = in_features, out_features
+
+    def spec(self):
+        return (_LINEAR, self.in_features, self.out_features, 0, 0, 0)
+
+    def __repr__(self):
+        return f"Linear({self.in_features}, {self.out_features})"
+
+
+class Conv2d:
+    """2-D convolution, weight (out_channels, in_channels, k, k), as torch.nn.Conv2d (square kernel)."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0):
+        _positive("Conv2d", in_channels=in_channels, out_channels=out_channels, kernel_size=kernel_size,
+                  stride=stride, padding=padding)
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+
+    def spec(self):
+        return (_CONV2D, self.in_channels, self.out_channels, self.kernel_size, self.stride, self.padding)
+
+    def __repr__(self):
+        return (f"Conv2d({self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, padding={self.padding})")
+
+
+class MaxPool2d:
+    """Max pooling over k x k windows with stride k, as torch.nn.MaxPool2d(k)."""
+
+    def __init__(self, kernel_size):
+        _positive("MaxPool2d", kernel_size=kernel_size)
+        self.kernel_size = kernel_size
+
+    def spec(self):
+        return (_MAXPOOL2D, 0, 0, self.kernel_size, self.kernel_size, 0)
+
+    def __repr__(self):
+        return f"MaxPool2d({self.kernel_size})"
+
+
+class ReLU:
+    def spec(self):
+        return (_RELU, 0, 0, 0, 0, 0)
+
+    def __repr__(self):
+        return "ReLU()"
+
+
+class Flatten:
+    def spec(self):
+        return (_FLATTEN, 0, 0, 0, 0, 0)
+
+    def __repr__(self):
+        return "Flatten()"
+
+
+class Model:
+    """A list of layers applied in order to inputs of `input_shape` (channels, height, width), ending in
+    class scores; the loss is log-softmax + negative log-likelihood (torch's cross_entropy)."""
+
+    def __init__(self, layers, input_shape=(1, 28, 28), name="model"):
+        layers = list(layers)
+        bad = [l for l in layers if not hasattr(l, "spec")]
+        if not layers or bad:
+            raise TypeError(f"Model: layers must be a non-empty list of Linear, Conv2d, MaxPool2d, ReLU, Flatten; "
+                            f"got {bad or layers!r}")
+        if len(input_shape) != 3 or not all(isinstance(d, int) and d > 0 for d in input_shape):
+            raise ValueError(f"Model: input_shape must be (channels, height, width), got {input_shape!r}")
+        self.layers, self.input_shape, self.name = layers, tuple(input_shape), name
+        _C.Engine(self.specs(), self.input_shape, 1)  # shape errors now, with the layer named
+
+    def specs(self):
+        return [l.spec() for l in self.layers]
+
+    @property
+    def num_params(self):
+        return _C.Engine(self.specs(), self.input_shape, 1).num_params
+
+    def __repr__(self):
+        inner = ",\n  ".join(repr(l) for l in self.layers)
+        return f"Model({self.name}, input {self.input_shape}: [\n  {inner}\n])"
+
+
+def lenet5(classes=10):
+    """LeNet-5 of the classic tutorial, for 1 x 28 x 28 images: conv 6@5x5 pad 2, max-pool 2,
+    conv 16@5x5, max-pool 2, fc 120, fc 84, fc classes, ReLU between (61,706 parameters)."""
+    return Model([Conv2d(1, 6, 5, padding=2), ReLU(), MaxPool2d(2),
+                  Conv2d(6, 16, 5), ReLU(), MaxPool2d(2), Flatten(),
+                  Linear(16 * 5 * 5, 120), ReLU(), Linear(120, 84), ReLU(), Linear(84, classes)],
+                 input_shape=(1, 28, 28), name="lenet5")
+
+
+def mlp(hidden=(256, 128), classes=10, input_shape=(1, 28, 28)):
+    """A multi-layer perceptron: Flatten, then Linear + ReLU per hidden width, then Linear to classes."""
+    layers, width = [Flatten()], int(np.prod(input_shape))
+    for h in hidden:
+        layers += [Linear(width, h), ReLU()]
+        width = h
+    layers.append(Linear(width, classes))
+    return Model(layers, input_shape=input_shape, name="mlp-" + "-".join(str(h) for h in hidden))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Data
+
+def load_idx(images_path, labels_path):
+    """One IDX pair (gzip or raw) as (images float32 (n, rows, cols), normalised; labels int32 (n,))."""
+    return _C.load_idx(os.fspath(images_path), os.fspath(labels_path))
+
+
+def _find(folder, stem):
+    for name in (stem + ".gz", stem, stem.replace("-idx", ".idx")):
+        if os.path.exists(os.path.join(folder, name)):
+            return os.path.join(folder, name)
+    return os.path.join(folder, stem + ".gz")  # the error then names the file we wanted
+
+
+def load_fashion_mnist(data_dir=None):
+    """((train images, labels), (test images, labels)) from a folder of the four IDX files of
+    Fashion-MNIST or MNIST, by default Debian's dataset-fashion-mnist."""
+    folder = os.fspath(data_dir or DEFAULT_DATA_DIR)
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"no data folder {folder}: install Debian's dataset-fashion-mnist "
+                                f"(apt-get install -y dataset-fashion-mnist) or pass --data DIR with the four "
+                                f"IDX files of Fashion-MNIST or MNIST")
+    train = load_idx(_find(folder, "train-images-idx3-ubyte"), _find(folder, "train-labels-idx1-ubyte"))
+    test = load_idx(_find(folder, "t10k-images-idx3-ubyte"), _find(folder, "t10k-labels-idx1-ubyte"))
+    return train, test
+
+
+# ---------------------------------------------------------------------------------------------------
+# Trainer
+
+class _Progress:
+    """tqdm on rank 0 when it is installed, else a plain line every 10%."""
+
+    def __init__(self, total, desc, enabled):
+        self.total, self.desc, self.enabled, self.done, self.next_line = total, desc, enabled, 0, 0.1
+        self.bar = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+                self.bar = tqdm(total=total, desc=desc, unit="step", leave=False, file=sys.stderr)
+            except ImportError:
+                pass
+
+    def update(self, n, loss):
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+            self.bar.set_postfix(loss=f"{loss:.4f}")
+        elif self.enabled and self.done >= self.next_line * self.total:
+            print(f"{self.desc}: {self.done}/{self.total} steps, loss {loss:.4f}", file=sys.stderr, flush=True)
+            self.next_line += 0.1
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+class Trainer:
+    """Synchronous data-parallel SGD over the default process group (or `group`); alone when pydist
+    is not initialized. `batch_size` is per rank: the global batch is batch_size x world size.
+
+    SGD is torch.optim.SGD's: momentum, dampening, weight_decay, nesterov mean what they mean there.
+    """
+
+    def __init__(self, model, lr=0.05, momentum=0.9, weight_decay=0.0, dampening=0.0, nesterov=False,
+                 batch_size=64, seed=0, group=None, blas_threads=None):
+        if not isinstance(model, Model):
+            raise TypeError(f"Trainer: `model` must be a pydist.engine.Model, got {type(model).__name__}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"Trainer: `batch_size` must be a positive int, got {batch_size!r}")
+        if not lr > 0 or momentum < 0 or weight_decay < 0 or not 0 <= dampening <= 1:
+            raise ValueError(f"Trainer: need lr > 0, momentum >= 0, weight_decay >= 0, 0 <= dampening <= 1; got "
+                             f"lr={lr}, momentum={momentum}, weight_decay={weight_decay}, dampening={dampening}")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Trainer: nesterov needs momentum > 0 and dampening 0 (as torch.optim.SGD)")
+        self.model, self.batch_size, self.seed = model, batch_size, int(seed)
+        self.sgd = (float(lr), float(momentum), float(dampening), float(weight_decay), bool(nesterov))
+        # One BLAS thread per rank unless asked: the ranks are the parallelism, and more threads than
+        # cores make every rank wait for the slowest.
+        _C.set_blas_threads(int(blas_threads or os.environ.get("PYDIST_BLAS_THREADS", 1)))
+        if dist.is_initialized():
+            self.group = group
+            self._handle = dist._group_handle(group, "Trainer") if group is not None else 0
+            self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        else:
+            self.group, self._handle, self.rank, self.world = None, -1, 0, 1
+        self.engine = _C.Engine(model.specs(), model.input_shape, batch_size)
+        self.engine.init_params(self.seed)
+        self._broadcast_state()
+        self.epoch, self.step, self.history = 0, 0, []
+
+    # The state that defines training: parameters, momentum. Rank 0's copy is the truth.
+    def _broadcast_state(self):
+        if self.world > 1:
+            dist.broadcast(self.engine.params, dist.get_global_rank(self.group, 0) if self.group else 0,
+                           group=self.group)
+            dist.broadcast(self.engine.momentum, dist.get_global_rank(self.group, 0) if self.group else 0,
+                           group=self.group)
+
+    @property
+    def params(self):
+        """The flat parameter buffer (a view: writing to it changes the model)."""
+        return self.engine.params
+
+    def steps_per_epoch(self, n):
+        return n // (self.world * self.batch_size)
+
+    def _sum(self, values):
+        a = np.array(values, dtype=np.float64)
+        if self.world > 1:
+            dist.all_reduce(a, group=self.group)
+        return a
+
+    def evaluate(self, images, labels, batch_size=500):
+        """Mean loss and accuracy on (images, labels), each rank scoring its own slice."""
+        images, labels = self._check_data(images, labels)
+        n = len(labels)
+        lo, hi = n * self.rank // self.world, n * (self.rank + 1) // self.world
+        loss_sum, correct = self.engine.evaluate(images, labels, lo, hi, min(batch_size, self.batch_size))
+        loss_sum, correct = self._sum([loss_sum, correct])
+        return {"loss": loss_sum / n, "accuracy": correct / n}
+
+    def _check_data(self, images, labels):
+        images = np.ascontiguousarray(images, dtype=np.float32)
+        labels = np.ascontiguousarray(labels, dtype=np.int32)
+        if len(images) != len(labels):
+            raise ValueError(f"images ({len(images)}) and labels ({len(labels)}) differ in length")
+        return images.reshape(len(images), -1), labels
+
+    def train_steps(self, images, labels, epoch, first, last):
+        """Steps [first, last) of `epoch` (no progress, no evaluation); returns the C loop's stats."""
+        images, labels = self._check_data(images, labels)
+        perm = _C.epoch_permutation(len(labels), self.seed, epoch)
+        return self.engine.train_steps(images, labels, perm, first, last, self.batch_size, self._handle, *self.sgd)
+
+    def fit(self, images, labels, epochs, test=None, checkpoint=None, metrics=None, progress=True,
+            chunk_steps=50, on_epoch=None):
+        """Train until `epochs` epochs are complete (continuing from a loaded checkpoint). After each epoch:
+        evaluation on `test` (images, labels), a line of metrics (also appended to the JSON-lines file
+        `metrics` on rank 0), and a checkpoint at `checkpoint` (rank 0 writes it atomically)."""
+        images, labels = self._check_data(images, labels)
+        steps = self.steps_per_epoch(len(labels))
+        if steps < 1:
+            raise ValueError(f"{len(labels)} examples are fewer than one global batch of "
+                             f"{self.world} x {self.batch_size}")
+        perm = None
+        while self.epoch < epochs:
+            perm = _C.epoch_permutation(len(labels), self.seed, self.epoch)
+            first = self.step - self.epoch * steps  # > 0 after resuming mid-epoch
+            bar = _Progress(steps, f"epoch {self.epoch + 1}/{epochs}", progress and self.rank == 0)
+            bar.update(first, float("nan"))
+            totals = np.zeros(5)  # loss_sum, correct, steps, t_comp, t_sync
+            started = time.perf_counter()
+            at = first
+            while at < steps:
+                end = min(steps, at + chunk_steps)
+                out = self.engine.train_steps(images, labels, perm, at, end, self.batch_size, self._handle,
+                                              *self.sgd)
+                totals += out
+                self.step += end - at
+                bar.update(end - at, out[0] / max(out[2], 1))
+                at = end
+            seconds = time.perf_counter() - started
+            bar.close()
+            self.epoch += 1
+            loss_sum, correct, nsteps, t_comp, t_sync = self._sum(totals)
+            record = {
+                "epoch": self.epoch, "step": self.step, "world_size": self.world, "batch_per_rank": self.batch_size,
+                "train_loss": loss_sum / max(nsteps, 1),
+                "train_accuracy": correct / max(nsteps * self.batch_size, 1),
+                "samples_per_s": (steps - first) * self.world * self.batch_size / seconds,
+                "t_comp_ms": t_comp / max(nsteps, 1) * 1e3, "t_sync_ms": t_sync / max(nsteps, 1) * 1e3,
+                "epoch_s": seconds,
+            }
+            if test is not None:
+                ev = self.evaluate(*test)
+                record.update(test_loss=ev["loss"], test_accuracy=ev["accuracy"])
+            self.history.append(record)
+            if checkpoint:
+                self.save(checkpoint)
+            if self.rank == 0:
+                if metrics:
+                    with open(metrics, "a") as f:
+                        f.write(json.dumps(record) + "\n")
+                if progress:
+                    print(_epoch_line(record), flush=True)
+            if on_epoch is not None:
+                on_epoch(record)
+        return self.history
+
+    def save(self, path):
+        """Rank 0 writes parameters, momentum and position atomically (a temporary file, then rename);
+        every rank returns once it is on disk."""
+        if self.rank == 0:
+            self.engine.save(os.fspath(path), self.step, self.epoch, self.seed)
+        if self.world > 1:
+            dist.barrier(group=self.group)
+
+    def load(self, path):
+        """Continue from a checkpoint: rank 0 reads it and every rank gets its state."""
+        state = np.zeros(4, dtype=np.int64)
+        error = None
+        if self.rank == 0:
+            try:
+                step, epoch, seed = self.engine.load(os.fspath(path))
+                state[:] = (1, step, epoch, seed)
+            except (OSError, ValueError) as e:
+                error = e
+        if self.world > 1:
+            dist.broadcast(state, dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group)
+        if error is not None:
+            raise error
+        if state[0] != 1:
+            raise ValueError(f"rank 0 could not load the checkpoint {path}")
+        self._broadcast_state()
+        flag = np.array([self.engine.momentum_started], dtype=np.int32)
+        if self.world > 1:
+            dist.broadcast(flag, dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group)
+        self.engine.momentum_started = bool(flag[0])
+        self.step, self.epoch, self.seed = int(state[1]), int(state[2]), int(state[3])
+        return self
+
+
+def _epoch_line(r):
+    test = f", test loss {r['test_loss']:.4f}, test accuracy {r['test_accuracy']:.4f}" if "test_loss" in r else ""
+    return (f"epoch {r['epoch']}: train loss {r['train_loss']:.4f}{test}, {r['samples_per_s']:.0f} samples/s, "
+            f"Tcomp {r['t_comp_ms']:.2f} ms, Tsync {r['t_sync_ms']:.2f} ms per step")

@@ -1,0 +1,108 @@
+"""Data-parallel training on Fashion-MNIST (or MNIST) with the native engine: the command line.
+
+    mpiexec -n 2 python -m pydist.train --model lenet5 --epochs 5
+    python -m pydist.train --model mlp --hidden 256 128 --epochs 3          # one process
+    mpiexec -n 2 python -m pydist.train --checkpoint run.ckpt --resume      # continue a run
+
+--batch-size is per rank (the global batch is R times it). Rank 0 prints a progress bar and one line
+per epoch, appends the metrics to --metrics (JSON lines) and, when matplotlib is installed, draws
+the loss and accuracy curves into --plot. --checkpoint is written atomically after every epoch.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+from . import distributed as dist
+from .engine import DEFAULT_DATA_DIR, Trainer, lenet5, load_fashion_mnist, mlp
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m pydist.train", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=("lenet5", "mlp"), default="lenet5")
+    ap.add_argument("--hidden", type=int, nargs="+", default=[256, 128], help="MLP hidden widths (default 256 128)")
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--batch-size", type=int, default=64, help="per rank (default 64)")
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--weight-decay", type=float, default=0.0)
+    ap.add_argument("--nesterov", action="store_true")
+    ap.add_argument("--seed", type=int, default=0, help="initial weights and data order (default 0)")
+    ap.add_argument("--data", default=None, help=f"folder of the IDX files (default {DEFAULT_DATA_DIR})")
+    ap.add_argument("--checkpoint", default=None, help="checkpoint file, written after every epoch")
+    ap.add_argument("--resume", action="store_true", help="continue from --checkpoint if it exists")
+    ap.add_argument("--metrics", default="metrics.jsonl", help="JSON-lines file of per-epoch metrics ('' for none)")
+    ap.add_argument("--plot", default="curves.png", help="PNG of the curves, if matplotlib is installed ('' for none)")
+    ap.add_argument("--blas-threads", type=int, default=None, help="OpenBLAS threads per rank (default 1)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar and epoch lines")
+    args = ap.parse_args(argv)
+    if args.epochs < 0 or args.batch_size < 1:
+        ap.error("--epochs must be >= 0 and --batch-size >= 1")
+    if args.resume and not args.checkpoint:
+        ap.error("--resume needs --checkpoint")
+    return args
+
+
+def plot(history, path):
+    """Loss and accuracy per epoch into a PNG; returns False when matplotlib is not installed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    epochs = [r["epoch"] for r in history]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ax1.plot(epochs, [r["train_loss"] for r in history], "o-", label="train")
+    if history and "test_loss" in history[0]:
+        ax1.plot(epochs, [r["test_loss"] for r in history], "o-", label="test")
+        ax2.plot(epochs, [r["test_accuracy"] for r in history], "o-", label="test")
+    ax2.plot(epochs, [r["train_accuracy"] for r in history], "o-", label="train")
+    ax1.set(xlabel="epoch", ylabel="loss", title="loss")
+    ax2.set(xlabel="epoch", ylabel="accuracy", title="accuracy")
+    for ax in (ax1, ax2):
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    dist.init_process_group(backend="mpi")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = lenet5() if args.model == "lenet5" else mlp(tuple(args.hidden))
+    (images, labels), test = load_fashion_mnist(args.data)
+    trainer = Trainer(model, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
+                      nesterov=args.nesterov, batch_size=args.batch_size, seed=args.seed,
+                      blas_threads=args.blas_threads)
+    if args.resume and os.path.exists(args.checkpoint):
+        trainer.load(args.checkpoint)
+        if rank == 0:
+            print(f"resumed from {args.checkpoint} at epoch {trainer.epoch}, step {trainer.step}", flush=True)
+    elif rank == 0 and args.metrics and os.path.exists(args.metrics):
+        os.remove(args.metrics)  # a fresh run starts a fresh file; a resumed one appends
+    if rank == 0 and not args.no_progress:
+        print(f"{model.name}: {model.num_params} parameters, {world} rank(s) x batch {args.batch_size}, "
+              f"{len(labels)} training and {len(test[1])} test examples, "
+              f"{trainer.steps_per_epoch(len(labels))} steps per epoch", flush=True)
+    started = time.perf_counter()
+    history = trainer.fit(images, labels, args.epochs, test=test, checkpoint=args.checkpoint,
+                          metrics=args.metrics or None, progress=not args.no_progress)
+    if rank == 0 and history:
+        last = history[-1]
+        summary = {"final_test_accuracy": last.get("test_accuracy"), "seconds": time.perf_counter() - started,
+                   "mean_samples_per_s": sum(r["samples_per_s"] for r in history) / len(history)}
+        print("summary " + json.dumps(summary), flush=True)
+        if args.plot and plot(trainer.history, args.plot):
+            print(f"curves: {args.plot}", flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
