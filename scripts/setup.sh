@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install everything pydist needs on a fresh Debian/Ubuntu machine, then build pydist into .venv.
 #
-#   scripts/setup.sh          MPICH and the package (what `make train` needs)
+#   scripts/setup.sh          MPICH, OpenBLAS, Fashion-MNIST and the package (what `make train` needs)
 #   scripts/setup.sh --test   also the test and benchmark peers: pytest, hypothesis, torch (CPU)
 #
 # Safe to run again: it installs only what is missing. Needs root (or sudo) for apt-get.
@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 
 # MPICH, never Open MPI: a library linked to one MPI and launched by the other's mpiexec runs every
 # process as rank 0 of 1. Debian's python3-mpi4py pulls Open MPI in, so it is never installed here.
-APT_PACKAGES=(mpich libmpich-dev pkg-config)
+# OpenBLAS and zlib for the training engine, and the Fashion-MNIST data set its main job trains on.
+APT_PACKAGES=(mpich libmpich-dev pkg-config libopenblas-dev zlib1g-dev dataset-fashion-mnist)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -29,6 +30,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" -U "setuptools>=70" wheel "numpy>=1.23"
+# Optional for pydist, wanted by the main job: a progress bar and the PNG of the curves.
+"${PIP[@]}" tqdm matplotlib
 if [ "${1:-}" = "--test" ]; then
   # torch 2.13.0 is the CPU build (a local file here); other versions download GBs of CUDA.
   "${PIP[@]}" "pytest>=7" "hypothesis>=6" "torch==2.13.0"

@@ -1,0 +1,291 @@
+"""The native engine at world size 1: gradients against finite differences, SGD against its formula,
+errors, the data loader, and checkpoints that resume bit-identically. (PyTorch equality is in
+test_engine_torch.py; R ranks x batch B == 1 rank x batch R*B is in tests/mpi/test_engine_dp.py.)"""
+import gzip
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import pydist as dist
+from pydist import _C
+from pydist.engine import (Conv2d, Flatten, Linear, MaxPool2d, Model, ReLU, Trainer, lenet5, load_fashion_mnist,
+                           load_idx, mlp)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DATA = "/usr/share/datasets/fashion-mnist"
+
+
+def engine_for(model, batch):
+    e = _C.Engine(model.specs(), model.input_shape, batch)
+    e.init_params(1)
+    return e
+
+
+def batch(model, n, seed=0, classes=None):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n,) + model.input_shape).astype(np.float32)
+    y = rng.integers(0, classes or 3, n).astype(np.int32)
+    return x, y
+
+
+# One model per layer kind, small enough for finite differences; each ends in class scores.
+GRAD_MODELS = {
+    "linear": Model([Flatten(), Linear(12, 3)], input_shape=(3, 2, 2)),
+    "linear+relu": Model([Flatten(), Linear(12, 7), ReLU(), Linear(7, 3)], input_shape=(3, 2, 2)),
+    "conv": Model([Conv2d(2, 3, 3), Flatten(), Linear(3 * 4 * 4, 3)], input_shape=(2, 6, 6)),
+    "conv-pad-stride": Model([Conv2d(2, 4, 3, stride=2, padding=1), Flatten(), Linear(4 * 4 * 4, 3)],
+                             input_shape=(2, 7, 7)),
+    "maxpool": Model([Conv2d(1, 2, 3, padding=1), MaxPool2d(2), Flatten(), Linear(2 * 3 * 3, 3)],
+                     input_shape=(1, 6, 6)),
+    "relu": Model([Conv2d(1, 2, 3), ReLU(), Flatten(), Linear(2 * 4 * 4, 3)], input_shape=(1, 6, 6)),
+}
+
+
+def loss_at(engine, params, x, y):
+    engine.params[:] = params
+    return engine.loss_and_grad(x, y)[0]
+
+
+@pytest.mark.parametrize("name", sorted(GRAD_MODELS))
+def test_gradient_matches_finite_differences(name):
+    model = GRAD_MODELS[name]
+    e = engine_for(model, 5)
+    x, y = batch(model, 5)
+    p0 = e.params.copy()
+    e.loss_and_grad(x, y)
+    grad = e.grads.copy()
+    rng = np.random.default_rng(7)
+    # Per layer block: the derivative along a random direction, central differences in float32. The
+    # step is small because max-pool and ReLU have kinks: a larger one crosses where the max switches.
+    for w_off, w_n, b_off, b_n in e.layout:
+        for off, n in ((w_off, w_n), (b_off, b_n)):
+            if n == 0:
+                continue
+            v = np.zeros_like(p0)
+            v[off:off + n] = rng.standard_normal(n).astype(np.float32)
+            v /= np.linalg.norm(v)
+            eps = 3e-4
+            numeric = (loss_at(e, p0 + eps * v, x, y) - loss_at(e, p0 - eps * v, x, y)) / (2 * eps)
+            analytic = float(grad @ v)
+            assert abs(numeric - analytic) <= 2e-3 + 1e-2 * abs(analytic), (name, off, numeric, analytic)
+    # And a few single coordinates, which catch a misplaced index that a direction could average out.
+    for i in rng.choice(len(p0), size=min(8, len(p0)), replace=False):
+        v = np.zeros_like(p0)
+        v[i] = 1
+        numeric = (loss_at(e, p0 + 3e-4 * v, x, y) - loss_at(e, p0 - 3e-4 * v, x, y)) / 6e-4
+        assert abs(numeric - grad[i]) <= 2e-3 + 1e-2 * abs(grad[i]), (name, i, numeric, grad[i])
+
+
+def test_loss_is_cross_entropy_of_forward():
+    model = GRAD_MODELS["linear+relu"]
+    e = engine_for(model, 4)
+    x, y = batch(model, 4)
+    logits = e.forward(x).astype(np.float64)
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    loss, correct = e.loss_and_grad(x, y)
+    assert abs(loss - (-logp[np.arange(4), y].mean())) < 1e-6
+    assert correct == int((logits.argmax(axis=1) == y).sum())
+
+
+@pytest.mark.parametrize("momentum,dampening,weight_decay,nesterov",
+                         [(0.0, 0.0, 0.0, False), (0.9, 0.0, 0.0, False), (0.9, 0.1, 1e-3, False),
+                          (0.9, 0.0, 5e-4, True)])
+def test_sgd_follows_torch_formula(momentum, dampening, weight_decay, nesterov):
+    model = GRAD_MODELS["conv"]
+    e = engine_for(model, 3)
+    p = e.params.astype(np.float64)
+    buf = None
+    for step in range(3):
+        x, y = batch(model, 3, seed=step)
+        e.loss_and_grad(x, y)
+        g = e.grads.astype(np.float64)
+        e.sgd_step(0.1, momentum, dampening, weight_decay, nesterov)
+        d = g + weight_decay * p
+        if momentum:
+            buf = d.copy() if buf is None else momentum * buf + (1 - dampening) * d
+            d = d + momentum * buf if nesterov else buf
+        p = p - 0.1 * d
+        np.testing.assert_allclose(e.params, p, rtol=1e-5, atol=1e-6)
+        p = e.params.astype(np.float64)  # follow the float32 trajectory, not a float64 one
+    assert e.momentum_started == (momentum != 0)
+
+
+def test_lenet5_and_mlp_shapes():
+    assert lenet5().num_params == 61706            # torch's LeNet-5 of the tutorial
+    assert mlp((256, 128)).num_params == 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10
+
+
+def test_init_is_torch_default_range_and_seeded():
+    model = lenet5()
+    a, b, c = engine_for(model, 1), engine_for(model, 1), _C.Engine(model.specs(), model.input_shape, 1)
+    c.init_params(2)
+    assert np.array_equal(a.params, b.params) and not np.array_equal(a.params, c.params)
+    for (w_off, w_n, b_off, b_n) in a.layout:
+        if w_n:
+            bound = 1 / np.sqrt(w_n // b_n)   # 1/sqrt(fan_in), torch's kaiming_uniform(a=sqrt(5))
+            block = a.params[w_off:b_off + b_n]
+            assert np.abs(block).max() <= bound and np.abs(block).max() > 0.9 * bound
+
+
+# ---------------------------------------------------------------------------------------------------
+# Errors
+
+@pytest.mark.parametrize("layers,shape,match", [
+    ([Linear(10, 3)], (1, 28, 28), "layer 0 .*flat input"),
+    ([Flatten(), Linear(700, 10)], (1, 28, 28), "layer 1 .*784"),
+    ([Conv2d(3, 4, 5), Flatten(), Linear(4, 2)], (1, 28, 28), "layer 0 .*conv2d"),
+    ([Conv2d(1, 4, 9), Flatten(), Linear(4, 2)], (1, 5, 5), "layer 0 .*does not fit"),
+    ([Conv2d(1, 2, 3)], (1, 28, 28), "last layer"),
+])
+def test_bad_architectures_raise_value_error(layers, shape, match):
+    with pytest.raises(ValueError, match=match):
+        Model(layers, input_shape=shape)
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="kernel_size"):
+        Conv2d(1, 2, 0)
+    with pytest.raises(TypeError, match="layers"):
+        Model(["relu"])
+    model = GRAD_MODELS["linear"]
+    e = engine_for(model, 4)
+    x, y = batch(model, 4)
+    with pytest.raises(ValueError, match="1 to 4 examples"):
+        e.loss_and_grad(np.zeros((5, 3, 2, 2), np.float32), np.zeros(5, np.int32))
+    with pytest.raises(ValueError, match="float32"):
+        e.forward(x.astype(np.float64))
+    with pytest.raises(ValueError, match="outside the model's 3 classes"):
+        e.loss_and_grad(x, np.array([0, 1, 2, 3], np.int32))
+    with pytest.raises(TypeError, match="ndarray"):
+        e.forward([1.0, 2.0])
+    perm = np.arange(4, dtype=np.int32)
+    with pytest.raises(ValueError, match="entries of `perm`"):
+        e.train_steps(x, y, perm, 0, 2, 4, -1, 0.1, 0.0, 0.0, 0.0, False)
+    with pytest.raises(ValueError, match="not an example index"):
+        e.train_steps(x, y, np.array([0, 1, 2, 9], np.int32), 0, 1, 4, -1, 0.1, 0.0, 0.0, 0.0, False)
+    with pytest.raises(ValueError, match="batch_size"):
+        Trainer(model, batch_size=0)
+    with pytest.raises(ValueError, match="nesterov"):
+        Trainer(model, momentum=0.0, nesterov=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Data
+
+def write_idx(path, magic, dims, payload, compress):
+    header = magic.to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in dims)
+    opener = gzip.open if compress else open
+    with opener(path, "wb") as f:
+        f.write(header + payload)
+
+
+@pytest.mark.parametrize("compress", [True, False])
+def test_idx_loader_reads_gzip_and_raw(tmp_path, compress):
+    pixels = np.arange(3 * 2 * 2, dtype=np.uint8).reshape(3, 2, 2) * 20
+    labels = np.array([2, 0, 1], dtype=np.uint8)
+    write_idx(tmp_path / "img", 0x803, (3, 2, 2), pixels.tobytes(), compress)
+    write_idx(tmp_path / "lab", 0x801, (3,), labels.tobytes(), compress)
+    x, y = load_idx(tmp_path / "img", tmp_path / "lab")
+    assert x.shape == (3, 2, 2) and x.dtype == np.float32 and y.dtype == np.int32
+    np.testing.assert_allclose(x, (pixels / 255.0 - 0.2860) / 0.3530, rtol=1e-6, atol=1e-6)
+    assert y.tolist() == [2, 0, 1]
+
+
+def test_idx_loader_errors_name_the_file(tmp_path):
+    with pytest.raises(ValueError, match=r"cannot open .*missing.*dataset-fashion-mnist"):
+        load_idx(tmp_path / "missing", tmp_path / "missing2")
+    write_idx(tmp_path / "img", 0x803, (3, 2, 2), b"\x00" * 5, True)     # truncated
+    write_idx(tmp_path / "lab", 0x801, (3,), b"\x00\x01\x02", True)
+    with pytest.raises(ValueError, match=str(tmp_path / "img")):
+        load_idx(tmp_path / "img", tmp_path / "lab")
+    write_idx(tmp_path / "img2", 0x801, (3,), b"\x00" * 3, False)          # labels where images belong
+    with pytest.raises(ValueError, match=str(tmp_path / "img2")):
+        load_idx(tmp_path / "img2", tmp_path / "lab")
+    with pytest.raises(FileNotFoundError, match="dataset-fashion-mnist"):
+        load_fashion_mnist(tmp_path / "nowhere")
+
+
+def test_fashion_mnist_is_installed_and_sane():
+    (x, y), (tx, ty) = load_fashion_mnist()
+    assert x.shape == (60000, 28, 28) and tx.shape == (10000, 28, 28)
+    assert np.bincount(y).tolist() == [6000] * 10 and np.bincount(ty).tolist() == [1000] * 10
+    assert abs(float(x.mean())) < 0.01 and abs(float(x.std()) - 1) < 0.01   # normalised with its own stats
+
+
+def test_epoch_permutation_is_a_shared_reshuffle():
+    a, b = _C.epoch_permutation(1000, 5, 0), _C.epoch_permutation(1000, 5, 0)
+    c, d = _C.epoch_permutation(1000, 5, 1), _C.epoch_permutation(1000, 6, 0)
+    assert np.array_equal(a, b) and sorted(a.tolist()) == list(range(1000))
+    assert not np.array_equal(a, c) and not np.array_equal(a, d)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Checkpoints
+
+def small_data(n=640, seed=3):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, n).astype(np.int32)
+
+
+def test_checkpoint_resume_is_bit_identical(tmp_path):
+    x, y = small_data()
+    kwargs = dict(lr=0.05, momentum=0.9, weight_decay=1e-4, batch_size=32, seed=11)
+    straight = Trainer(lenet5(), **kwargs)
+    straight.fit(x, y, epochs=3, progress=False)
+
+    first = Trainer(lenet5(), **kwargs)
+    first.fit(x, y, epochs=1, progress=False)
+    first.train_steps(x, y, 1, 0, 7)          # and part of the next epoch
+    first.step += 7
+    first.save(tmp_path / "run.ckpt")
+    assert (tmp_path / "run.ckpt").exists() and (tmp_path / "run.ckpt.done").exists()
+
+    resumed = Trainer(lenet5(), **dict(kwargs, seed=0)).load(tmp_path / "run.ckpt")
+    assert (resumed.epoch, resumed.step, resumed.seed) == (1, 27, 11)
+    resumed.fit(x, y, epochs=3, progress=False)
+    assert np.array_equal(resumed.params, straight.params)
+    assert np.array_equal(resumed.engine.momentum, straight.engine.momentum)
+
+
+def test_checkpoint_refuses_another_model_and_damaged_files(tmp_path):
+    t = Trainer(lenet5(), batch_size=8)
+    t.save(tmp_path / "a.ckpt")
+    with pytest.raises(ValueError, match="model"):
+        Trainer(mlp((32,)), batch_size=8).load(tmp_path / "a.ckpt")
+    data = (tmp_path / "a.ckpt").read_bytes()
+    (tmp_path / "b.ckpt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="b.ckpt"):
+        Trainer(lenet5(), batch_size=8).load(tmp_path / "b.ckpt")
+    with pytest.raises(ValueError, match="nothing.ckpt"):
+        Trainer(lenet5(), batch_size=8).load(tmp_path / "nothing.ckpt")
+
+
+def test_killed_run_keeps_its_last_checkpoint(tmp_path):
+    """SIGKILL while training (and perhaps while saving): the checkpoint on disk still loads, and a
+    resumed run finishes."""
+    ckpt = tmp_path / "run.ckpt"
+    cmd = [sys.executable, "-m", "pydist.train", "--model", "mlp", "--hidden", "64", "--epochs", "40",
+           "--batch-size", "600", "--checkpoint", str(ckpt), "--metrics", "", "--plot", "", "--no-progress"]
+    env = dict(os.environ, PYTHONPATH=ROOT, UCX_ERROR_SIGNALS="")
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "run.ckpt.done").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert ckpt.exists(), proc.stdout.read().decode()
+    t = Trainer(mlp((64,)), batch_size=600).load(ckpt)
+    assert 1 <= t.epoch < 40
+    cmd[cmd.index("--epochs") + 1] = str(t.epoch + 1)
+    resumed = subprocess.run(cmd + ["--resume"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resumed from" in resumed.stdout
+    assert Trainer(mlp((64,)), batch_size=600).load(ckpt).epoch == t.epoch + 1
