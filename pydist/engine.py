@@ -5,7 +5,7 @@ trainer whose whole step loop (forward, backward, gradient all-reduce, SGD updat
     >>> from pydist.engine import Trainer, lenet5, load_fashion_mnist
     >>> dist.init_process_group(backend="mpi")          # under mpiexec -n R; without it: 1 rank
     >>> (x, y), (tx, ty) = load_fashion_mnist()
-    >>> trainer = Trainer(lenet5(), lr=0.05, momentum=0.9, batch_size=64)
+    >>> trainer = Trainer(lenet5(), lr=0.02, momentum=0.9, batch_size=64)
     >>> trainer.fit(x, y, epochs=5, test=(tx, ty))
 
 Every rank holds the same weights: rank 0's initial weights are broadcast, each step each rank takes
@@ -213,7 +213,7 @@ class Trainer:
     SGD is torch.optim.SGD's: momentum, dampening, weight_decay, nesterov mean what they mean there.
     """
 
-    def __init__(self, model, lr=0.05, momentum=0.9, weight_decay=0.0, dampening=0.0, nesterov=False,
+    def __init__(self, model, lr=0.02, momentum=0.9, weight_decay=0.0, dampening=0.0, nesterov=False,
                  batch_size=64, seed=0, group=None, blas_threads=None):
         if not isinstance(model, Model):
             raise TypeError(f"Trainer: `model` must be a pydist.engine.Model, got {type(model).__name__}")

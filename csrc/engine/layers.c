@@ -5,7 +5,6 @@
 #include "layers.h"
 
 #include <cblas.h>
-#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -40,27 +39,48 @@ void linear_backward(const float *x, const float *W, const float *dy, float *dW,
 // Conv2d: cols is (in_c*k*k, B*out_h*out_w), column n*ohw + p holding the patch under output pixel p
 // of sample n; tmp is (out_c, B*ohw), the GEMM's output before it is put back into NCHW order.
 
-long conv_scratch_floats(const ConvShape *s, int B) {
-    long ohw = (long)s->out_h * s->out_w;
-    return ((long)s->in_c * s->k * s->k + s->out_c) * B * ohw;
+long conv_cols_floats(const ConvShape *s, int B) {
+    return (long)s->in_c * s->k * s->k * B * s->out_h * s->out_w;
 }
 
-static void im2col(const ConvShape *s, const float *x, float *cols, int B) {
+long conv_tmp_floats(const ConvShape *s, int B) {
+    return (long)s->out_c * B * s->out_h * s->out_w;
+}
+
+// The output columns oj whose input column oj*stride - pad + kj lies inside [0, in_w): [lo, hi).
+static void valid_span(const ConvShape *s, int kj, int *lo, int *hi) {
+    int first = s->pad - kj, a = first > 0 ? (first + s->stride - 1) / s->stride : 0;
+    int b = (s->in_w - 1 + s->pad - kj) / s->stride + 1;  // one past the last valid oj
+    if (s->in_w - 1 + s->pad - kj < 0) b = 0;
+    *lo = a < s->out_w ? a : s->out_w;
+    *hi = b < s->out_w ? (b > *lo ? b : *lo) : s->out_w;
+}
+
+static void im2col(const ConvShape *s, const float *restrict x, float *restrict cols, int B) {
     long ohw = (long)s->out_h * s->out_w, width = B * ohw;
     for (int c = 0; c < s->in_c; c++) {
         for (int ki = 0; ki < s->k; ki++) {
             for (int kj = 0; kj < s->k; kj++) {
+                int lo, hi;
+                valid_span(s, kj, &lo, &hi);
                 float *row = cols + ((long)(c * s->k + ki) * s->k + kj) * width;
                 for (int n = 0; n < B; n++) {
                     const float *plane = x + ((long)n * s->in_c + c) * s->in_h * s->in_w;
-                    float *out = row + n * ohw;
                     for (int oi = 0; oi < s->out_h; oi++) {
+                        float *out = row + n * ohw + (long)oi * s->out_w;
                         int i = oi * s->stride - s->pad + ki;
-                        for (int oj = 0; oj < s->out_w; oj++) {
-                            int j = oj * s->stride - s->pad + kj;
-                            int inside = i >= 0 && i < s->in_h && j >= 0 && j < s->in_w;
-                            *out++ = inside ? plane[i * s->in_w + j] : 0.0f;
+                        if (i < 0 || i >= s->in_h) {
+                            memset(out, 0, sizeof(float) * (size_t)s->out_w);
+                            continue;
                         }
+                        const float *in = plane + (long)i * s->in_w - s->pad + kj;
+                        for (int oj = 0; oj < lo; oj++) out[oj] = 0.0f;
+                        if (s->stride == 1) {
+                            memcpy(out + lo, in + lo, sizeof(float) * (size_t)(hi - lo));
+                        } else {
+                            for (int oj = lo; oj < hi; oj++) out[oj] = in[oj * s->stride];
+                        }
+                        for (int oj = hi; oj < s->out_w; oj++) out[oj] = 0.0f;
                     }
                 }
             }
@@ -69,23 +89,26 @@ static void im2col(const ConvShape *s, const float *x, float *cols, int B) {
 }
 
 // The adjoint of im2col: dx (zeroed here) receives the sum of every patch entry that came from it.
-static void col2im(const ConvShape *s, const float *cols, float *dx, int B) {
+static void col2im(const ConvShape *s, const float *restrict cols, float *restrict dx, int B) {
     long ohw = (long)s->out_h * s->out_w, width = B * ohw;
     memset(dx, 0, sizeof(float) * (size_t)B * s->in_c * s->in_h * s->in_w);
     for (int c = 0; c < s->in_c; c++) {
         for (int ki = 0; ki < s->k; ki++) {
             for (int kj = 0; kj < s->k; kj++) {
+                int lo, hi;
+                valid_span(s, kj, &lo, &hi);
                 const float *row = cols + ((long)(c * s->k + ki) * s->k + kj) * width;
                 for (int n = 0; n < B; n++) {
                     float *plane = dx + ((long)n * s->in_c + c) * s->in_h * s->in_w;
-                    const float *in = row + n * ohw;
                     for (int oi = 0; oi < s->out_h; oi++) {
                         int i = oi * s->stride - s->pad + ki;
-                        for (int oj = 0; oj < s->out_w; oj++, in++) {
-                            int j = oj * s->stride - s->pad + kj;
-                            if (i >= 0 && i < s->in_h && j >= 0 && j < s->in_w) {
-                                plane[i * s->in_w + j] += *in;
-                            }
+                        if (i < 0 || i >= s->in_h) {
+                            continue;
+                        }
+                        const float *in = row + n * ohw + (long)oi * s->out_w;
+                        float *out = plane + (long)i * s->in_w - s->pad + kj;
+                        for (int oj = lo; oj < hi; oj++) {
+                            out[oj * s->stride] += in[oj];
                         }
                     }
                 }
@@ -94,10 +117,10 @@ static void col2im(const ConvShape *s, const float *cols, float *dx, int B) {
     }
 }
 
-void conv2d_forward(const ConvShape *s, const float *x, const float *W, const float *b, float *y, float *cols, int B) {
+void conv2d_forward(const ConvShape *s, const float *x, const float *W, const float *b, float *y, float *cols,
+                    float *tmp, int B) {
     int patch = s->in_c * s->k * s->k;
     long ohw = (long)s->out_h * s->out_w, width = B * ohw;
-    float *tmp = cols + (long)patch * width;
     im2col(s, x, cols, B);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s->out_c, (int)width, patch, 1.0f, W, patch, cols,
                 (int)width, 0.0f, tmp, (int)width);
@@ -112,11 +135,10 @@ void conv2d_forward(const ConvShape *s, const float *x, const float *W, const fl
     }
 }
 
-void conv2d_backward(const ConvShape *s, const float *x, const float *W, const float *dy, float *dW, float *db,
-                     float *dx, float *cols, int B) {
+void conv2d_backward(const ConvShape *s, float *cols, const float *W, const float *dy, float *dW, float *db,
+                     float *dx, float *dtmp, int B) {
     int patch = s->in_c * s->k * s->k;
     long ohw = (long)s->out_h * s->out_w, width = B * ohw;
-    float *dtmp = cols + (long)patch * width;  // dy in the GEMM's (out_c, B*ohw) order
     for (int oc = 0; oc < s->out_c; oc++) {
         double sum = 0.0;
         for (int n = 0; n < B; n++) {
@@ -131,10 +153,9 @@ void conv2d_backward(const ConvShape *s, const float *x, const float *W, const f
         }
         db[oc] = (float)sum;
     }
-    im2col(s, x, cols, B);  // recomputed rather than kept from forward: memory for one layer only
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s->out_c, patch, (int)width, 1.0f, dtmp, (int)width,
                 cols, (int)width, 0.0f, dW, patch);
-    if (dx != NULL) {
+    if (dx != NULL) {  // cols is done with: it takes the patches' gradients
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, patch, (int)width, s->out_c, 1.0f, W, patch, dtmp,
                     (int)width, 0.0f, cols, (int)width);
         col2im(s, cols, dx, B);
@@ -144,23 +165,49 @@ void conv2d_backward(const ConvShape *s, const float *x, const float *W, const f
 // ---------------------------------------------------------------------------------------------------
 // MaxPool2d (kernel k, stride k), ReLU
 
-void maxpool_forward(const float *x, float *y, int32_t *argmax, int planes, int h, int w, int k) {
+// The comparisons below are written without branches (they become conditional moves): which
+// element is largest is a coin toss on real data, and a mispredicted branch per element cost more
+// than the rest of the pooling.
+void maxpool_forward(const float *restrict x, float *restrict y, int32_t *restrict argmax, int planes, int h, int w,
+                     int k) {
     int oh = h / k, ow = w / k;
+    if (k == 2) {  // LeNet's case: the four candidates compared pairwise, in scan order on ties
+        for (long p = 0; p < planes; p++) {
+            const float *in = x + p * h * w;
+            float *out = y + p * oh * ow;
+            int32_t *arg = argmax + p * oh * ow;
+            for (int oi = 0; oi < oh; oi++) {
+                for (int oj = 0; oj < ow; oj++) {
+                    int r = 2 * oi * w + 2 * oj;
+                    float a = in[r], b = in[r + 1], c = in[r + w], d = in[r + w + 1];
+                    int t1 = !(b <= a) & (a == a), t2 = !(d <= c) & (c == c);
+                    float m1 = t1 ? b : a, m2 = t2 ? d : c;
+                    int i1 = t1 ? r + 1 : r, i2 = t2 ? r + w + 1 : r + w;
+                    int t3 = !(m2 <= m1) & (m1 == m1);
+                    out[oi * ow + oj] = t3 ? m2 : m1;
+                    arg[oi * ow + oj] = t3 ? i2 : i1;
+                }
+            }
+        }
+        return;
+    }
     for (long p = 0; p < planes; p++) {
         const float *in = x + p * h * w;
         for (int oi = 0; oi < oh; oi++) {
             for (int oj = 0; oj < ow; oj++) {
                 int best = (oi * k) * w + oj * k;
+                float top = in[best];
                 for (int di = 0; di < k; di++) {
                     for (int dj = 0; dj < k; dj++) {
                         int at = (oi * k + di) * w + oj * k + dj;
-                        if (in[at] > in[best] || isnan(in[at])) {
-                            best = at;
-                        }
+                        float v = in[at];
+                        int take = !(v <= top) & (top == top);  // larger, or a NaN, which wins as in torch
+                        best = take ? at : best;
+                        top = take ? v : top;
                     }
                 }
                 long o = (p * oh + oi) * ow + oj;
-                y[o] = in[best];
+                y[o] = top;
                 argmax[o] = best;
             }
         }
@@ -177,15 +224,25 @@ void maxpool_backward(const float *dy, const int32_t *argmax, float *dx, int pla
     }
 }
 
-void relu_forward(const float *x, float *y, long n) {
+// Branch-free for the same reason as max pooling: keep the bits where the mask is all ones. NaN
+// passes through (it is not <= 0), as in torch.
+static inline float keep_if(float v, int keep) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    bits &= (uint32_t)-keep;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+void relu_forward(const float *restrict x, float *restrict y, long n) {
     for (long i = 0; i < n; i++) {
-        y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+        y[i] = keep_if(x[i], !(x[i] <= 0.0f));
     }
 }
 
-void relu_backward(const float *y, const float *dy, float *dx, long n) {
+void relu_backward(const float *restrict y, const float *restrict dy, float *restrict dx, long n) {
     for (long i = 0; i < n; i++) {
-        dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+        dx[i] = keep_if(dy[i], y[i] > 0.0f);
     }
 }
 

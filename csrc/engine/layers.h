@@ -23,13 +23,16 @@ typedef struct {
     int out_h, out_w;         // (in + 2 pad - k) / stride + 1
 } ConvShape;
 
-// y (B, out_c, out_h, out_w) = conv(x, W) + b, by im2col of the whole batch + one GEMM; `cols` is
-// scratch of conv_scratch_floats(s, B) floats.
-long conv_scratch_floats(const ConvShape *s, int B);
-void conv2d_forward(const ConvShape *s, const float *x, const float *W, const float *b, float *y, float *cols, int B);
-// dW, db from dy and x; dx (may be NULL) by GEMM then col2im. `cols` scratch as above.
-void conv2d_backward(const ConvShape *s, const float *x, const float *W, const float *dy, float *dW, float *db,
-                     float *dx, float *cols, int B);
+// y (B, out_c, out_h, out_w) = conv(x, W) + b, by im2col of the whole batch into `cols`
+// (conv_cols_floats) and one GEMM into `tmp` (conv_tmp_floats), which is then put in NCHW order.
+long conv_cols_floats(const ConvShape *s, int B);
+long conv_tmp_floats(const ConvShape *s, int B);
+void conv2d_forward(const ConvShape *s, const float *x, const float *W, const float *b, float *y, float *cols,
+                    float *tmp, int B);
+// dW, db from dy and the forward pass's `cols`; dx (may be NULL) by GEMM into `cols` (overwritten),
+// then col2im. `tmp` as above.
+void conv2d_backward(const ConvShape *s, float *cols, const float *W, const float *dy, float *dW, float *db,
+                     float *dx, float *tmp, int B);
 
 // Max pooling with a k x k window and stride k over (B*C) planes of h x w; out is (h/k) x (w/k).
 // argmax records, per output, the input offset of the maximum (the first one on ties, as PyTorch).

@@ -118,7 +118,8 @@ int model_create(Model *m, const LayerSpec *specs, int num_layers, int in_c, int
     m->act = calloc((size_t)num_layers + 1, sizeof(float *));
     m->dact = calloc((size_t)num_layers + 1, sizeof(float *));
     m->argmax = calloc((size_t)num_layers, sizeof(int32_t *));
-    int ok = m->params && m->grads && m->act && m->dact && m->argmax;
+    m->cols = calloc((size_t)num_layers, sizeof(float *));
+    int ok = m->params && m->grads && m->act && m->dact && m->argmax && m->cols;
     long scratch = 0;
     for (int i = 0; ok && i <= num_layers; i++) {
         long n = i == 0 ? act_size(in_c, in_h, in_w)
@@ -132,8 +133,10 @@ int model_create(Model *m, const LayerSpec *specs, int num_layers, int in_c, int
             ok = m->argmax[i] != NULL;
         }
         if (ok && i < num_layers && m->layers[i].spec.type == LAYER_CONV2D) {
-            long need = conv_scratch_floats(&m->layers[i].conv, max_batch);
+            long need = conv_tmp_floats(&m->layers[i].conv, max_batch);
             scratch = need > scratch ? need : scratch;
+            m->cols[i] = alloc_zeroed(sizeof(float) * (size_t)conv_cols_floats(&m->layers[i].conv, max_batch));
+            ok = m->cols[i] != NULL;
         }
     }
     if (ok && scratch > 0) {
@@ -152,7 +155,9 @@ void model_free(Model *m) {
         if (m->act) free(m->act[i]);
         if (m->dact) free(m->dact[i]);
         if (m->argmax && i < m->num_layers) free(m->argmax[i]);
+        if (m->cols && i < m->num_layers) free(m->cols[i]);
     }
+    free(m->cols);
     free(m->act);
     free(m->dact);
     free(m->argmax);
@@ -222,7 +227,7 @@ const float *model_forward(Model *m, const float *x, int B) {
             linear_forward(in, W, b, out, B, L->spec.in, L->spec.out);
             break;
         case LAYER_CONV2D:
-            conv2d_forward(&L->conv, in, W, b, out, m->scratch, B);
+            conv2d_forward(&L->conv, in, W, b, out, m->cols[i], m->scratch, B);
             break;
         case LAYER_MAXPOOL2D:
             maxpool_forward(in, out, m->argmax[i], B * L->in_c, L->in_h, L->in_w, L->spec.kernel);
@@ -253,7 +258,7 @@ double model_loss_backward(Model *m, const float *x, const int32_t *labels, int 
             linear_backward(m->act[i], W, dy, dW, db, dx, B, L->spec.in, L->spec.out);
             break;
         case LAYER_CONV2D:
-            conv2d_backward(&L->conv, m->act[i], W, dy, dW, db, dx, m->scratch, B);
+            conv2d_backward(&L->conv, m->cols[i], W, dy, dW, db, dx, m->scratch, B);
             break;
         case LAYER_MAXPOOL2D:
             if (dx) maxpool_backward(dy, m->argmax[i], dx, B * L->in_c, L->in_h, L->in_w, L->spec.kernel);

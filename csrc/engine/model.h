@@ -37,7 +37,8 @@ typedef struct {
     float **act;             // act[0] input, act[i+1] output of layer i: [max_batch * size]
     float **dact;            // gradients of the same shapes
     int32_t **argmax;        // per max-pool layer, else NULL
-    float *scratch;          // im2col for the largest convolution
+    float **cols;            // per convolution: its im2col, kept from forward for backward
+    float *scratch;          // the GEMM output of the largest convolution
 } Model;
 
 // Check the layer list against the input shape and allocate everything for batches up to max_batch.

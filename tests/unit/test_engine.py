@@ -42,6 +42,8 @@ GRAD_MODELS = {
                              input_shape=(2, 7, 7)),
     "maxpool": Model([Conv2d(1, 2, 3, padding=1), MaxPool2d(2), Flatten(), Linear(2 * 3 * 3, 3)],
                      input_shape=(1, 6, 6)),
+    "maxpool3": Model([Conv2d(1, 2, 3, padding=1), MaxPool2d(3), Flatten(), Linear(2 * 2 * 2, 3)],
+                      input_shape=(1, 6, 6)),
     "relu": Model([Conv2d(1, 2, 3), ReLU(), Flatten(), Linear(2 * 4 * 4, 3)], input_shape=(1, 6, 6)),
 }
 
