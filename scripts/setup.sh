@@ -2,7 +2,7 @@
 # Install everything pydist needs on a fresh Debian/Ubuntu machine, then build pydist into .venv.
 #
 #   scripts/setup.sh          MPICH, OpenBLAS, Fashion-MNIST and the package (what `make train` needs)
-#   scripts/setup.sh --test   also the test and benchmark peers: pytest, hypothesis, torch (CPU)
+#   scripts/setup.sh --test   also the test and benchmark peers: pytest, hypothesis, torch (CPU), mpi4py
 #
 # Safe to run again: it installs only what is missing. Needs root (or sudo) for apt-get.
 set -euo pipefail
@@ -35,6 +35,11 @@ PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 if [ "${1:-}" = "--test" ]; then
   # torch 2.13.0 is the CPU build (a local file here); other versions download GBs of CUDA.
   "${PIP[@]}" "pytest>=7" "hypothesis>=6" "torch==2.13.0"
+  # mpi4py from source against MPICH (about 2 minutes, once): the PyPI wheel wants another libmpi.
+  if ! .venv/bin/python -c "import mpi4py" 2>/dev/null; then
+    echo "setup: building mpi4py against MPICH"
+    MPICC=mpicc.mpich "${PIP[@]}" --no-binary mpi4py --no-cache-dir mpi4py
+  fi
 fi
 # Editable, so the tests and examples run against this checkout; the C extension is built in place.
 "${PIP[@]}" --no-build-isolation -e .

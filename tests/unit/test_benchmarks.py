@@ -1,16 +1,30 @@
 """The benchmarks still run and print their figures (no timing is asserted: the machine is shared)."""
 import os
+import re
 import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 
 
-def test_allreduce_sweep_quick():
-    proc = subprocess.run([sys.executable, "benchmarks/allreduce_sweep.py", "--quick"], cwd=ROOT,
+def test_collectives_sweep_quick():
+    proc = subprocess.run([sys.executable, "benchmarks/collectives_sweep.py", "--quick"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
-    for size in ("4 B", "4 KiB", "1 MiB"):
-        assert any(line.strip().startswith(size) for line in out.splitlines()), out
-    assert "pydist costs" in out and "min bandwidth ratio" in out, out
+    for op in OPS:
+        table = out.split(f"\n{op}, 2 ranks (busbw")[1].split("\n\n")[0]
+        rows = [line.split() for line in table.splitlines() if re.match(r"\s+\d+ (B|KiB|MiB) \|", line)]
+        # 3 sizes, each with a positive time for C, pydist and mpi4py
+        assert len(rows) == 3, table
+        for row in rows:
+            times = [float(x) for x in row[3:6]]
+            assert all(t > 0 for t in times), row
+        assert f"{op}, 2 ranks: pydist - C at" in out and "time mpi4py/pydist" in out, out
+
+
+def test_collectives_sweep_rejects_bad_sizes():
+    proc = subprocess.run([sys.executable, "benchmarks/collectives_sweep.py", "--sizes", "6"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "multiples of 4 bytes" in proc.stderr, proc.stderr

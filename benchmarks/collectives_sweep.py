@@ -1,0 +1,348 @@
+#!/usr/bin/env python3
+"""Collectives sweep: pydist beside raw MPI in C and mpi4py, per collective and message size.
+
+    python benchmarks/collectives_sweep.py                        # 2 and 4 ranks, 5 collectives, 4 B .. 64 MiB
+    python benchmarks/collectives_sweep.py --ranks 2 --ops all_reduce --factor 2   # issue 2's all-reduce sweep
+    python benchmarks/collectives_sweep.py --quick                # 2 ranks, 3 sizes, 1 repeat (smoke test)
+    PYDIST_WAIT=mpi python benchmarks/collectives_sweep.py        # pydist waits with plain MPI_Wait
+
+Run it directly, not under mpiexec: it launches the jobs itself. It compiles collectives_raw.c (the
+raw-C baseline) into benchmarks/.build/, calibrates an iteration count per program, collective and size
+from one short probe job each (so each cell takes about --target-seconds), then runs the programs in
+turn, C, pydist, mpi4py, C, pydist, mpi4py ..., so that noise on this shared machine falls on all of
+them. Each run is one `mpiexec -n R` job under a hard timeout. Tables show the median over repeats.
+
+What is timed, float32, SIZE being the whole buffer as nccl-tests counts it (R ranks, chunk = SIZE/R):
+    all_reduce      SUM in place on SIZE bytes       dist.all_reduce              / comm.Allreduce(IN_PLACE)
+    all_gather      chunk in, SIZE out               dist.all_gather_into_tensor  / comm.Allgather
+    reduce_scatter  SIZE in, chunk out, SUM          dist.reduce_scatter_tensor   / comm.Reduce_scatter_block
+    broadcast       SIZE bytes from rank 0           dist.broadcast               / comm.Bcast
+    all_to_all      SIZE in, SIZE out                dist.all_to_all_single       / comm.Alltoall
+
+All three measure the same way (collectives_raw.c's header): warm-up calls, a barrier, N timed calls,
+the slowest rank's elapsed time (an all-reduce with MAX) divided by N. Bandwidth follows nccl-tests:
+algbw = SIZE / time, busbw = algbw * factor, factor 2(R-1)/R for all_reduce, (R-1)/R for all_gather,
+reduce_scatter and all_to_all, 1 for broadcast.
+
+mpi4py must be built against MPICH (scripts/setup.sh --test does it; the PyPI wheel wants another
+libmpi): MPICC=mpicc.mpich pip install --no-binary mpi4py mpi4py.
+"""
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SOURCE = os.path.join(HERE, "collectives_raw.c")
+BINARY = os.path.join(HERE, ".build", "collectives_raw")
+MPIEXEC = shutil.which("mpiexec.mpich") or shutil.which("mpiexec")
+MPICC = shutil.which("mpicc.mpich") or shutil.which("mpicc")
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+PROGRAMS = ("c", "pydist", "mpi4py")
+QUICK_SIZES = [4, 4 << 10, 1 << 20]
+SMALL_BYTES = 4 << 10  # "small messages" of the goal: up to 4 KiB
+MIN_ITERS = 3          # even 64 MiB gets a few timed calls, so one hiccup is not the whole answer
+MAX_ITERS = 1_000_000  # the smallest sizes, ~0.5 us apart
+PROBE_SECONDS, PROBE_MAX_ITERS = 0.01, 50  # blocking MPI at 4 ranks on 2 cores takes ~5 ms per call
+
+
+def bus_factor(op, ranks):
+    if op == "all_reduce":
+        return 2 * (ranks - 1) / ranks
+    return 1.0 if op == "broadcast" else (ranks - 1) / ranks
+
+
+def item_bytes(op, nbytes, ranks):
+    """The whole-buffer size actually used: every size works for all_reduce and broadcast; the chunked
+    collectives need a multiple of 4*R (the C program and MPI's block calls take equal chunks)."""
+    unit = 4 * ranks
+    return max(unit, nbytes // unit * unit)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Workers: one rank of the pydist or mpi4py job. Same method as time_item() in collectives_raw.c.
+
+def pydist_calls(in_, out, chunk):
+    import pydist as dist
+    return {
+        "all_reduce": lambda: dist.all_reduce(in_),
+        "all_gather": lambda: dist.all_gather_into_tensor(out, in_[:chunk]),
+        "reduce_scatter": lambda: dist.reduce_scatter_tensor(out[:chunk], in_),
+        "broadcast": lambda: dist.broadcast(in_, 0),
+        "all_to_all": lambda: dist.all_to_all_single(out, in_),
+    }
+
+
+def mpi4py_calls(in_, out, chunk):
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    return {
+        "all_reduce": lambda: comm.Allreduce(MPI.IN_PLACE, in_, op=MPI.SUM),
+        "all_gather": lambda: comm.Allgather(in_[:chunk], out),
+        "reduce_scatter": lambda: comm.Reduce_scatter_block(in_, out[:chunk], op=MPI.SUM),
+        "broadcast": lambda: comm.Bcast(in_, root=0),
+        "all_to_all": lambda: comm.Alltoall(in_, out),
+    }
+
+
+def worker(program, plan):
+    import numpy as np
+    if program == "pydist":
+        import pydist as dist
+        dist.init_process_group(backend="mpi")
+        rank, ranks = dist.get_rank(), dist.get_world_size()
+        calls = pydist_calls
+        barrier, slowest = dist.barrier, lambda a: dist.all_reduce(a, op=dist.ReduceOp.MAX)
+    else:
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        rank, ranks = comm.Get_rank(), comm.Get_size()
+        calls = mpi4py_calls
+        barrier, slowest = comm.Barrier, lambda a: comm.Allreduce(MPI.IN_PLACE, a, op=MPI.MAX)
+    # Two arrays for all items, written up front (page faults are not timed); zeros stay zeros.
+    largest = max(b for _, b, _ in plan) // 4
+    in_buf, out_buf = np.zeros(largest, dtype=np.float32), np.zeros(largest, dtype=np.float32)
+    in_buf.fill(0)
+    out_buf.fill(0)
+    elapsed = np.zeros(1, dtype=np.float64)
+    if rank == 0:
+        wait = "MPI_Wait" if os.environ.get("PYDIST_WAIT", "").lower() == "mpi" else "poll"
+        print(f"# {program} worker: ranks={ranks} dtype=float32" + (f" wait={wait}" if program == "pydist" else ""))
+        print("# result <op> <bytes> <iters> <us per call, slowest rank>", flush=True)
+    for op, nbytes, iters in plan:
+        count = nbytes // 4
+        call = calls(in_buf[:count], out_buf[:count], count // ranks)[op]
+        for _ in range(iters // 10 + 2):
+            call()
+        barrier()
+        start = time.perf_counter()
+        for _ in range(iters):
+            call()
+        elapsed[0] = time.perf_counter() - start
+        slowest(elapsed)
+        if rank == 0:
+            print(f"result {op} {nbytes} {iters} {elapsed[0] / iters * 1e6:.4f}", flush=True)
+    if program == "pydist":
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Driver
+
+def mpi_env(timeout):
+    """The environment tests/run_mpi.py uses, so benchmark and tests run MPICH the same way."""
+    env = dict(os.environ)
+    env["MPIEXEC_TIMEOUT"] = str(int(timeout))  # hydra kills the job itself if it hangs
+    env["UCX_ERROR_SIGNALS"] = ""
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    try:
+        st = os.statvfs("/dev/shm")
+        if st.f_bavail * st.f_frsize < 64 << 20:
+            env["UCX_TLS"] = "^posix"  # UCX's shared-memory segments would not fit
+    except OSError:
+        env["UCX_TLS"] = "^posix"
+    return env
+
+
+def compile_baseline():
+    os.makedirs(os.path.dirname(BINARY), exist_ok=True)
+    cmd = [MPICC, "-O2", "-Wall", "-o", BINARY, SOURCE]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        sys.exit(f"collectives_sweep: compiling the baseline failed:\n{' '.join(cmd)}\n"
+                 f"{proc.stdout}{proc.stderr}")
+
+
+def run_job(program, ranks, plan, timeout, raw_flags=()):
+    """Run one mpiexec job over the plan [(op, bytes, iters)]. Returns {(op, bytes): us per call}."""
+    items = [f"{op}:{b}:{i}" for op, b, i in plan]
+    if program == "c":
+        argv = [BINARY] + list(raw_flags) + items
+    else:
+        argv = [sys.executable, os.path.abspath(__file__), "--worker", program, ",".join(items)]
+    cmd = [MPIEXEC, "-n", str(ranks)] + argv
+    # Own session, so a timeout can kill mpiexec and every rank it started, not only mpiexec.
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(timeout), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    shown = " ".join(cmd[:6]) + (" ..." if len(cmd) > 6 else "")
+    try:
+        output, _ = proc.communicate(timeout=timeout + 10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        sys.exit(f"collectives_sweep: {shown}\ndid not finish within {timeout + 10} s and was "
+                 f"killed; its output:\n{output}")
+    results = {}
+    for line in output.splitlines():
+        fields = line.split()
+        if len(fields) == 5 and fields[0] == "result":
+            results[(fields[1], int(fields[2]))] = float(fields[4])
+    if proc.returncode != 0 or len(results) != len(plan):
+        sys.exit(f"collectives_sweep: {shown}\nexited with {proc.returncode} after "
+                 f"{len(results)} of {len(plan)} items; its output:\n{output}")
+    return results
+
+
+def iters_for(seconds, seconds_per_call, most):
+    return max(MIN_ITERS, min(most, round(seconds / seconds_per_call)))
+
+
+def human(nbytes):
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
+
+
+def print_table(op, ranks, items, med, programs):
+    factor = bus_factor(op, ranks)
+    names = {"c": "C", "pydist": "pydist", "mpi4py": "mpi4py"}
+    cols = [p for p in PROGRAMS if p in programs]
+    head = f"{'size':>8} | " + " ".join(f"{names[p] + ' us':>10}" for p in cols) + " | " + \
+        " ".join(f"{names[p][:6] + ' bus':>10}" for p in cols)
+    extra = []
+    if "c" in cols:
+        extra.append(f"{'py-C us':>9}")
+    if "mpi4py" in cols:
+        extra.append(f"{'mpi4py/py':>9}")
+    head += " | " + " ".join(extra)
+    print(f"\n{op}, {ranks} ranks (busbw in GB/s; mpi4py/py > 1 means pydist is faster)")
+    print(head)
+    print("-" * len(head))
+    for b in items:
+        t = {p: med[p][(op, b)] for p in cols}
+        row = f"{human(b):>8} | " + " ".join(f"{t[p]:>10.2f}" for p in cols) + " | " + \
+            " ".join(f"{b / (t[p] * 1e3) * factor:>10.3f}" for p in cols)
+        parts = []
+        if "c" in cols:
+            parts.append(f"{t['pydist'] - t['c']:>+9.2f}")
+        if "mpi4py" in cols:
+            parts.append(f"{t['mpi4py'] / t['pydist']:>9.3f}")
+        print(row + " | " + " ".join(parts))
+
+
+def summary(op, ranks, items, med, programs):
+    py = med["pydist"]
+    lines = []
+    small = [b for b in items if b <= SMALL_BYTES]
+    if "c" in programs and small:
+        worst = max(small, key=lambda b: py[(op, b)] - med["c"][(op, b)])
+        lines.append(f"pydist - C at {human(small[0])}: {py[(op, small[0])] - med['c'][(op, small[0])]:+.2f} us, "
+                     f"worst up to {human(SMALL_BYTES)}: {py[(op, worst)] - med['c'][(op, worst)]:+.2f} us "
+                     f"at {human(worst)} (goal <= 1 us)")
+    large = [b for b in items if b >= 1 << 20]
+    if "c" in programs and large:
+        worst = min(large, key=lambda b: med["c"][(op, b)] / py[(op, b)])
+        lines.append(f"bandwidth pydist/C at >= 1 MiB: min {med['c'][(op, worst)] / py[(op, worst)]:.3f} "
+                     f"at {human(worst)}")
+    if "mpi4py" in programs:
+        worst = min(items, key=lambda b: med["mpi4py"][(op, b)] / py[(op, b)])
+        lines.append(f"time mpi4py/pydist: min {med['mpi4py'][(op, worst)] / py[(op, worst)]:.3f} at "
+                     f"{human(worst)} (goal >= 1: pydist never slower)")
+    print(f"{op}, {ranks} ranks: " + "; ".join(lines))
+
+
+def sweep(args, ranks, sizes, programs):
+    items_of = {op: sorted({item_bytes(op, b, ranks) for b in sizes}) for op in args.ops}
+    cells = [(op, b) for op in args.ops for b in items_of[op]]
+    # Calibrate each program on its own: at 4 ranks on 2 cores blocking MPI takes milliseconds where
+    # pydist takes microseconds, and one shared count would make one side run for minutes or be noise.
+    plans = {}
+    for p in programs:
+        probe_plan = [(op, b, iters_for(PROBE_SECONDS, 2e-6 + b / 1e9, PROBE_MAX_ITERS)) for op, b in cells]
+        probe = run_job(p, ranks, probe_plan, args.timeout, args.raw_flags.split())
+        # A larger message never takes less time, so a probe slowed by a passing hiccup is capped by
+        # the next larger size's time; otherwise one bad probe leaves that size with few iterations.
+        for op in args.ops:
+            sz = items_of[op]
+            for small, large in reversed(list(zip(sz, sz[1:]))):
+                probe[(op, small)] = min(probe[(op, small)], probe[(op, large)])
+        plans[p] = [(op, b, iters_for(args.target_seconds, probe[(op, b)] * 1e-6, MAX_ITERS)) for op, b in cells]
+    runs = {p: [] for p in programs}
+    for rep in range(args.repeats):
+        for p in programs:
+            runs[p].append(run_job(p, ranks, plans[p], args.timeout, args.raw_flags.split()))
+        print(f"# {ranks} ranks: repeat {rep + 1}/{args.repeats} done ({time.monotonic() - args.started:.0f} s)",
+              file=sys.stderr, flush=True)
+    med = {p: {c: statistics.median(r[c] for r in runs[p]) for c in cells} for p in programs}
+    for op in args.ops:
+        print_table(op, ranks, items_of[op], med, programs)
+    print()
+    for op in args.ops:
+        summary(op, ranks, items_of[op], med, programs)
+    sys.stdout.flush()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes (default 2 4)")
+    ap.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS), help="collectives (default all)")
+    ap.add_argument("--programs", nargs="+", choices=PROGRAMS, default=list(PROGRAMS),
+                    help="what to run beside each other (default c pydist mpi4py; pydist always runs)")
+    ap.add_argument("--min-bytes", type=int, default=4, help="smallest message (default 4)")
+    ap.add_argument("--max-bytes", type=int, default=64 << 20, help="largest message (default 64 MiB)")
+    ap.add_argument("--factor", type=int, default=4, help="size step of the sweep (default 4)")
+    ap.add_argument("--sizes", type=int, nargs="+", help="message sizes in bytes, instead of the sweep")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each program, median shown (default 3)")
+    ap.add_argument("--target-seconds", type=float, default=0.05,
+                    help="timed seconds per cell per run, which sets the iteration counts (default 0.05)")
+    ap.add_argument("--raw-flags", default="",
+                    help="options for collectives_raw, e.g. '-i -t' to make it call MPI as pydist does")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds per mpiexec job (default 300)")
+    ap.add_argument("--quick", action="store_true", help="4 B, 4 KiB and 1 MiB, 2 ranks, 1 repeat, short cells")
+    ap.add_argument("--worker", nargs=2, metavar=("PROGRAM", "PLAN"), help=argparse.SUPPRESS)  # under mpiexec
+    args = ap.parse_args()
+
+    if args.worker:
+        program, plan = args.worker
+        worker(program, [(op, int(b), int(i)) for op, b, i in (x.split(":") for x in plan.split(","))])
+        return
+    if MPIEXEC is None or MPICC is None:
+        sys.exit("collectives_sweep: needs mpiexec.mpich and mpicc.mpich (Debian package mpich)")
+    programs = [p for p in PROGRAMS if p in args.programs or p == "pydist"]
+    if "mpi4py" in programs:
+        try:
+            import mpi4py  # noqa: F401  (only to say how to get it; the workers import it under mpiexec)
+        except ImportError:
+            sys.exit("collectives_sweep: mpi4py is not installed; scripts/setup.sh --test builds it against "
+                     "MPICH, or leave it out with --programs c pydist")
+    if args.quick:
+        sizes, args.repeats, args.target_seconds = QUICK_SIZES, 1, 0.02
+        if args.ranks == [2, 4]:
+            args.ranks = [2]
+    elif args.sizes:
+        sizes = sorted(set(args.sizes))
+    else:
+        sizes, b = [], args.min_bytes
+        while b <= args.max_bytes:
+            sizes.append(b)
+            b *= max(2, args.factor)
+    bad = [b for b in sizes if b <= 0 or b % 4]
+    if bad or min(args.ranks) < 1 or args.repeats < 1:
+        sys.exit(f"collectives_sweep: sizes must be positive multiples of 4 bytes (got {bad}), "
+                 f"--ranks and --repeats at least 1 (got {args.ranks}, {args.repeats})")
+
+    args.started = time.monotonic()
+    # Printed with the results: other processes on these 2 cores distort every side (MPICH's
+    # busy-polling calls more than pydist's yielding wait), and this says whether there were any.
+    load_before = os.getloadavg()[0]
+    compile_baseline()
+    wait = "MPI_Wait (PYDIST_WAIT=mpi)" if os.environ.get("PYDIST_WAIT", "").lower() == "mpi" else "poll (default)"
+    print(f"float32 collectives; median of {args.repeats} interleaved runs of {', '.join(programs)}; "
+          f"pydist wait: {wait}; raw C flags: '{args.raw_flags}'; {os.cpu_count()} CPUs")
+    for ranks in args.ranks:
+        sweep(args, ranks, sizes, programs)
+    print(f"\n1-min load average: {load_before:.2f} before the run, {os.getloadavg()[0]:.2f} after "
+          f"(the run itself adds up to {max(args.ranks)})")
+    sys.stdout.flush()  # the tables first, then the stderr footer, when both go to one terminal
+    print(f"# total {time.monotonic() - args.started:.0f} s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
