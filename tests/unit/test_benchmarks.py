@@ -28,3 +28,15 @@ def test_collectives_sweep_rejects_bad_sizes():
     proc = subprocess.run([sys.executable, "benchmarks/collectives_sweep.py", "--sizes", "6"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "multiples of 4 bytes" in proc.stderr, proc.stderr
+
+
+def test_train_compare_quick():
+    """pydist's trainer and torch DDP (gloo) on the same LeNet-5, 1 epoch at 1 and 2 ranks."""
+    proc = subprocess.run([sys.executable, "benchmarks/train_compare.py", "--quick"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if re.match(r"(pydist|torch)\s+[12]\s", line)]
+    assert sorted((r[0], r[1]) for r in rows) == [("pydist", "1"), ("pydist", "2"), ("torch", "1"), ("torch", "2")]
+    for r in rows:
+        assert float(r[2]) > 0 and 0.7 < float(r[4]) <= 1.0, r   # samples/s, test accuracy after 1 epoch
+    assert "pydist / torch samples/s" in proc.stdout
