@@ -575,11 +575,10 @@ PyObject *pd_load_idx(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         return NULL;
     }
     npy_intp idims[3] = {ds.n, ds.rows, ds.cols}, ldims[1] = {ds.n};
+    // owning_array owns the memory from here on, and frees it itself when it fails.
     PyObject *images = owning_array(3, idims, NPY_FLOAT32, ds.images);
     PyObject *labels = owning_array(1, ldims, NPY_INT32, ds.labels);
     if (images == NULL || labels == NULL) {
-        if (images == NULL) free(ds.images);  // not yet owned by an array
-        if (labels == NULL && images != NULL) free(ds.labels);
         Py_XDECREF(images);
         Py_XDECREF(labels);
         return NULL;
