@@ -30,17 +30,16 @@ libmpi): MPICC=mpicc.mpich pip install --no-binary mpi4py mpi4py.
 import argparse
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import time
 
+from mpi_jobs import MPIEXEC, run
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 SOURCE = os.path.join(HERE, "collectives_raw.c")
 BINARY = os.path.join(HERE, ".build", "collectives_raw")
-MPIEXEC = shutil.which("mpiexec.mpich") or shutil.which("mpiexec")
 MPICC = shutil.which("mpicc.mpich") or shutil.which("mpicc")
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
@@ -135,21 +134,6 @@ def worker(program, plan):
 # ---------------------------------------------------------------------------------------------------
 # Driver
 
-def mpi_env(timeout):
-    """The environment tests/run_mpi.py uses, so benchmark and tests run MPICH the same way."""
-    env = dict(os.environ)
-    env["MPIEXEC_TIMEOUT"] = str(int(timeout))  # hydra kills the job itself if it hangs
-    env["UCX_ERROR_SIGNALS"] = ""
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    try:
-        st = os.statvfs("/dev/shm")
-        if st.f_bavail * st.f_frsize < 64 << 20:
-            env["UCX_TLS"] = "^posix"  # UCX's shared-memory segments would not fit
-    except OSError:
-        env["UCX_TLS"] = "^posix"
-    return env
-
-
 def compile_baseline():
     os.makedirs(os.path.dirname(BINARY), exist_ok=True)
     cmd = [MPICC, "-O2", "-Wall", "-o", BINARY, SOURCE]
@@ -167,24 +151,15 @@ def run_job(program, ranks, plan, timeout, raw_flags=()):
     else:
         argv = [sys.executable, os.path.abspath(__file__), "--worker", program, ",".join(items)]
     cmd = [MPIEXEC, "-n", str(ranks)] + argv
-    # Own session, so a timeout can kill mpiexec and every rank it started, not only mpiexec.
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(timeout), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    shown = " ".join(cmd[:6]) + (" ..." if len(cmd) > 6 else "")
-    try:
-        output, _ = proc.communicate(timeout=timeout + 10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        sys.exit(f"collectives_sweep: {shown}\ndid not finish within {timeout + 10} s and was "
-                 f"killed; its output:\n{output}")
+    returncode, output = run(cmd, timeout, "collectives_sweep")
     results = {}
     for line in output.splitlines():
         fields = line.split()
         if len(fields) == 5 and fields[0] == "result":
             results[(fields[1], int(fields[2]))] = float(fields[4])
-    if proc.returncode != 0 or len(results) != len(plan):
-        sys.exit(f"collectives_sweep: {shown}\nexited with {proc.returncode} after "
+    if returncode != 0 or len(results) != len(plan):
+        shown = " ".join(cmd[:6]) + (" ..." if len(cmd) > 6 else "")
+        sys.exit(f"collectives_sweep: {shown}\nexited with {returncode} after "
                  f"{len(results)} of {len(plan)} items; its output:\n{output}")
     return results
 

@@ -15,14 +15,11 @@ Scaling efficiency = samples/s at R / (R x samples/s at R=1).
 import argparse
 import json
 import os
-import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MPIEXEC = shutil.which("mpiexec.mpich") or shutil.which("mpiexec")
+from mpi_jobs import MPIEXEC, ROOT, run
+
 TORCH_PEER = os.path.join(ROOT, "benchmarks", "torch_ddp_train.py")
 PROGRAMS = ("pydist", "torch")
 TARGET_ACCURACY = 0.89
@@ -46,14 +43,6 @@ def parse_args(argv=None):
     return args
 
 
-def mpi_env(timeout):
-    env = dict(os.environ)
-    env["MPIEXEC_TIMEOUT"] = str(int(timeout))  # hydra kills the job itself if it hangs
-    env["UCX_ERROR_SIGNALS"] = ""
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
 def run_job(program, ranks, args, metrics):
     """One training run; returns its per-epoch records, or exits with its output when it fails."""
     common = ["--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--lr", str(args.lr),
@@ -63,21 +52,13 @@ def run_job(program, ranks, args, metrics):
     else:
         argv = [sys.executable, TORCH_PEER]
     cmd = [MPIEXEC, "-n", str(ranks)] + argv + common
-    # Own session, so a timeout can kill mpiexec and every rank it started, not only mpiexec.
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(args.timeout), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=args.timeout + 10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        sys.exit(f"train_compare: {' '.join(cmd)}\nwas killed after {args.timeout + 10:.0f} s; its output:\n{output}")
+    returncode, output = run(cmd, args.timeout, "train_compare")
     records = []
     if os.path.exists(metrics):
         with open(metrics) as f:
             records = [json.loads(line) for line in f if line.strip()]
-    if proc.returncode != 0 or len(records) != args.epochs:
-        sys.exit(f"train_compare: {' '.join(cmd)}\nexited with {proc.returncode} after {len(records)} of "
+    if returncode != 0 or len(records) != args.epochs:
+        sys.exit(f"train_compare: {' '.join(cmd)}\nexited with {returncode} after {len(records)} of "
                  f"{args.epochs} epochs; its output:\n{output}")
     return records
 

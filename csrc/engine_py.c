@@ -477,16 +477,30 @@ static PyObject *engine_load(EngineObject *e, PyObject *const *args, Py_ssize_t 
                                model_hash(&e->model), 0};
     CheckpointHeader h;
     char err[1024];
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = checkpoint_load(path, &h, e->model.params, e->momentum, &expect, err, sizeof err);
-    Py_END_ALLOW_THREADS
+    int rc = -1;
+    // Read into new buffers and take them only when the whole file is good: a damaged checkpoint
+    // must leave the model as it was, not half overwritten.
+    size_t bytes = sizeof(float) * (size_t)e->model.num_params;
+    float *params = PyMem_Malloc(bytes), *momentum = PyMem_Malloc(bytes);
+    if (params == NULL || momentum == NULL) {
+        snprintf(err, sizeof err, "out of memory loading %s", path);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        rc = checkpoint_load(path, &h, params, momentum, &expect, err, sizeof err);
+        Py_END_ALLOW_THREADS
+    }
+    if (rc == 0) {
+        memcpy(e->model.params, params, bytes);
+        memcpy(e->momentum, momentum, bytes);
+        e->momentum_started = h.momentum_started != 0;
+    }
+    PyMem_Free(params);
+    PyMem_Free(momentum);
     e->busy = 0;
     if (rc < 0) {
         PyErr_SetString(PyExc_ValueError, err);
         return NULL;
     }
-    e->momentum_started = h.momentum_started != 0;
     return Py_BuildValue("(KKK)", (unsigned long long)h.step, (unsigned long long)h.epoch,
                          (unsigned long long)h.seed);
 }

@@ -115,14 +115,11 @@ class Model:
         if len(input_shape) != 3 or not all(isinstance(d, int) and d > 0 for d in input_shape):
             raise ValueError(f"Model: input_shape must be (channels, height, width), got {input_shape!r}")
         self.layers, self.input_shape, self.name = layers, tuple(input_shape), name
-        _C.Engine(self.specs(), self.input_shape, 1)  # shape errors now, with the layer named
+        # Shape errors now, with the layer named; the check also counts the parameters.
+        self.num_params = _C.Engine(self.specs(), self.input_shape, 1).num_params
 
     def specs(self):
         return [l.spec() for l in self.layers]
-
-    @property
-    def num_params(self):
-        return _C.Engine(self.specs(), self.input_shape, 1).num_params
 
     def __repr__(self):
         inner = ",\n  ".join(repr(l) for l in self.layers)
@@ -233,8 +230,9 @@ class Trainer:
             self.group = group
             self._handle = dist._group_handle(group, "Trainer") if group is not None else 0
             self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+            self._root = dist.get_global_rank(group, 0) if group is not None else 0  # holds the truth
         else:
-            self.group, self._handle, self.rank, self.world = None, -1, 0, 1
+            self.group, self._handle, self.rank, self.world, self._root = None, -1, 0, 1, 0
         self.engine = _C.Engine(model.specs(), model.input_shape, batch_size)
         self.engine.init_params(self.seed)
         self._broadcast_state()
@@ -243,10 +241,8 @@ class Trainer:
     # The state that defines training: parameters, momentum. Rank 0's copy is the truth.
     def _broadcast_state(self):
         if self.world > 1:
-            dist.broadcast(self.engine.params, dist.get_global_rank(self.group, 0) if self.group else 0,
-                           group=self.group)
-            dist.broadcast(self.engine.momentum, dist.get_global_rank(self.group, 0) if self.group else 0,
-                           group=self.group)
+            dist.broadcast(self.engine.params, self._root, group=self.group)
+            dist.broadcast(self.engine.momentum, self._root, group=self.group)
 
     @property
     def params(self):
@@ -349,25 +345,22 @@ class Trainer:
 
     def load(self, path):
         """Continue from a checkpoint: rank 0 reads it and every rank gets its state."""
-        state = np.zeros(4, dtype=np.int64)
+        state = np.zeros(5, dtype=np.int64)  # loaded, step, epoch, seed, momentum_started
         error = None
         if self.rank == 0:
             try:
                 step, epoch, seed = self.engine.load(os.fspath(path))
-                state[:] = (1, step, epoch, seed)
+                state[:] = (1, step, epoch, seed, self.engine.momentum_started)
             except (OSError, ValueError) as e:
                 error = e
         if self.world > 1:
-            dist.broadcast(state, dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group)
+            dist.broadcast(state, self._root, group=self.group)
         if error is not None:
             raise error
         if state[0] != 1:
             raise ValueError(f"rank 0 could not load the checkpoint {path}")
         self._broadcast_state()
-        flag = np.array([self.engine.momentum_started], dtype=np.int32)
-        if self.world > 1:
-            dist.broadcast(flag, dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group)
-        self.engine.momentum_started = bool(flag[0])
+        self.engine.momentum_started = bool(state[4])
         self.step, self.epoch, self.seed = int(state[1]), int(state[2]), int(state[3])
         return self
 

@@ -8,6 +8,7 @@
  * a message naming the file and the fix; nothing here exits.
  */
 #include "data.h"
+#include "rng.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -68,6 +69,9 @@ static int read_idx(const char *path, uint32_t magic, int ndims, uint32_t *dims,
             FAIL("%s has an implausible dimension %u in its header: the file is corrupt (%s)", path, dims[i], FIX);
         }
         total *= dims[i];
+        if (total > ((size_t)1 << 34)) {  // also keeps the product from overflowing size_t
+            FAIL("%s claims more than 16 GiB of data in its header: the file is corrupt (%s)", path, FIX);
+        }
     }
     *data = malloc(total);
     if (*data == NULL) {
@@ -137,14 +141,6 @@ void dataset_free(Dataset *ds) {
 
 // ---------------------------------------------------------------------------------------------------
 // Order and shards
-
-// splitmix64: tiny, good enough to shuffle, and identical on every rank and platform.
-static uint64_t splitmix64(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 void epoch_permutation(int *perm, int n, uint64_t seed, int epoch) {
     uint64_t state = seed * 0x100000001B3ull + (uint64_t)epoch;

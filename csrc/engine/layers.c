@@ -171,26 +171,6 @@ void conv2d_backward(const ConvShape *s, float *cols, const float *W, const floa
 void maxpool_forward(const float *restrict x, float *restrict y, int32_t *restrict argmax, int planes, int h, int w,
                      int k) {
     int oh = h / k, ow = w / k;
-    if (k == 2) {  // LeNet's case: the four candidates compared pairwise, in scan order on ties
-        for (long p = 0; p < planes; p++) {
-            const float *in = x + p * h * w;
-            float *out = y + p * oh * ow;
-            int32_t *arg = argmax + p * oh * ow;
-            for (int oi = 0; oi < oh; oi++) {
-                for (int oj = 0; oj < ow; oj++) {
-                    int r = 2 * oi * w + 2 * oj;
-                    float a = in[r], b = in[r + 1], c = in[r + w], d = in[r + w + 1];
-                    int t1 = !(b <= a) & (a == a), t2 = !(d <= c) & (c == c);
-                    float m1 = t1 ? b : a, m2 = t2 ? d : c;
-                    int i1 = t1 ? r + 1 : r, i2 = t2 ? r + w + 1 : r + w;
-                    int t3 = !(m2 <= m1) & (m1 == m1);
-                    out[oi * ow + oj] = t3 ? m2 : m1;
-                    arg[oi * ow + oj] = t3 ? i2 : i1;
-                }
-            }
-        }
-        return;
-    }
     for (long p = 0; p < planes; p++) {
         const float *in = x + p * h * w;
         for (int oi = 0; oi < oh; oi++) {

@@ -3,6 +3,7 @@
  * (see model.h); the arithmetic is in layers.c.
  */
 #include "model.h"
+#include "rng.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -170,13 +171,6 @@ void model_free(Model *m) {
 
 // ---------------------------------------------------------------------------------------------------
 
-static uint64_t splitmix64(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 void model_init_params(Model *m, uint64_t seed) {
     uint64_t state = seed ^ 0x5044495354ull;  // "PDIST": a seed of 0 is fine too
     for (int i = 0; i < m->num_layers; i++) {
@@ -193,20 +187,22 @@ void model_init_params(Model *m, uint64_t seed) {
     }
 }
 
+// FNV-1a over the little-endian bytes of one int.
+static uint64_t fnv_int(uint64_t h, int v) {
+    for (int b = 0; b < 4; b++) {
+        h = (h ^ (uint8_t)(v >> (8 * b))) * 1099511628211ull;
+    }
+    return h;
+}
+
 uint64_t model_hash(const Model *m) {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a over the architecture's integers
-    int header[4] = {m->num_layers, m->in_c, m->in_h, m->in_w};
-    for (int i = 0; i < 4 + 6 * m->num_layers; i++) {
-        int v;
-        if (i < 4) {
-            v = header[i];
-        } else {
-            const LayerSpec *s = &m->layers[(i - 4) / 6].spec;
-            int fields[6] = {(int)s->type, s->in, s->out, s->kernel, s->stride, s->padding};
-            v = fields[(i - 4) % 6];
-        }
-        for (int b = 0; b < 4; b++) {
-            h = (h ^ (uint8_t)(v >> (8 * b))) * 1099511628211ull;
+    uint64_t h = 1469598103934665603ull;
+    h = fnv_int(fnv_int(fnv_int(fnv_int(h, m->num_layers), m->in_c), m->in_h), m->in_w);
+    for (int i = 0; i < m->num_layers; i++) {
+        const LayerSpec *s = &m->layers[i].spec;
+        int fields[6] = {(int)s->type, s->in, s->out, s->kernel, s->stride, s->padding};
+        for (int f = 0; f < 6; f++) {
+            h = fnv_int(h, fields[f]);
         }
     }
     return h;

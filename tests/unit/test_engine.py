@@ -206,6 +206,9 @@ def test_idx_loader_errors_name_the_file(tmp_path):
     write_idx(tmp_path / "lab", 0x801, (3,), b"\x00\x01\x02", True)
     with pytest.raises(ValueError, match=str(tmp_path / "img")):
         load_idx(tmp_path / "img", tmp_path / "lab")
+    write_idx(tmp_path / "huge", 0x803, (1 << 28, 1 << 28, 1 << 28), b"", False)   # sizes that overflow
+    with pytest.raises(ValueError, match="huge.*corrupt"):
+        load_idx(tmp_path / "huge", tmp_path / "lab")
     write_idx(tmp_path / "img2", 0x801, (3,), b"\x00" * 3, False)          # labels where images belong
     with pytest.raises(ValueError, match=str(tmp_path / "img2")):
         load_idx(tmp_path / "img2", tmp_path / "lab")
@@ -262,8 +265,11 @@ def test_checkpoint_refuses_another_model_and_damaged_files(tmp_path):
         Trainer(mlp((32,)), batch_size=8).load(tmp_path / "a.ckpt")
     data = (tmp_path / "a.ckpt").read_bytes()
     (tmp_path / "b.ckpt").write_bytes(data[: len(data) // 2])
+    other = Trainer(lenet5(), batch_size=8, seed=4)
+    before = other.params.copy()
     with pytest.raises(ValueError, match="b.ckpt"):
-        Trainer(lenet5(), batch_size=8).load(tmp_path / "b.ckpt")
+        other.load(tmp_path / "b.ckpt")
+    assert np.array_equal(other.params, before)   # a damaged file changes nothing
     with pytest.raises(ValueError, match="nothing.ckpt"):
         Trainer(lenet5(), batch_size=8).load(tmp_path / "nothing.ckpt")
 
