@@ -2,7 +2,7 @@
  * collectives.c: every collective of torch.distributed, over MPI, on the arrays' own memory.
  *
  * Each call validates everything with the GIL held, starts MPI's nonblocking collective, and then
- * either waits for it (pd_wait: interruptible, yields the core, honours the group's timeout) or hands
+ * either waits for it (pd_op_wait: interruptible, yields the core, honours the session's timeout) or hands
  * the request to a Work (async_op=True) that owns the arrays until the operation completes.
  *
  * In place where torch is: all_reduce, broadcast and reduce (on dst) write into `tensor`. AVG is
@@ -11,12 +11,13 @@
  * at displacements from the lowest array (pd_buflist_get); only reduce_scatter's list form copies,
  * because MPI reductions need one contiguous input.
  *
- * pd_validate_only (PYDIST_DEBUG=DETAIL) makes every collective return right after its argument
- * checks, so that debug.py can raise local argument errors before its cross-rank comparison.
+ * pd_validate_only (PYDIST_DEBUG=DETAIL) makes every collective of the calling thread return right
+ * after its argument checks, so that debug.py can raise local argument errors before its cross-rank
+ * comparison. It is thread-local: another thread's collective must not silently become a no-op.
  */
 #include "pydist.h"
 
-int pd_validate_only = 0;
+_Thread_local int pd_validate_only = 0;
 
 // ---------------------------------------------------------------------------------------------------
 // Shared plumbing
@@ -37,8 +38,9 @@ static MPI_Comm *group_and_async(PyObject *const *args, Py_ssize_t nargs, Py_ssi
 static PyObject *finish(MPI_Request req, const char *what, long group, int async_op, PyObject *keep,
                         PyObject *result, const PdBuf *avg_buf) {
     int divisor = avg_buf ? pd_group_size(group) : 0;
+    PdOp op = pd_op(what, group, PD_PEER_ALL);
     if (!async_op) {
-        if (pd_wait_or_park(&req, MPI_STATUS_IGNORE, what, keep, 0, group) < 0) {
+        if (pd_op_wait_or_park(&req, MPI_STATUS_IGNORE, &op, keep, 0) < 0) {
             return NULL;
         }
         if (divisor > 0) {
@@ -50,13 +52,15 @@ static PyObject *finish(MPI_Request req, const char *what, long group, int async
     if (list != NULL && result != NULL && !PyList_Check(result)) {
         PyList_SET_ITEM(list, 0, Py_NewRef(result));
     }
-    PdWorkObject *w = list ? pd_work_new(req, what, keep, list) : NULL;
-    Py_XDECREF(list);
-    if (w == NULL) {
+    if (list == NULL) {
         pd_park(req, Py_XNewRef(keep), 0);  // nobody can own it now: keep its memory alive
         return NULL;
     }
-    w->group = group;
+    PdWorkObject *w = pd_work_new(req, &op, keep, list);   // parks the request if it fails
+    Py_DECREF(list);
+    if (w == NULL) {
+        return NULL;
+    }
     if (divisor > 0) {
         w->avg_divisor = divisor;
         w->avg_dtype = avg_buf->dtype;

@@ -3,7 +3,7 @@
  * _C.epoch_permutation. pydist/engine.py builds the user-facing Model and Trainer on them.
  *
  * The step loop runs with the GIL released; its gradient all-reduce takes the GIL back only to wait
- * the way every pydist call waits (pd_wait: polling, Ctrl-C, timeouts, dead ranks). An Engine is used
+ * the way every pydist call waits (pd_op_wait: polling, Ctrl-C, timeouts, dead ranks). An Engine is used
  * by one call at a time (`busy`), since its buffers are written without the GIL.
  */
 #include "pydist.h"
@@ -341,7 +341,8 @@ static int allreduce_grads(float *buf, long n, void *ctx) {
         ret = -1;
     } else {
         // On Ctrl-C or a timeout the request is parked with the engine, whose grads it writes.
-        ret = pd_wait_or_park(&req, MPI_STATUS_IGNORE, "the gradient all_reduce", (PyObject *)s->engine, 0, s->group);
+        PdOp op = pd_op("the gradient all_reduce", s->group, PD_PEER_ALL);
+        ret = pd_op_wait_or_park(&req, MPI_STATUS_IGNORE, &op, (PyObject *)s->engine, 0);
     }
     s->released = PyEval_SaveThread();
     return ret;

@@ -1,26 +1,48 @@
 /*
- * group.c: MPI start-up and shut-down, and the table of process groups (communicators).
+ * group.c: the session (MPI start-up and shut-down, the settings init_process_group chose), the table
+ * of process groups, and how an operation on a group is waited for.
  *
- * MPI is initialised once per process (MPI_THREAD_MULTIPLE, since other Python threads may call in
- * while one waits with the GIL released) and finalised once, at interpreter exit. A process group is
- * a slot in a table holding its communicator; destroy_process_group frees the communicators but
- * leaves MPI running, so a later init_process_group works, as it does in torch. Every communicator
- * gets MPI_ERRORS_RETURN the moment it exists, so no MPI error can kill the interpreter silently.
+ * MPI is initialised once per process and finalised once, at interpreter exit. A process group is a
+ * slot in a table holding its communicator and the world ranks of its members; destroy_process_group
+ * frees the communicators but leaves MPI running, so a later init_process_group works, as it does in
+ * torch. Every communicator gets MPI_ERRORS_RETURN the moment it exists, so no MPI error can kill the
+ * interpreter silently.
+ *
+ * Waiting for an operation (pd_op_wait) is where the layers meet: wait.c's loop, with the session's
+ * timeout, and a check that ends the wait when a rank the operation needs has exited (liveness.c
+ * records departures; this file knows which ranks an operation needs). A collective that timed out
+ * breaks its group (the ranks no longer agree on which collective comes next); a point-to-point call
+ * that timed out does not, since collectives never match point-to-point messages.
  */
 #include "pydist.h"
 
 typedef struct {
-    MPI_Comm comm;   // MPI_COMM_NULL: free slot, or this process is not a member
-    MPI_Group group; // the comm's group, kept for rank translation
-    int rank;        // this process's rank in the group
+    MPI_Comm comm;       // MPI_COMM_NULL: free slot, or this process is not a member
+    int rank;            // this process's rank in the group
     int size;
     int in_use;
-    char broken[256];  // non-empty: an operation timed out and the group must not be used again
+    unsigned generation; // bumped whenever the slot is freed, so a stale PdOp can tell
+    int *world_ranks;    // [size]: the world rank of each group rank
+    int *group_ranks;    // [world size]: the group rank of each world rank, -1 if not a member
+    char broken[256];    // non-empty: a collective timed out and the group must not be used again
 } GroupSlot;
 
 static GroupSlot groups[PD_MAX_GROUPS];
 int pd_initialized = 0;
-static int thread_level = MPI_THREAD_SINGLE;
+
+// The session: what MPI gave us and what init_process_group asked for.
+static int thread_level = -1;          // MPI's provided level; -1 before MPI_Init
+static double default_timeout = -1.0;  // seconds, < 0: none
+static char init_failure[300];         // non-empty: an init timed out and left MPI unusable for us
+
+// A rank whose exit notice arrived is given this long before the waits that need it fail: the normal
+// race at the end of a job, where a rank that finished the last collective first announces its exit
+// while a peer is still completing that same collective.
+#define GRACE_SECONDS 2.0
+
+double pd_session_timeout(void) {
+    return default_timeout;
+}
 
 // ---------------------------------------------------------------------------------------------------
 // Lookup
@@ -64,53 +86,226 @@ int pd_group_rank(long handle) {
     return groups[handle].rank;
 }
 
+// Translations are table lookups filled in when the group was made: they cannot fail.
 int pd_group_from_global(long handle, int global_rank) {
-    int out = MPI_UNDEFINED;
-    if (handle == 0) {
-        return global_rank;
+    if (global_rank < 0 || global_rank >= groups[0].size) {
+        return MPI_UNDEFINED;
     }
-    MPI_Group_translate_ranks(groups[0].group, 1, &global_rank, groups[handle].group, &out);
-    return out;
+    int r = groups[handle].group_ranks[global_rank];
+    return r < 0 ? MPI_UNDEFINED : r;
 }
 
 int pd_group_to_global(long handle, int group_rank) {
-    int out = MPI_UNDEFINED;
-    if (handle == 0) {
-        return group_rank;
+    if (group_rank < 0 || group_rank >= groups[handle].size) {
+        return MPI_UNDEFINED;
     }
-    MPI_Group_translate_ranks(groups[handle].group, 1, &group_rank, groups[0].group, &out);
-    return out;
+    return groups[handle].world_ranks[group_rank];
 }
 
-void pd_group_mark_broken(long handle, const char *why) {
-    if (handle >= 0 && handle < PD_MAX_GROUPS && groups[handle].in_use && !groups[handle].broken[0]) {
-        snprintf(groups[handle].broken, sizeof groups[handle].broken, "%s", why);
+int pd_group_peer(long handle, long global_rank, const char *fn, const char *arg, int allow_self) {
+    int world = groups[0].size;
+    if (global_rank < 0 || global_rank >= world) {
+        PyErr_Format(PyExc_ValueError, "%s(): `%s` must be a rank in [0, %d); got %ld", fn, arg, world,
+                     global_rank);
+        return -1;
     }
+    if (!allow_self && global_rank == groups[0].rank) {
+        PyErr_Format(PyExc_ValueError, "%s(): `%s` must be another rank; rank %ld cannot %s itself", fn,
+                     arg, global_rank, strcmp(arg, "dst") == 0 ? "send to" : "receive from");
+        return -1;
+    }
+    int r = pd_group_from_global(handle, (int)global_rank);
+    if (r == MPI_UNDEFINED) {
+        PyErr_Format(PyExc_ValueError, "%s(): `%s` = %ld is not a member of `group`", fn, arg, global_rank);
+        return -1;
+    }
+    return r;
 }
 
+// ---------------------------------------------------------------------------------------------------
+// Slots
+
+static void slot_free(int slot) {
+    GroupSlot *g = &groups[slot];
+    if (g->in_use && g->comm != MPI_COMM_NULL) {
+        MPI_Comm_free(&g->comm);   // nothing to report to: a failure leaves a communicator behind
+    }
+    PyMem_RawFree(g->world_ranks);
+    PyMem_RawFree(g->group_ranks);
+    g->world_ranks = g->group_ranks = NULL;
+    g->comm = MPI_COMM_NULL;
+    g->in_use = 0;
+    g->broken[0] = 0;
+    g->generation++;
+}
+
+// Take `comm` into `slot`: error handler, rank, size and the rank tables. On failure the slot stays
+// free and the caller still owns comm.
 static int slot_set(int slot, MPI_Comm comm) {
+    GroupSlot *g = &groups[slot];
+    const char *call = "MPI_Comm_set_errhandler";
     int rc = MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(comm, &groups[slot].rank);
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(comm, &groups[slot].size);
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_group(comm, &groups[slot].group);
+    if (rc == MPI_SUCCESS && (rc = MPI_Comm_rank(comm, &g->rank)) != MPI_SUCCESS) call = "MPI_Comm_rank";
+    if (rc == MPI_SUCCESS && (rc = MPI_Comm_size(comm, &g->size)) != MPI_SUCCESS) call = "MPI_Comm_size";
     if (rc != MPI_SUCCESS) {
-        return pd_raise_mpi_int(rc, "MPI_Comm_set_errhandler");
+        return pd_raise_mpi_int(rc, call);
     }
-    groups[slot].comm = comm;
-    groups[slot].in_use = 1;
-    groups[slot].broken[0] = 0;
+    int world = slot == 0 ? g->size : groups[0].size;
+    int *world_ranks = PyMem_RawMalloc(sizeof(int) * (size_t)g->size);
+    int *group_ranks = PyMem_RawMalloc(sizeof(int) * (size_t)world);
+    int *mine = PyMem_RawMalloc(sizeof(int) * (size_t)g->size);
+    if (world_ranks == NULL || group_ranks == NULL || mine == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    if (slot == 0) {
+        for (int i = 0; i < g->size; i++) {
+            world_ranks[i] = i;
+        }
+    } else {
+        // Our world communicator's group, not MPI_COMM_WORLD's: ranks are the same, but this keeps the
+        // translation within the communicators pydist owns.
+        MPI_Group from = MPI_GROUP_NULL, to = MPI_GROUP_NULL;
+        for (int i = 0; i < g->size; i++) {
+            mine[i] = i;
+        }
+        call = "MPI_Comm_group";
+        rc = MPI_Comm_group(comm, &from);
+        if (rc == MPI_SUCCESS) rc = MPI_Comm_group(groups[0].comm, &to);
+        if (rc == MPI_SUCCESS) {
+            call = "MPI_Group_translate_ranks";
+            rc = MPI_Group_translate_ranks(from, g->size, mine, to, world_ranks);
+        }
+        if (from != MPI_GROUP_NULL) MPI_Group_free(&from);
+        if (to != MPI_GROUP_NULL) MPI_Group_free(&to);
+        if (rc != MPI_SUCCESS) {
+            pd_raise_mpi(rc, call);
+            goto error;
+        }
+    }
+    for (int i = 0; i < world; i++) {
+        group_ranks[i] = -1;
+    }
+    for (int i = 0; i < g->size; i++) {
+        if (world_ranks[i] < 0 || world_ranks[i] >= world) {
+            PyErr_Format(pd_DistError, "new_group(): MPI translated group rank %d to world rank %d", i,
+                         world_ranks[i]);
+            goto error;
+        }
+        group_ranks[world_ranks[i]] = i;
+    }
+    PyMem_RawFree(mine);
+    g->world_ranks = world_ranks;
+    g->group_ranks = group_ranks;
+    g->comm = comm;
+    g->in_use = 1;
+    g->broken[0] = 0;
+    return 0;
+error:
+    PyMem_RawFree(world_ranks);
+    PyMem_RawFree(group_ranks);
+    PyMem_RawFree(mine);
+    return -1;
+}
+
+static void free_groups(void) {
+    for (int i = 0; i < PD_MAX_GROUPS; i++) {
+        slot_free(i);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Waiting for an operation on a group
+
+PdOp pd_op(const char *what, long group, int peer) {
+    unsigned generation = group >= 0 && group < PD_MAX_GROUPS ? groups[group].generation : 0;
+    return (PdOp){what, group, generation, peer};
+}
+
+// Does `op` need world rank `w` to complete? A stale op (its group destroyed) is assumed to need
+// everyone: nothing else can be known about it.
+static int op_needs(const PdOp *op, int w) {
+    if (op->group < 0 || op->group >= PD_MAX_GROUPS || !groups[op->group].in_use ||
+        groups[op->group].generation != op->generation) {
+        return 1;
+    }
+    int r = pd_group_from_global(op->group, w);
+    if (r == MPI_UNDEFINED) {
+        return 0;   // not a member: no message of this group can come from it
+    }
+    return op->peer == PD_PEER_ALL || op->peer == MPI_ANY_SOURCE || op->peer == r;
+}
+
+// wait.c's periodic check: give up once a rank the operation needs has been gone GRACE_SECONDS.
+static int departed_check(void *ctx, double wait_started) {
+    const PdOp *op = ctx;
+    pd_liveness_poll();
+    if (pd_liveness_departures() == 0) {
+        return 0;
+    }
+    double now = MPI_Wtime();
+    for (int w = 0; w < groups[0].size; w++) {
+        double left = pd_liveness_left(w);
+        if (left == 0.0 || now - (left > wait_started ? left : wait_started) < GRACE_SECONDS || !op_needs(op, w)) {
+            continue;
+        }
+        PyErr_Format(pd_DistError, "%s cannot complete: rank %d has exited (its script ended or called "
+                     "sys.exit) while this rank was waiting for it", op->what, w);
+        return -1;
+    }
     return 0;
 }
 
-static void slot_free(int slot) {
-    if (groups[slot].in_use && groups[slot].comm != MPI_COMM_NULL) {
-        MPI_Group_free(&groups[slot].group);
-        MPI_Comm_free(&groups[slot].comm);
+int pd_op_wait(MPI_Request *req, MPI_Status *status, const PdOp *op, double timeout, int timeout_breaks) {
+    PdWaitSpec spec = {op->what, timeout, departed_check, (void *)op};
+    if (pd_wait(req, status, &spec) == 0) {
+        return 0;
     }
-    groups[slot].comm = MPI_COMM_NULL;
-    groups[slot].group = MPI_GROUP_NULL;
-    groups[slot].in_use = 0;
-    groups[slot].broken[0] = 0;
+    if (timeout_breaks && op->peer == PD_PEER_ALL && PyErr_ExceptionMatches(pd_DistTimeoutError) &&
+        op->group >= 0 && op->group < PD_MAX_GROUPS && groups[op->group].in_use &&
+        groups[op->group].generation == op->generation && !groups[op->group].broken[0]) {
+        snprintf(groups[op->group].broken, sizeof groups[op->group].broken, "%s timed out after %.1f s",
+                 op->what, timeout);
+    }
+    return -1;
+}
+
+// A blocking receive that was given up must not stay posted: it would take the next message its peer
+// sends, meant for a later receive. Cancel it; if the message had already arrived, the receive has
+// completed after all (1: keep the result). Returns 0 when cancelled, 1 when completed, -1 when MPI
+// failed (the request is then still pending).
+static int cancel_receive(MPI_Request *req, MPI_Status *status) {
+    MPI_Status st;
+    int cancelled = 0;
+    if (MPI_Cancel(req) != MPI_SUCCESS || MPI_Wait(req, &st) != MPI_SUCCESS ||
+        MPI_Test_cancelled(&st, &cancelled) != MPI_SUCCESS) {
+        return -1;
+    }
+    if (!cancelled && status != MPI_STATUS_IGNORE) {
+        *status = st;
+    }
+    return cancelled ? 0 : 1;
+}
+
+int pd_op_wait_or_park(MPI_Request *req, MPI_Status *status, const PdOp *op, PyObject *keep, int cancellable) {
+    if (pd_op_wait(req, status, op, default_timeout, 1) == 0) {
+        return 0;
+    }
+    if (cancellable && *req != MPI_REQUEST_NULL) {
+        int got = cancel_receive(req, status);
+        if (got == 1 && !PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+            PyErr_Clear();   // the message arrived as the wait gave up: the receive succeeded
+            return 0;
+        }
+        if (got >= 0) {
+            return -1;       // cancelled (or interrupted): nothing is left posted
+        }
+    }
+    if (*req != MPI_REQUEST_NULL) {
+        pd_park(*req, Py_XNewRef(keep), cancellable);
+        *req = MPI_REQUEST_NULL;
+    }
+    return -1;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -131,10 +326,74 @@ static void set_mpich_defaults(void) {
     }
 }
 
+static const char *level_name(int level) {
+    return level == MPI_THREAD_MULTIPLE ? "MPI_THREAD_MULTIPLE"
+         : level == MPI_THREAD_SERIALIZED ? "MPI_THREAD_SERIALIZED"
+         : level == MPI_THREAD_FUNNELED ? "MPI_THREAD_FUNNELED" : "MPI_THREAD_SINGLE";
+}
+
+// The level we ask MPI for: MULTIPLE, since other Python threads may call in while one waits with the
+// GIL released. PYDIST_THREAD_LEVEL (single, funneled, serialized) asks for less, to test how pydist
+// copes with an MPI that gives less.
+static int requested_level(void) {
+    const char *v = getenv("PYDIST_THREAD_LEVEL");
+    if (v == NULL || *v == 0) return MPI_THREAD_MULTIPLE;
+    if (strcmp(v, "single") == 0) return MPI_THREAD_SINGLE;
+    if (strcmp(v, "funneled") == 0) return MPI_THREAD_FUNNELED;
+    if (strcmp(v, "serialized") == 0) return MPI_THREAD_SERIALIZED;
+    return MPI_THREAD_MULTIPLE;
+}
+
+// Start MPI (or adopt a running one: mpi4py may have started it) and check its thread level. We
+// release the GIL around MPI calls, so another thread may call in while one waits: MULTIPLE is what
+// we want; with SERIALIZED the wait loop keeps the GIL while it tests (wait.c), which serialises every
+// MPI call of ours; anything less cannot be made safe, and is refused.
+static int start_mpi(void) {
+    int flag = 0, rc;
+    if (MPI_Finalized(&flag) == MPI_SUCCESS && flag) {
+        PyErr_SetString(pd_DistError, "init_process_group(): MPI has already been finalized in this "
+                        "process and cannot be started again");
+        return -1;
+    }
+    MPI_Initialized(&flag);
+    if (!flag) {
+        set_mpich_defaults();
+        int required = requested_level(), provided = MPI_THREAD_SINGLE;
+        Py_BEGIN_ALLOW_THREADS
+        rc = MPI_Init_thread(NULL, NULL, required, &provided);
+        Py_END_ALLOW_THREADS
+        if (rc != MPI_SUCCESS) {
+            return pd_raise_mpi_int(rc, "MPI_Init_thread");
+        }
+        if ((rc = MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN)) != MPI_SUCCESS ||
+            (rc = MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN)) != MPI_SUCCESS) {
+            return pd_raise_mpi_int(rc, "MPI_Comm_set_errhandler");
+        }
+    }
+    if ((rc = MPI_Query_thread(&thread_level)) != MPI_SUCCESS) {
+        return pd_raise_mpi_int(rc, "MPI_Query_thread");
+    }
+    if (thread_level < MPI_THREAD_SERIALIZED) {
+        PyErr_Format(pd_DistError, "init_process_group(): MPI provides only %s; pydist releases the GIL "
+                     "while MPI works, so it needs MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE (start MPI "
+                     "with MPI_Init_thread at one of those levels, or let pydist start it)",
+                     level_name(thread_level));
+        return -1;
+    }
+    pd_wait_serialized = thread_level < MPI_THREAD_MULTIPLE;
+    return 0;
+}
+
+// The communicators init makes: ours of the world (slot 0) and, once per process, liveness.c's control
+// channel. They are duplicated together and waited for under one deadline. Static, because a dup that
+// times out is still pending and MPI writes the handle when (if ever) it completes.
+static MPI_Comm pending_world = MPI_COMM_NULL, pending_ctl = MPI_COMM_NULL;
+static int ctl_made = 0;
+
 // _C.init(timeout_seconds) -> (rank, size, thread_level). timeout < 0: none.
 PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    int flag = 0, rc;
+    int rc, size = 1;
     if (pd_check_nargs(nargs, 1, "init") < 0) {
         return NULL;
     }
@@ -147,56 +406,69 @@ PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                         "initialized; call destroy_process_group() before initializing it again");
         return NULL;
     }
-    MPI_Finalized(&flag);
-    if (flag) {
-        PyErr_SetString(pd_DistError, "init_process_group(): MPI has already been finalized in this "
-                        "process and cannot be started again");
+    if (init_failure[0]) {
+        PyErr_Format(pd_DistError, "init_process_group(): %s; restart the job", init_failure);
         return NULL;
     }
-    MPI_Initialized(&flag);
-    if (!flag) {
-        set_mpich_defaults();
-        Py_BEGIN_ALLOW_THREADS
-        rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &thread_level);
-        Py_END_ALLOW_THREADS
-        if (rc != MPI_SUCCESS) {
-            return pd_raise_mpi(rc, "MPI_Init_thread");
+    if (start_mpi() < 0 || pd_ops_init() < 0) {
+        return NULL;
+    }
+    if ((rc = MPI_Comm_size(MPI_COMM_WORLD, &size)) != MPI_SUCCESS) {
+        return pd_raise_mpi(rc, "MPI_Comm_size");
+    }
+    // Our own dups of MPI_COMM_WORLD, so user code using MPI_COMM_WORLD directly (mpi4py) can never
+    // match our messages. Nonblocking and waited for with our poll: with more ranks than cores a
+    // blocking call would spin through whole scheduler slices, and a rank that never arrives must
+    // end in the user's timeout.
+    MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    int want_ctl = !ctl_made && size > 1;
+    if ((rc = MPI_Comm_idup(MPI_COMM_WORLD, &pending_world, &reqs[0])) != MPI_SUCCESS ||
+        (want_ctl && (rc = MPI_Comm_idup(MPI_COMM_WORLD, &pending_ctl, &reqs[1])) != MPI_SUCCESS)) {
+        if (reqs[0] != MPI_REQUEST_NULL) {
+            pd_park(reqs[0], NULL, 0);
+            snprintf(init_failure, sizeof init_failure, "an earlier init_process_group failed half way");
         }
-        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-        MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
-    }
-    if (pd_ops_init() < 0) {
-        return NULL;
-    }
-    // Our own dup of MPI_COMM_WORLD, so user code using MPI_COMM_WORLD directly (mpi4py) can never
-    // match our messages. Started nonblocking and waited on with our poll: with more ranks than
-    // cores a blocking call would spin through whole scheduler slices.
-    MPI_Comm world = MPI_COMM_NULL;
-    MPI_Request req = MPI_REQUEST_NULL;
-    rc = MPI_Comm_idup(MPI_COMM_WORLD, &world, &req);
-    if (rc != MPI_SUCCESS) {
         return pd_raise_mpi(rc, "MPI_Comm_idup");
     }
-    if (pd_wait(&req, MPI_STATUS_IGNORE, timeout, "init_process_group") < 0) {
-        return NULL;  // the dup never completed (another rank never arrived): leave MPI as it is
+    double start = MPI_Wtime();
+    for (int i = 0; i < 2; i++) {
+        double left = timeout < 0 ? -1.0 : timeout - (MPI_Wtime() - start);
+        PdWaitSpec spec = {"init_process_group", left < 0 && timeout >= 0 ? 0.0 : left, NULL, NULL};
+        if (reqs[i] != MPI_REQUEST_NULL && pd_wait(&reqs[i], MPI_STATUS_IGNORE, &spec) < 0) {
+            // Another rank never arrived (or Ctrl-C). The dups stay pending, parked, and may complete
+            // whenever that rank comes; the ranks no longer agree on what comes next, so pydist refuses
+            // to start again in this process rather than match the wrong operations.
+            for (int j = 0; j < 2; j++) {
+                if (reqs[j] != MPI_REQUEST_NULL) {
+                    pd_park(reqs[j], NULL, 0);
+                }
+            }
+            snprintf(init_failure, sizeof init_failure, "an earlier init_process_group did not complete "
+                     "(another rank never called it, or it was interrupted)");
+            return NULL;
+        }
     }
-    if (slot_set(0, world) < 0) {
-        MPI_Comm_free(&world);
+    if (slot_set(0, pending_world) < 0) {
+        MPI_Comm_free(&pending_world);
+        if (want_ctl) MPI_Comm_free(&pending_ctl);
         return NULL;
     }
-    if (pd_liveness_start() < 0) {
-        slot_free(0);
-        return NULL;
+    pending_world = MPI_COMM_NULL;
+    if (want_ctl) {
+        if ((rc = MPI_Comm_set_errhandler(pending_ctl, MPI_ERRORS_RETURN)) != MPI_SUCCESS) {
+            pd_raise_mpi(rc, "MPI_Comm_set_errhandler");
+        }
+        if (rc != MPI_SUCCESS || pd_liveness_start(pending_ctl) < 0) {
+            MPI_Comm_free(&pending_ctl);
+            slot_free(0);
+            return NULL;
+        }
+        pending_ctl = MPI_COMM_NULL;
+        ctl_made = 1;
     }
-    pd_default_timeout = timeout;
+    default_timeout = timeout;
     pd_initialized = 1;
     return Py_BuildValue("iii", groups[0].rank, groups[0].size, thread_level);
-}
-
-static void free_groups(void) {
-    for (int i = 0; i < PD_MAX_GROUPS; i++) {
-        slot_free(i);
-    }
 }
 
 // _C.destroy(): free every group's communicator; MPI itself stays up for a later init.
@@ -233,9 +505,13 @@ PyObject *pd_finalize(PyObject *self, PyObject *unused) {
         free_groups();
         pd_initialized = 0;
         pd_ops_free();
-        Py_BEGIN_ALLOW_THREADS
-        MPI_Finalize();
-        Py_END_ALLOW_THREADS
+        if (pd_wait_serialized) {
+            MPI_Finalize();   // serialised MPI: no other thread may be inside MPI meanwhile
+        } else {
+            Py_BEGIN_ALLOW_THREADS
+            MPI_Finalize();
+            Py_END_ALLOW_THREADS
+        }
     }
     Py_RETURN_NONE;
 }
@@ -291,31 +567,15 @@ PyObject *pd_mpi_info(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
     char version[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
-    int len = 0;
+    int len = 0, started = 0;
     MPI_Get_library_version(version, &len);
+    if (thread_level < 0 && MPI_Initialized(&started) == MPI_SUCCESS && started) {
+        MPI_Query_thread(&thread_level);   // MPI started by someone else (mpi4py)
+    }
     return Py_BuildValue("{s:s,s:i,s:i}", "library_version", version, "mpi_version", MPI_VERSION,
                          "thread_level", thread_level);
 }
 
-int pd_group_peer(long handle, long global_rank, const char *fn, const char *arg, int allow_self) {
-    int world = groups[0].size;
-    if (global_rank < 0 || global_rank >= world) {
-        PyErr_Format(PyExc_ValueError, "%s(): `%s` must be a rank in [0, %d); got %ld", fn, arg, world,
-                     global_rank);
-        return -1;
-    }
-    if (!allow_self && global_rank == groups[0].rank) {
-        PyErr_Format(PyExc_ValueError, "%s(): `%s` must be another rank; rank %ld cannot %s itself", fn,
-                     arg, global_rank, strcmp(arg, "dst") == 0 ? "send to" : "receive from");
-        return -1;
-    }
-    int r = pd_group_from_global(handle, (int)global_rank);
-    if (r == MPI_UNDEFINED || r < 0) {
-        PyErr_Format(PyExc_ValueError, "%s(): `%s` = %ld is not a member of `group`", fn, arg, global_rank);
-        return -1;
-    }
-    return r;
-}
 
 // ---------------------------------------------------------------------------------------------------
 // Sub-groups
@@ -352,12 +612,6 @@ PyObject *pd_new_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         member |= (r == groups[0].rank);
     }
     Py_DECREF(seq);
-    int slot = -1;
-    for (int i = 1; i < PD_MAX_GROUPS && slot < 0; i++) {
-        if (!groups[i].in_use) {
-            slot = i;
-        }
-    }
     // Everyone arrives first through our interruptible wait; the split itself is blocking in MPI
     // and would otherwise spin with no timeout if a rank never came.
     MPI_Request req = MPI_REQUEST_NULL;
@@ -365,18 +619,31 @@ PyObject *pd_new_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     if (rc != MPI_SUCCESS) {
         return pd_raise_mpi(rc, "MPI_Ibarrier");
     }
-    if (pd_wait_or_park(&req, MPI_STATUS_IGNORE, fn, NULL, 0, 0) < 0) {
+    PdOp op = pd_op(fn, 0, PD_PEER_ALL);
+    if (pd_op_wait_or_park(&req, MPI_STATUS_IGNORE, &op, NULL, 0) < 0) {
         return NULL;
     }
-    MPI_Comm comm = MPI_COMM_NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = MPI_Comm_split(groups[0].comm, member ? 0 : MPI_UNDEFINED, groups[0].rank, &comm);
-    Py_END_ALLOW_THREADS
+    MPI_Comm world = groups[0].comm, comm = MPI_COMM_NULL;
+    int world_rank = groups[0].rank;
+    if (pd_wait_serialized) {
+        rc = MPI_Comm_split(world, member ? 0 : MPI_UNDEFINED, world_rank, &comm);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        rc = MPI_Comm_split(world, member ? 0 : MPI_UNDEFINED, world_rank, &comm);
+        Py_END_ALLOW_THREADS
+    }
     if (rc != MPI_SUCCESS) {
         return pd_raise_mpi(rc, "MPI_Comm_split");
     }
     if (!member) {
         return PyLong_FromLong(-1);
+    }
+    // The slot is chosen and taken with the GIL held throughout, so two threads cannot take one slot.
+    int slot = -1;
+    for (int i = 1; i < PD_MAX_GROUPS && slot < 0; i++) {
+        if (!groups[i].in_use) {
+            slot = i;
+        }
     }
     if (slot < 0) {
         MPI_Comm_free(&comm);

@@ -3,7 +3,9 @@
  *
  * torch semantics: `dst`/`src` are global ranks whatever the group; sending to or receiving from
  * yourself is a ValueError; recv(src=None) receives from anyone and returns the sender's rank.
- * The blocking calls are the nonblocking ones plus pd_wait (work.c).
+ * The blocking calls are the nonblocking ones plus pd_op_wait (group.c). A point-to-point wait needs
+ * only its peer (any member of the group for a receive from anyone), and its timeout never breaks the
+ * group: collectives never match point-to-point messages.
  */
 #include "pydist.h"
 
@@ -79,7 +81,8 @@ PyObject *pd_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (parse(args, nargs, "send", 0, &a) < 0 || start(&a, 0, &req) < 0) {
         goto done;
     }
-    if (pd_wait_or_park(&req, MPI_STATUS_IGNORE, "send", (PyObject *)a.buf.arr, 0, a.group) < 0) {
+    PdOp op = pd_op("send", a.group, a.peer);
+    if (pd_op_wait_or_park(&req, MPI_STATUS_IGNORE, &op, (PyObject *)a.buf.arr, 0) < 0) {
         goto done;
     }
     ret = Py_NewRef(Py_None);
@@ -98,7 +101,8 @@ PyObject *pd_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (parse(args, nargs, "recv", 1, &a) < 0 || start(&a, 1, &req) < 0) {
         goto done;
     }
-    if (pd_wait_or_park(&req, &status, "recv", (PyObject *)a.buf.arr, 1, a.group) < 0) {
+    PdOp op = pd_op("recv", a.group, a.peer);
+    if (pd_op_wait_or_park(&req, &status, &op, (PyObject *)a.buf.arr, 1) < 0) {
         goto done;
     }
     ret = PyLong_FromLong(pd_group_to_global(a.group, status.MPI_SOURCE));
@@ -124,15 +128,13 @@ static PyObject *start_async(PyObject *const *args, Py_ssize_t nargs, int is_rec
     if (start(&a, is_recv, &req) < 0) {
         goto done;
     }
-    w = pd_work_new(req, fn, (PyObject *)a.buf.arr, result);
+    PdOp op = pd_op(fn, a.group, a.peer);
+    w = pd_work_new(req, &op, (PyObject *)a.buf.arr, result);   // parks the request if it fails
     if (w == NULL) {
-        // cannot hand the request to anyone: park it so MPI never writes into freed memory
-        pd_park(req, Py_NewRef((PyObject *)a.buf.arr), is_recv);
         goto done;
     }
     w->cancellable = is_recv;
     w->is_recv = is_recv;
-    w->group = a.group;
 done:
     Py_XDECREF(result);
     pd_buf_release(&a.buf);

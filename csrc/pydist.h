@@ -111,70 +111,101 @@ int pd_buflist_get(PyObject *seq, Py_ssize_t n, const char *fn, const char *arg,
 void pd_buflist_release(PdBufList *l);
 
 // ---------------------------------------------------------------------------------------------------
-// Process groups (group.c)
-
-// Groups are slots in a table of communicators; Python refers to them by slot index. Slot 0 is the
-// default (world) group, a dup of MPI_COMM_WORLD.
-#define PD_MAX_GROUPS 4096
-extern int pd_initialized;           // init_process_group has run and destroy has not
-// The communicator for a handle, or NULL with ValueError raised (bad handle, not initialized).
-MPI_Comm *pd_group_comm(long handle, const char *fn);
-// Rank/size in a group; set by pd_group_comm's caller via these helpers.
-int pd_group_size(long handle);
-int pd_group_rank(long handle);
-// Translate a global rank to the group's rank (MPI_UNDEFINED when not a member).
-int pd_group_from_global(long handle, int global_rank);
-int pd_group_to_global(long handle, int group_rank);
-// After a timeout: every later call on the group raises DistError with `why` at once.
-void pd_group_mark_broken(long handle, const char *why);
-// A `src`/`dst`/root argument: a global rank, as in torch, checked against the world and the group.
-// Returns its rank in the group, or -1 with ValueError raised. A peer equal to this rank is refused
-// unless allow_self (roots may be yourself; point-to-point partners may not).
-int pd_group_peer(long handle, long global_rank, const char *fn, const char *arg, int allow_self);
-
-// ---------------------------------------------------------------------------------------------------
-// Waiting (work.c)
+// Waiting (wait.c): a deadline, signals and one periodic check; nothing about groups or Work.
 
 // How blocking calls wait: PD_WAIT_POLL (MPI_Test + sched_yield, interruptible, the default) or
 // PD_WAIT_MPI (plain MPI_Wait with the GIL released, for benchmarks).
 enum { PD_WAIT_POLL = 0, PD_WAIT_MPI = 1 };
 extern int pd_wait_mode;
+// MPI gave MPI_THREAD_SERIALIZED, not MULTIPLE: the wait loop keeps the GIL while it calls MPI, so
+// the GIL serialises every MPI call of ours (set by group.c at init).
+extern int pd_wait_serialized;
 
-// Wait for `req` with the GIL held on entry and exit; released while waiting. timeout < 0 means
-// forever. Returns 0 when complete, otherwise raises (KeyboardInterrupt or other signal exception,
-// DistTimeoutError, DistBackendError) and returns -1 with the request still pending.
-int pd_wait(MPI_Request *req, MPI_Status *status, double timeout, const char *what);
+typedef struct {
+    const char *what;      // operation name, for messages
+    double timeout;        // seconds; < 0: forever
+    // Called with the GIL held every slice (about 2 ms) with the wait's start time (MPI_Wtime);
+    // returns -1 with an exception set to give the wait up. NULL: none.
+    int (*check)(void *ctx, double wait_started);
+    void *check_ctx;
+} PdWaitSpec;
 
-// Blocking call helper: wait, and if the wait is interrupted park the request together with the
-// objects that own its memory, so MPI can never write into freed memory. Consumes nothing.
-// A timeout (the group's default) marks `group` broken.
-int pd_wait_or_park(MPI_Request *req, MPI_Status *status, const char *what, PyObject *keep,
-                    int cancellable, long group);
+// Wait for `req` with the GIL held on entry and exit; released while waiting. Returns 0 when complete,
+// otherwise raises (KeyboardInterrupt or another signal's exception, DistTimeoutError, the check's
+// error, DistBackendError) and returns -1 with the request still pending.
+int pd_wait(MPI_Request *req, MPI_Status *status, const PdWaitSpec *spec);
 
-// Move a pending request and a reference to its owners onto the parked list (steals `keep`).
+// Move a pending request and a reference to its owners onto the parked list (steals `keep`), so MPI
+// never writes into freed memory. GIL held.
 void pd_park(MPI_Request req, PyObject *keep, int cancellable);
-// Complete or cancel what was parked (called before MPI_Finalize / at destroy).
+// Complete or cancel what was parked (called before MPI_Finalize / at destroy). Returns how many stay.
 int pd_parked_drain(void);
 
-// Exit notices (liveness.c): a wait gives up, naming the rank, when a peer's script has ended.
-int pd_liveness_start(void);                                  // at init
-int pd_liveness_check(double wait_started, const char *what); // from pd_wait, GIL held
-int pd_liveness_announce(void);                               // at exit, before MPI_Finalize
+// ---------------------------------------------------------------------------------------------------
+// Exit notices (liveness.c): who has left, and when. group.c decides which waits that ends.
 
-// The default timeout (seconds, < 0 = none) for blocking calls, set by init_process_group.
-extern double pd_default_timeout;
+int pd_liveness_start(MPI_Comm ctl);     // at init, with the control communicator (takes it)
+void pd_liveness_poll(void);             // receive the notices that have arrived (GIL held)
+int pd_liveness_departures(void);        // how many ranks have left
+double pd_liveness_left(int world_rank); // MPI_Wtime() when that rank's notice arrived; 0: still here
+int pd_liveness_announce(void);          // at exit, before MPI_Finalize
 
-// Work handles (async_op=True, isend/irecv).
+// ---------------------------------------------------------------------------------------------------
+// The session and its process groups (group.c)
+
+// Groups are slots in a table of communicators; Python refers to them by slot index. Slot 0 is the
+// default (world) group, a dup of MPI_COMM_WORLD.
+#define PD_MAX_GROUPS 4096
+extern int pd_initialized;           // init_process_group has run and destroy has not
+// The session's default timeout for blocking calls (seconds, < 0: none), from init_process_group.
+double pd_session_timeout(void);
+// The communicator for a handle, or NULL with ValueError raised (bad handle, not initialized) or
+// DistError (a broken group).
+MPI_Comm *pd_group_comm(long handle, const char *fn);
+// Rank/size in a group, for a handle pd_group_comm accepted.
+int pd_group_size(long handle);
+int pd_group_rank(long handle);
+// Translate a global rank to the group's rank and back (MPI_UNDEFINED when not a member).
+int pd_group_from_global(long handle, int global_rank);
+int pd_group_to_global(long handle, int group_rank);
+// A `src`/`dst`/root argument: a global rank, as in torch, checked against the world and the group.
+// Returns its rank in the group, or -1 with ValueError raised. A peer equal to this rank is refused
+// unless allow_self (roots may be yourself; point-to-point partners may not).
+int pd_group_peer(long handle, long global_rank, const char *fn, const char *arg, int allow_self);
+
+// An operation on a group, as its wait needs to know it: which ranks must take part for it to
+// complete. peer: PD_PEER_ALL for a collective, else the point-to-point peer's group rank or
+// MPI_ANY_SOURCE.
+#define PD_PEER_ALL (-1000)
+typedef struct {
+    const char *what;
+    long group;
+    unsigned generation;  // the group slot's generation when the operation started
+    int peer;
+} PdOp;
+PdOp pd_op(const char *what, long group, int peer);
+
+// Wait for an operation: wait.c's loop, ended early when a rank the operation needs has exited.
+// A collective's timeout breaks its group when timeout_breaks (the session's own timeout, not a
+// caller's short poll); a point-to-point timeout never does.
+int pd_op_wait(MPI_Request *req, MPI_Status *status, const PdOp *op, double timeout, int timeout_breaks);
+// A blocking call's wait, with the session's timeout: if it fails, the request is parked with `keep`
+// (the objects owning its memory; a new reference is taken). GIL held.
+int pd_op_wait_or_park(MPI_Request *req, MPI_Status *status, const PdOp *op, PyObject *keep, int cancellable);
+
+// ---------------------------------------------------------------------------------------------------
+// Work handles (work.c): async_op=True, isend/irecv.
+
 typedef struct {
     PyObject_HEAD
     MPI_Request req;
     MPI_Status status;
+    PdOp op;               // what, group and peers, for the wait and for messages
     PyObject *keep;        // owns the memory MPI reads/writes (a tuple of arrays); NULL when done
     PyObject *result;      // what result() returns (list of arrays)
-    const char *what;      // operation name for messages
-    int cancellable;       // point-to-point requests may be cancelled at shutdown
+    int cancellable;       // point-to-point receives may be cancelled at shutdown
     int is_recv;
-    long group;            // group handle, to translate a receive's source to a global rank
+    int waiting;           // a thread is in wait() on this request: nobody else may touch it
     int avg_divisor;       // >0: divide the result by this after completion (AVG)
     const PdDtype *avg_dtype;
     void *avg_buf;
@@ -184,6 +215,10 @@ typedef struct {
 
 extern PyTypeObject *pd_WorkType;
 int pd_work_type_init(PyObject *module);
+// A new Work for `req` that keeps `keep` alive (new reference taken) and returns `result` from
+// result() (new reference taken, may be NULL for an empty list). On failure the request is parked
+// with `keep`, so its memory stays alive, and NULL is returned.
+PdWorkObject *pd_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObject *result);
 
 // ---------------------------------------------------------------------------------------------------
 // The training engine (engine_py.c over csrc/engine/)
@@ -192,9 +227,6 @@ int pd_engine_type_init(PyObject *module);
 PyObject *pd_load_idx(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_epoch_permutation(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_set_blas_threads(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-// A new Work for `req` that keeps `keep` alive (new reference taken) and returns `result` from
-// result() (new reference taken, may be NULL for an empty list).
-PdWorkObject *pd_work_new(MPI_Request req, const char *what, PyObject *keep, PyObject *result);
 
 // ---------------------------------------------------------------------------------------------------
 // Module functions, one file per concern
@@ -229,9 +261,12 @@ PyObject *pd_reduce_scatter(PyObject *self, PyObject *const *args, Py_ssize_t na
 PyObject *pd_all_to_all_single(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_all_to_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_set_validate_only(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-extern int pd_validate_only;   // collectives check their arguments and return without sending
+// This thread's collectives check their arguments and return without sending (PYDIST_DEBUG=DETAIL).
+// Per thread: another thread's collective must never become a no-op.
+extern _Thread_local int pd_validate_only;
 
-PyObject *pd_set_wait_mode(PyObject *self, PyObject *const *args, Py_ssize_t nargs); // work.c
+PyObject *pd_set_wait_mode(PyObject *self, PyObject *const *args, Py_ssize_t nargs); // wait.c
+PyObject *pd_parked_count(PyObject *self, PyObject *unused);                         // wait.c
 PyObject *pd_check_op(PyObject *self, PyObject *const *args, Py_ssize_t nargs);     // dtypes.c
 
 // Small helpers for the positional _C signatures: parse a C long / bool argument or raise TypeError.

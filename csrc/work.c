@@ -1,204 +1,51 @@
 /*
- * work.c: how we wait for MPI, and the Work handle that async_op=True and isend/irecv return.
+ * work.c: the Work handle that async_op=True and isend/irecv return. How it waits is group.c's
+ * pd_op_wait (and below it wait.c); this file is only the Python type.
  *
- * Why our own wait: MPICH's blocking calls busy-poll and never yield, so with more ranks than cores a
- * small all-reduce costs a whole scheduler slice (about 5 ms at 4 ranks on 2 cores). Every blocking
- * call is therefore a nonblocking call plus pd_wait: MPI_Test in a loop, spinning briefly and then
- * calling sched_yield() between tests, with the GIL released. Every few milliseconds the loop takes
- * the GIL back to run Python's signal handlers (Ctrl-C) and to check the deadline (timeout=), as the
- * lock wait in CPython's Python/thread.c does. PYDIST_WAIT=mpi (or _C.set_wait_mode(1)) switches to
- * a plain MPI_Wait for benchmarks.
+ * A Work owns the arrays of its operation (`keep`) until the request completes, so MPI never writes
+ * into freed memory. A Work dropped before completion parks its request with those arrays and warns
+ * (ResourceWarning); torch's MPI backend calls std::terminate there.
  *
- * A wait that is interrupted leaves its request pending, and MPI may still write into the array.
- * The request and a reference to the array are then parked until MPI is done with them, so the
- * memory can never be freed under MPI. A Work dropped before completion is parked the same way,
- * with a ResourceWarning (torch's MPI backend calls std::terminate there).
+ * A Work takes part in garbage collection: a failed operation keeps its exception, whose traceback
+ * holds the frame that holds the Work, a cycle only the collector can free. tp_clear never drops the
+ * arrays of a pending request: it parks them instead.
+ *
+ * One thread at a time waits on a request (`waiting`): a second thread's wait() polls until the first
+ * is done, and is_completed() answers False meanwhile rather than test a request another thread is
+ * testing without the GIL.
  */
 #include "pydist.h"
 
 #include <sched.h>
 
-int pd_wait_mode = PD_WAIT_POLL;
-double pd_default_timeout = -1.0;
-
-// Tests before the loop starts yielding: enough to catch a reply that is microseconds away without
-// a syscall, short enough that an oversubscribed peer gets the core back quickly.
-#define SPIN_TESTS 64
-// How long the GIL stays released between signal and deadline checks.
-#define SLICE_SECONDS 0.002
-
-// ---------------------------------------------------------------------------------------------------
-// The wait
-
-int pd_wait(MPI_Request *req, MPI_Status *status, double timeout, const char *what) {
-    int done = 0, rc;
-    rc = MPI_Test(req, &done, status);
-    if (rc != MPI_SUCCESS) {
-        return pd_raise_mpi_int(rc, what);
-    }
-    if (done) {
-        return 0;
-    }
-    if (pd_wait_mode == PD_WAIT_MPI && timeout < 0) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = MPI_Wait(req, status);
-        Py_END_ALLOW_THREADS
-        return rc == MPI_SUCCESS ? 0 : pd_raise_mpi_int(rc, what);
-    }
-    double start = MPI_Wtime();
-    for (;;) {
-        Py_BEGIN_ALLOW_THREADS
-        double slice_end = MPI_Wtime() + SLICE_SECONDS;
-        for (long tests = 1; !done; tests++) {
-            rc = MPI_Test(req, &done, status);
-            if (rc != MPI_SUCCESS) {
-                break;
-            }
-            if (tests > SPIN_TESTS) {
-                sched_yield();
-            }
-            if ((tests & 31) == 0 && MPI_Wtime() > slice_end) {
-                break;
-            }
-        }
-        Py_END_ALLOW_THREADS
-        if (rc != MPI_SUCCESS) {
-            return pd_raise_mpi_int(rc, what);
-        }
-        if (done) {
-            return 0;
-        }
-        if (PyErr_CheckSignals() < 0 || pd_liveness_check(start, what) < 0) {
-            return -1;
-        }
-        double waited = MPI_Wtime() - start;
-        if (timeout >= 0 && waited >= timeout) {
-            // PyErr_Format has no float conversions: format the message first
-            char msg[300];
-            PyOS_snprintf(msg, sizeof msg, "%s timed out after %.3f s (timeout %.3f s): another rank may "
-                          "not have called it", what, waited, timeout);
-            PyErr_SetString(pd_DistTimeoutError, msg);
-            return -1;
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------------
-// Parked requests: pending MPI operations whose owner went away (interrupted wait, dropped Work).
-
-typedef struct Parked {
-    MPI_Request req;
-    PyObject *keep;
-    int cancellable;
-    struct Parked *next;
-} Parked;
-
-static Parked *parked = NULL;
-
-void pd_park(MPI_Request req, PyObject *keep, int cancellable) {
-    Parked *p = PyMem_RawMalloc(sizeof *p);
-    if (p == NULL) {
-        // Out of memory: the only safe thing left is to keep the memory alive forever.
-        return;
-    }
-    p->req = req;
-    p->keep = keep;
-    p->cancellable = cancellable;
-    p->next = parked;
-    parked = p;
-}
-
-// Complete what can be completed; cancel pending receives; anything else (a collective that a peer
-// never joined) stays parked with its memory alive, since MPI may still own it. Returns how many
-// stay parked.
-int pd_parked_drain(void) {
-    int left = 0;
-    Parked **link = &parked;
-    while (*link != NULL) {
-        Parked *p = *link;
-        int done = 0;
-        MPI_Test(&p->req, &done, MPI_STATUS_IGNORE);
-        if (!done && p->cancellable) {
-            MPI_Cancel(&p->req);
-            MPI_Wait(&p->req, MPI_STATUS_IGNORE);
-            done = 1;
-        }
-        if (done) {
-            *link = p->next;
-            Py_XDECREF(p->keep);
-            PyMem_RawFree(p);
-        } else {
-            link = &p->next;
-            left++;
-        }
-    }
-    return left;
-}
-
-int pd_wait_or_park(MPI_Request *req, MPI_Status *status, const char *what, PyObject *keep,
-                    int cancellable, long group) {
-    if (pd_wait(req, status, pd_default_timeout, what) == 0) {
-        return 0;
-    }
-    if (PyErr_ExceptionMatches(pd_DistTimeoutError)) {
-        char why[200];
-        snprintf(why, sizeof why, "%s timed out after %.1f s", what, pd_default_timeout);
-        pd_group_mark_broken(group, why);
-    }
-    if (*req != MPI_REQUEST_NULL) {
-        Py_XINCREF(keep);
-        pd_park(*req, keep, cancellable);
-        *req = MPI_REQUEST_NULL;
-    }
-    return -1;
-}
-
-PyObject *pd_set_wait_mode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    long mode;
-    if (pd_check_nargs(nargs, 1, "set_wait_mode") < 0 || pd_arg_long(args[0], "set_wait_mode", "mode", &mode) < 0) {
-        return NULL;
-    }
-    if (mode != PD_WAIT_POLL && mode != PD_WAIT_MPI) {
-        PyErr_Format(PyExc_ValueError, "set_wait_mode(): `mode` must be 0 (poll) or 1 (MPI_Wait); got %ld", mode);
-        return NULL;
-    }
-    long old = pd_wait_mode;
-    pd_wait_mode = (int)mode;
-    return PyLong_FromLong(old);
-}
-
-// ---------------------------------------------------------------------------------------------------
-// The Work type
-
 PyTypeObject *pd_WorkType = NULL;
 
-PdWorkObject *pd_work_new(MPI_Request req, const char *what, PyObject *keep, PyObject *result) {
-    PdWorkObject *w = PyObject_New(PdWorkObject, pd_WorkType);
-    if (w == NULL) {
+PdWorkObject *pd_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObject *result) {
+    PdWorkObject *w = PyObject_GC_New(PdWorkObject, pd_WorkType);
+    PyObject *list = w == NULL ? NULL : result ? Py_NewRef(result) : PyList_New(0);
+    if (list == NULL) {
+        if (w != NULL) {
+            w->req = MPI_REQUEST_NULL;   // nothing filled in yet: dealloc must not look at it
+            w->keep = w->result = w->error = NULL;
+            Py_DECREF(w);
+        }
+        pd_park(req, Py_XNewRef(keep), 0);  // nobody can own the request now: keep its memory alive
         return NULL;
     }
     w->req = req;
     memset(&w->status, 0, sizeof w->status);
-    w->what = what;
-    Py_XINCREF(keep);
-    w->keep = keep;
-    w->result = result ? result : PyList_New(0);
-    if (result) {
-        Py_INCREF(result);
-    }
+    w->op = *op;
+    w->keep = Py_XNewRef(keep);
+    w->result = list;
     w->cancellable = 0;
     w->is_recv = 0;
-    w->group = 0;
+    w->waiting = 0;
     w->avg_divisor = 0;
     w->avg_dtype = NULL;
     w->avg_buf = NULL;
     w->avg_count = 0;
     w->error = NULL;
-    if (w->result == NULL) {
-        Py_DECREF(w);
-        return NULL;
-    }
+    PyObject_GC_Track(w);
     return w;
 }
 
@@ -211,73 +58,105 @@ static void work_complete(PdWorkObject *w) {
     Py_CLEAR(w->keep);
 }
 
-// Record a completion error so that every later wait() raises it again.
+// Record a completion error so that every later wait() raises it again. MPI has released the
+// request, so the arrays are free to go.
 static void work_fail(PdWorkObject *w) {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
-    Py_XSETREF(w->error, value ? value : Py_NewRef(Py_None));
-    PyErr_Restore(type, value ? Py_NewRef(value) : NULL, tb);
+    Py_XSETREF(w->error, value ? Py_NewRef(value) : Py_NewRef(Py_None));
+    PyErr_Restore(type, value, tb);
     Py_CLEAR(w->keep);
 }
 
+// Seconds from wait()'s argument: None (the session's timeout), a number, or a timedelta.
+static int timeout_arg(PyObject *t, double *out) {
+    if (t == NULL || t == Py_None) {
+        *out = pd_session_timeout();
+        return 0;
+    }
+    PyObject *secs = PyObject_HasAttrString(t, "total_seconds") ? PyObject_CallMethod(t, "total_seconds", NULL)
+                                                                : Py_NewRef(t);
+    if (secs == NULL) {
+        return -1;
+    }
+    double v = PyFloat_AsDouble(secs);
+    Py_DECREF(secs);
+    if (v == -1.0 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_TypeError, "wait(): `timeout` must be seconds or a datetime.timedelta; got %.100s",
+                     Py_TYPE(t)->tp_name);
+        return -1;
+    }
+    if (!(v >= 0)) {   // NaN too
+        PyErr_Format(PyExc_ValueError, "wait(): `timeout` must be >= 0; got %R", t);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+// Another thread is waiting on this request: poll until it is done (or our own deadline or a signal).
+static int wait_for_other_waiter(PdWorkObject *w, double timeout) {
+    double start = MPI_Wtime();
+    while (w->waiting) {
+        Py_BEGIN_ALLOW_THREADS
+        sched_yield();
+        Py_END_ALLOW_THREADS
+        if (PyErr_CheckSignals() < 0) {
+            return -1;
+        }
+        double waited = MPI_Wtime() - start;
+        if (timeout >= 0 && waited >= timeout && w->waiting) {
+            char msg[300];
+            PyOS_snprintf(msg, sizeof msg, "%s timed out after %.3f s (timeout %.3f s) while another thread "
+                          "was waiting for it", w->op.what, waited, timeout);
+            PyErr_SetString(pd_DistTimeoutError, msg);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static PyObject *work_wait(PdWorkObject *w, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    static const char *what_default = "wait";
-    double timeout = pd_default_timeout;
     PyObject *t = NULL;
-    if (nargs > 1 || (kwnames && PyTuple_GET_SIZE(kwnames) + nargs > 1)) {
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs + nkw > 1) {
         PyErr_SetString(PyExc_TypeError, "wait() takes at most one argument (timeout)");
         return NULL;
     }
-    if (nargs == 1) {
-        t = args[0];
-    } else if (kwnames && PyTuple_GET_SIZE(kwnames) == 1) {
-        if (!PyUnicode_Check(PyTuple_GET_ITEM(kwnames, 0)) ||
-            PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "timeout") != 0) {
-            PyErr_Format(PyExc_TypeError, "wait() got an unexpected keyword argument %R",
-                         PyTuple_GET_ITEM(kwnames, 0));
+    if (nkw == 1) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, 0);
+        if (!PyUnicode_Check(name) || PyUnicode_CompareWithASCIIString(name, "timeout") != 0) {
+            PyErr_Format(PyExc_TypeError, "wait() got an unexpected keyword argument %R", name);
             return NULL;
         }
+    }
+    if (nargs + nkw == 1) {
         t = args[0];
     }
-    if (t != NULL && t != Py_None) {
-        // a float of seconds or a datetime.timedelta, as torch accepts
-        PyObject *secs = PyObject_HasAttrString(t, "total_seconds")
-                             ? PyObject_CallMethod(t, "total_seconds", NULL)
-                             : Py_NewRef(t);
-        if (secs == NULL) {
-            return NULL;
-        }
-        timeout = PyFloat_AsDouble(secs);
-        Py_DECREF(secs);
-        if (timeout == -1.0 && PyErr_Occurred()) {
-            PyErr_Format(PyExc_TypeError, "wait(): `timeout` must be seconds or a datetime.timedelta; got %.100s",
-                         Py_TYPE(t)->tp_name);
-            return NULL;
-        }
-        if (timeout < 0) {
-            PyErr_Format(PyExc_ValueError, "wait(): `timeout` must be >= 0; got %R", t);
-            return NULL;
-        }
+    double timeout;
+    if (timeout_arg(t, &timeout) < 0) {
+        return NULL;
+    }
+    if (w->waiting && wait_for_other_waiter(w, timeout) < 0) {
+        return NULL;
     }
     if (w->error != NULL) {
         PyErr_SetObject((PyObject *)Py_TYPE(w->error), w->error);
         return NULL;
     }
     if (w->req != MPI_REQUEST_NULL) {
-        int rc = pd_wait(&w->req, &w->status, timeout, w->what ? w->what : what_default);
-        if (rc < 0 && t == NULL && PyErr_ExceptionMatches(pd_DistTimeoutError)) {
-            // the group's own timeout ran out (not a caller's short poll): the group is unusable
-            char why[200];
-            snprintf(why, sizeof why, "%s timed out after %.1f s", w->what, timeout);
-            pd_group_mark_broken(w->group, why);
+        Py_INCREF(w);   // the wait releases the GIL: stay alive whatever other threads drop
+        w->waiting = 1;
+        // Only the session's own timeout breaks a group, not a caller's short poll.
+        int rc = pd_op_wait(&w->req, &w->status, &w->op, timeout, t == NULL || t == Py_None);
+        w->waiting = 0;
+        if (rc < 0 && w->req == MPI_REQUEST_NULL) {
+            work_fail(w);   // MPI completed the request with an error
         }
+        Py_DECREF(w);
         if (rc < 0) {
-            // a timeout or a signal leaves the request pending and this Work still usable
-            if (w->req == MPI_REQUEST_NULL) {
-                work_fail(w);
-            }
-            return NULL;
+            return NULL;    // a timeout or a signal leaves the request pending and this Work usable
         }
     }
     work_complete(w);
@@ -286,11 +165,14 @@ static PyObject *work_wait(PdWorkObject *w, PyObject *const *args, Py_ssize_t na
 
 static PyObject *work_is_completed(PdWorkObject *w, PyObject *unused) {
     (void)unused;
+    if (w->waiting) {
+        Py_RETURN_FALSE;   // another thread owns the request until its wait returns
+    }
     if (w->req != MPI_REQUEST_NULL) {
         int done = 0;
         int rc = MPI_Test(&w->req, &done, &w->status);
         if (rc != MPI_SUCCESS) {
-            pd_raise_mpi(rc, w->what);
+            pd_raise_mpi(rc, w->op.what);
             work_fail(w);
             PyErr_Clear();  // reported by wait() / exception()
             Py_RETURN_TRUE;
@@ -325,45 +207,70 @@ static PyObject *work_source_rank(PdWorkObject *w, PyObject *unused) {
         PyErr_SetString(PyExc_ValueError, "source_rank(): only a receive's Work has a source rank");
         return NULL;
     }
-    if (w->req != MPI_REQUEST_NULL || w->error != NULL) {
+    if (w->req != MPI_REQUEST_NULL || w->error != NULL || w->waiting) {
         PyErr_SetString(PyExc_ValueError, "source_rank(): the receive has not completed; call wait() first");
         return NULL;
     }
-    return PyLong_FromLong(pd_group_to_global(w->group, w->status.MPI_SOURCE));
+    int rank = pd_group_to_global(w->op.group, w->status.MPI_SOURCE);
+    if (rank == MPI_UNDEFINED) {
+        PyErr_SetString(PyExc_ValueError, "source_rank(): the receive's group has been destroyed");
+        return NULL;
+    }
+    return PyLong_FromLong(rank);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Lifetime and garbage collection
+
+// A request still pending when its Work goes (dropped, or cleared by the collector): park it with the
+// arrays it owns, and warn, since the caller never learned whether it completed.
+static void work_let_go(PdWorkObject *w) {
+    if (w->req == MPI_REQUEST_NULL) {
+        return;
+    }
+    int done = 0, fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin && MPI_Test(&w->req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (PyErr_WarnFormat(PyExc_ResourceWarning, 1, "a Work for %s was dropped before it completed; "
+                             "its arrays are kept alive until MPI is done with them (call wait())",
+                             w->op.what) < 0) {
+            PyErr_WriteUnraisable((PyObject *)w);
+        }
+        PyErr_Restore(type, value, tb);
+        pd_park(w->req, w->keep, w->cancellable);  // steals keep
+        w->keep = NULL;
+    }
+    w->req = MPI_REQUEST_NULL;
+}
+
+static int work_traverse(PdWorkObject *w, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(w));
+    Py_VISIT(w->keep);
+    Py_VISIT(w->result);
+    Py_VISIT(w->error);
+    return 0;
+}
+
+static int work_clear(PdWorkObject *w) {
+    work_let_go(w);   // a pending request keeps its arrays, on the parked list
+    Py_CLEAR(w->keep);
+    Py_CLEAR(w->result);
+    Py_CLEAR(w->error);
+    return 0;
 }
 
 static void work_dealloc(PdWorkObject *w) {
-    if (w->req != MPI_REQUEST_NULL) {
-        int done = 0;
-        int fin = 0;
-        MPI_Finalized(&fin);
-        if (!fin) {
-            MPI_Test(&w->req, &done, MPI_STATUS_IGNORE);
-        }
-        if (!done && !fin) {
-            PyObject *type, *value, *tb;
-            PyErr_Fetch(&type, &value, &tb);
-            if (PyErr_WarnFormat(PyExc_ResourceWarning, 1, "a Work for %s was dropped before it completed; "
-                                 "its arrays are kept alive until MPI is done with them (call wait())",
-                                 w->what) < 0) {
-                PyErr_WriteUnraisable((PyObject *)w);
-            }
-            PyErr_Restore(type, value, tb);
-            pd_park(w->req, w->keep, w->cancellable);  // steals keep
-            w->keep = NULL;
-        }
-        w->req = MPI_REQUEST_NULL;
-    }
-    Py_XDECREF(w->keep);
-    Py_XDECREF(w->result);
-    Py_XDECREF(w->error);
     PyTypeObject *tp = Py_TYPE(w);
-    PyObject_Free(w);
+    PyObject_GC_UnTrack(w);
+    work_clear(w);
+    PyObject_GC_Del(w);
     Py_DECREF(tp);
 }
 
 static PyObject *work_repr(PdWorkObject *w) {
-    return PyUnicode_FromFormat("<pydist.Work %s %s>", w->what,
+    return PyUnicode_FromFormat("<pydist.Work %s %s>", w->op.what,
                                 w->req == MPI_REQUEST_NULL ? (w->error ? "failed" : "completed") : "pending");
 }
 
@@ -382,6 +289,8 @@ static PyMethodDef work_methods[] = {
 
 static PyType_Slot work_slots[] = {
     {Py_tp_dealloc, work_dealloc},
+    {Py_tp_traverse, work_traverse},
+    {Py_tp_clear, work_clear},
     {Py_tp_repr, work_repr},
     {Py_tp_methods, work_methods},
     {Py_tp_doc, "Handle of an asynchronous operation (async_op=True, isend, irecv)."},
@@ -391,7 +300,7 @@ static PyType_Slot work_slots[] = {
 static PyType_Spec work_spec = {
     .name = "pydist._C.Work",
     .basicsize = sizeof(PdWorkObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION | Py_TPFLAGS_HAVE_GC,
     .slots = work_slots,
 };
 

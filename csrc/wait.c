@@ -1,0 +1,193 @@
+/*
+ * wait.c: how pydist waits for an MPI request. It knows about deadlines, signals and one periodic
+ * check supplied by the caller; it knows nothing of groups, ranks or Work objects.
+ *
+ * Why our own wait: MPICH's blocking calls busy-poll and never yield, so with more ranks than cores a
+ * small all-reduce costs a whole scheduler slice (about 5 ms at 4 ranks on 2 cores). Every blocking
+ * call is therefore a nonblocking call plus pd_wait: MPI_Test in a loop, spinning briefly and then
+ * calling sched_yield() between tests, with the GIL released. Every few milliseconds the loop takes
+ * the GIL back to run Python's signal handlers (Ctrl-C), to run the caller's check (group.c uses it
+ * to notice ranks that have exited) and to check the deadline (timeout=), as the lock wait in
+ * CPython's Python/thread.c does. PYDIST_WAIT=mpi (or _C.set_wait_mode(1)) switches to a plain
+ * MPI_Wait for benchmarks.
+ *
+ * When MPI gives less than MPI_THREAD_MULTIPLE (pd_wait_serialized), no two threads may be inside MPI
+ * at once. Every other MPI call of ours runs with the GIL held, so the loop then tests with the GIL
+ * held too and releases it only to yield: the GIL is the lock that serialises our MPI calls.
+ *
+ * A wait that is given up (signal, timeout, check) leaves its request pending, and MPI may still
+ * write into the caller's memory. Such requests are parked with a reference to their owners until MPI
+ * is done with them, so that memory can never be freed under MPI.
+ */
+#include "pydist.h"
+
+#include <sched.h>
+
+int pd_wait_mode = PD_WAIT_POLL;
+int pd_wait_serialized = 0;
+
+// Tests before the loop starts yielding: enough to catch a reply that is microseconds away without
+// a syscall, short enough that an oversubscribed peer gets the core back quickly.
+#define SPIN_TESTS 64
+// How long the GIL stays released between signal, check and deadline checks.
+#define SLICE_SECONDS 0.002
+
+// ---------------------------------------------------------------------------------------------------
+// The wait
+
+// One slice of tests, with the GIL released (or, serialized, released only around each yield).
+static int test_for_a_slice(MPI_Request *req, MPI_Status *status, int *done) {
+    int rc = MPI_SUCCESS;
+    double slice_end = MPI_Wtime() + SLICE_SECONDS;
+    if (pd_wait_serialized) {
+        for (long tests = 1; !*done; tests++) {
+            rc = MPI_Test(req, done, status);
+            if (rc != MPI_SUCCESS || *done || ((tests & 31) == 0 && MPI_Wtime() > slice_end)) {
+                break;
+            }
+            if (tests > SPIN_TESTS) {
+                Py_BEGIN_ALLOW_THREADS
+                sched_yield();
+                Py_END_ALLOW_THREADS
+            }
+        }
+        return rc;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (long tests = 1; !*done; tests++) {
+        rc = MPI_Test(req, done, status);
+        if (rc != MPI_SUCCESS) {
+            break;
+        }
+        if (tests > SPIN_TESTS) {
+            sched_yield();
+        }
+        if ((tests & 31) == 0 && MPI_Wtime() > slice_end) {
+            break;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    return rc;
+}
+
+int pd_wait(MPI_Request *req, MPI_Status *status, const PdWaitSpec *spec) {
+    int done = 0, rc;
+    rc = MPI_Test(req, &done, status);
+    if (rc != MPI_SUCCESS) {
+        return pd_raise_mpi_int(rc, spec->what);
+    }
+    if (done) {
+        return 0;
+    }
+    if (pd_wait_mode == PD_WAIT_MPI && spec->timeout < 0 && !pd_wait_serialized) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = MPI_Wait(req, status);
+        Py_END_ALLOW_THREADS
+        return rc == MPI_SUCCESS ? 0 : pd_raise_mpi_int(rc, spec->what);
+    }
+    double start = MPI_Wtime();
+    for (;;) {
+        rc = test_for_a_slice(req, status, &done);
+        if (rc != MPI_SUCCESS) {
+            return pd_raise_mpi_int(rc, spec->what);
+        }
+        if (done) {
+            return 0;
+        }
+        if (PyErr_CheckSignals() < 0 || (spec->check != NULL && spec->check(spec->check_ctx, start) < 0)) {
+            return -1;
+        }
+        double waited = MPI_Wtime() - start;
+        if (spec->timeout >= 0 && waited >= spec->timeout) {
+            // PyErr_Format has no float conversions: format the message first
+            char msg[300];
+            PyOS_snprintf(msg, sizeof msg, "%s timed out after %.3f s (timeout %.3f s): another rank may "
+                          "not have called it", spec->what, waited, spec->timeout);
+            PyErr_SetString(pd_DistTimeoutError, msg);
+            return -1;
+        }
+    }
+}
+
+PyObject *pd_set_wait_mode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long mode;
+    if (pd_check_nargs(nargs, 1, "set_wait_mode") < 0 || pd_arg_long(args[0], "set_wait_mode", "mode", &mode) < 0) {
+        return NULL;
+    }
+    if (mode != PD_WAIT_POLL && mode != PD_WAIT_MPI) {
+        PyErr_Format(PyExc_ValueError, "set_wait_mode(): `mode` must be 0 (poll) or 1 (MPI_Wait); got %ld", mode);
+        return NULL;
+    }
+    long old = pd_wait_mode;
+    pd_wait_mode = (int)mode;
+    return PyLong_FromLong(old);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Parked requests: pending MPI operations whose owner went away (a wait given up, a dropped Work).
+// The list is only touched with the GIL held.
+
+typedef struct Parked {
+    MPI_Request req;
+    PyObject *keep;
+    int cancellable;
+    struct Parked *next;
+} Parked;
+
+static Parked *parked = NULL;
+
+void pd_park(MPI_Request req, PyObject *keep, int cancellable) {
+    Parked *p = PyMem_RawMalloc(sizeof *p);
+    if (p == NULL) {
+        // Out of memory: the only safe thing left is to keep the memory alive forever.
+        return;
+    }
+    p->req = req;
+    p->keep = keep;
+    p->cancellable = cancellable;
+    p->next = parked;
+    parked = p;
+}
+
+// Complete what can be completed; cancel pending receives; anything else (a collective that a peer
+// never joined) stays parked with its memory alive, since MPI may still own it. Returns how many
+// stay parked. An error from MPI here means the request is unusable; it is dropped from the list,
+// but its memory is kept alive (leaked on purpose) since nothing says MPI is done with it.
+int pd_parked_drain(void) {
+    int left = 0;
+    Parked **link = &parked;
+    while (*link != NULL) {
+        Parked *p = *link;
+        int done = 0, failed = 0;
+        if (MPI_Test(&p->req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+            failed = 1;
+        } else if (!done && p->cancellable) {
+            // a receive nobody will ever match: cancelling it completes it at once
+            failed = MPI_Cancel(&p->req) != MPI_SUCCESS || MPI_Wait(&p->req, MPI_STATUS_IGNORE) != MPI_SUCCESS;
+            done = !failed;
+        }
+        if (done || failed) {
+            *link = p->next;
+            if (done) {
+                Py_XDECREF(p->keep);
+            }
+            PyMem_RawFree(p);
+        } else {
+            link = &p->next;
+            left++;
+        }
+    }
+    return left;
+}
+
+// _C.parked() -> number of parked requests (for tests)
+PyObject *pd_parked_count(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    long n = 0;
+    for (Parked *p = parked; p != NULL; p = p->next) {
+        n++;
+    }
+    return PyLong_FromLong(n);
+}
