@@ -1,7 +1,10 @@
 """send/recv/isend/irecv between ranks: rings, any-source receives, tags, truncation errors,
 and the GIL released while a rank waits in recv."""
+import gc
+import os
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -136,3 +139,94 @@ def test_gil_is_released_while_waiting_in_recv():
         ok = buf[0] == 42.0 and waited > 0.3 and during > 50
         msg = f"waited {waited:.3f} s, thread ticked {during} times"
     parallel_assert(ok, msg)
+
+
+def _irecv_too_small_and_keep_the_error():
+    """A function that keeps a failed receive's exception in a local: exception -> traceback -> this
+    frame -> the Work -> its array, a cycle only the garbage collector can free."""
+    small = np.zeros(2, np.float32)
+    ref = weakref.ref(small)
+    work = dist.irecv(small, src=0)
+    try:
+        work.wait()
+        error = None
+    except dist.DistError as e:
+        error = e
+    return ref, error is not None
+
+
+@two_or_more
+def test_failed_receive_frees_its_array():
+    rank = dist.get_rank()
+    ok, msg = True, ""
+    if rank == 0:
+        dist.send(np.arange(10, dtype=np.float32), dst=1)
+    elif rank == 1:
+        ref, failed = _irecv_too_small_and_keep_the_error()
+        gc.collect()
+        ok, msg = failed and ref() is None, f"failed={failed}, array alive={ref() is not None}"
+    parallel_assert(ok, msg)
+
+
+@two_or_more
+def test_two_threads_wait_on_one_receive():
+    """Rank 1 waits on one irecv from two threads (and asks is_completed from a third) while rank 0
+    sends a little later; repeated, so that completion races the other waiter."""
+    rank = dist.get_rank()
+    ok, msgs = True, []
+    for i in range(20):
+        if rank == 0:
+            time.sleep(0.01 * (i % 4))
+            dist.send(np.full(3, float(i)), dst=1)
+        elif rank == 1:
+            buf = np.zeros(3)
+            w = dist.irecv(buf, src=0)
+            results = []
+
+            def waiter():
+                try:
+                    results.append(w.wait())
+                except BaseException as e:   # any error is the failure under test
+                    results.append(repr(e))
+
+            threads = [threading.Thread(target=waiter) for _ in range(2)]
+            threads.append(threading.Thread(target=lambda: results.append(w.is_completed() in (True, False))))
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+            if results.count(True) != 3 or not (buf == i).all() or w.source_rank() != 0:
+                ok = False
+                msgs.append(f"round {i}: {results}, {buf}")
+    parallel_assert(ok, "; ".join(msgs))
+
+
+@two_or_more
+def test_receive_timeout_cancels_the_receive_and_keeps_the_group():
+    """A blocking recv that times out is cancelled, not left posted: the next message from that peer
+    reaches the next receive. A point-to-point timeout does not break the group."""
+    rank = dist.get_rank()
+    dist.destroy_process_group()
+    # only rank 1 gets a short timeout: the others wait for it in the barrier meanwhile
+    dist.init_process_group(backend="mpi", timeout=2.0 if rank == 1 else 60.0)
+    try:
+        ok, msg = True, ""
+        if rank == 1:
+            try:
+                dist.recv(np.zeros(1), src=0)
+                ok, msg = False, "the first recv did not time out"
+            except dist.DistTimeoutError:
+                pass
+        dist.barrier()                       # the group is not broken
+        if rank == 0:
+            dist.send(np.array([7.0]), dst=1)
+        elif rank == 1 and ok:
+            got = np.zeros(1)
+            dist.recv(got, src=0)
+            ok, msg = got[0] == 7.0, f"the second recv got {got}"
+        x = np.ones(1)
+        dist.all_reduce(x)
+        parallel_assert(ok and x[0] == dist.get_world_size(), msg)
+    finally:
+        dist.destroy_process_group()
+        dist.init_process_group(backend="mpi", timeout=float(os.environ.get("PYDIST_TEST_TIMEOUT", "60")))
