@@ -125,10 +125,12 @@ int pd_group_peer(long handle, long global_rank, const char *fn, const char *arg
 // ---------------------------------------------------------------------------------------------------
 // Slots
 
+// Frees here and on the error paths of init and new_group ignore MPI's return code: there is nothing
+// left to undo, and the error being raised (if any) is the one the caller needs to see.
 static void slot_free(int slot) {
     GroupSlot *g = &groups[slot];
     if (g->in_use && g->comm != MPI_COMM_NULL) {
-        MPI_Comm_free(&g->comm);   // nothing to report to: a failure leaves a communicator behind
+        MPI_Comm_free(&g->comm);
     }
     PyMem_RawFree(g->world_ranks);
     PyMem_RawFree(g->group_ranks);
@@ -505,12 +507,16 @@ PyObject *pd_finalize(PyObject *self, PyObject *unused) {
         free_groups();
         pd_initialized = 0;
         pd_ops_free();
+        int rc;
         if (pd_wait_serialized) {
-            MPI_Finalize();   // serialised MPI: no other thread may be inside MPI meanwhile
+            rc = MPI_Finalize();   // serialised MPI: no other thread may be inside MPI meanwhile
         } else {
             Py_BEGIN_ALLOW_THREADS
-            MPI_Finalize();
+            rc = MPI_Finalize();
             Py_END_ALLOW_THREADS
+        }
+        if (rc != MPI_SUCCESS) {
+            return pd_raise_mpi(rc, "MPI_Finalize");   // at exit: atexit prints it
         }
     }
     Py_RETURN_NONE;

@@ -14,8 +14,8 @@ static int tag_ub = -1;
 static int check_tag(long tag, const char *fn) {
     if (tag_ub < 0) {
         int *ub = NULL, flag = 0;
-        MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
-        tag_ub = (flag && ub) ? *ub : 32767;  // 32767 is the least MPI guarantees
+        int rc = MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+        tag_ub = (rc == MPI_SUCCESS && flag && ub) ? *ub : 32767;  // 32767 is the least MPI guarantees
     }
     if (tag < 0 || tag > tag_ub) {
         PyErr_Format(PyExc_ValueError, "%s(): `tag` must be in [0, %d]; got %ld", fn, tag_ub, tag);
