@@ -221,10 +221,10 @@ def init_process_group(backend="mpi", init_method=None, timeout=None, world_size
     if _C.is_initialized():
         raise ValueError(f"{fn}(): the default process group is already initialized; "
                          "call destroy_process_group() before initializing it again")
-    my_rank, size, _level = _C.init(seconds)
-    if not _atexit_registered:
+    if not _atexit_registered:   # before init: MPI may have started even if init then fails
         atexit.register(_C.finalize)
         _atexit_registered = True
+    my_rank, size, _level = _C.init(seconds)
     announced, var, who = _launcher_size()
     if size == 1 and announced > 1:
         _C.destroy()
