@@ -336,15 +336,17 @@ class Trainer:
         return self.history
 
     def save(self, path):
-        """Rank 0 writes parameters, momentum and position atomically (a temporary file, then rename);
-        every rank returns once it is on disk."""
+        """Rank 0 writes parameters, momentum and position atomically (a temporary file, then rename;
+        the file ends in a CRC32, so load() refuses it if damaged); every rank returns once it is on disk."""
         if self.rank == 0:
             self.engine.save(os.fspath(path), self.step, self.epoch, self.seed)
         if self.world > 1:
             dist.barrier(group=self.group)
 
     def load(self, path):
-        """Continue from a checkpoint: rank 0 reads it and every rank gets its state."""
+        """Continue from a checkpoint: rank 0 reads it and every rank gets its state. A file that is
+        truncated, damaged (CRC32), of another format version or of another model is a ValueError
+        and leaves the trainer as it was."""
         state = np.zeros(5, dtype=np.int64)  # loaded, step, epoch, seed, momentum_started
         error = None
         if self.rank == 0:

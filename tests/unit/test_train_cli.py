@@ -26,7 +26,7 @@ def test_two_ranks_train_and_report(tmp_path):
     assert records[1]["train_loss"] < records[0]["train_loss"]
     assert records[1]["test_accuracy"] > 0.8                             # an MLP on Fashion-MNIST
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (tmp_path / "mlp.ckpt.done").exists()
+    assert not (tmp_path / "mlp.ckpt.done").exists()                   # the checkpoint vouches for itself
     assert proc.stdout.count("epoch 2: train loss") == 1, proc.stdout   # one line, from rank 0
 
     # --resume with more epochs continues from epoch 2 and appends
