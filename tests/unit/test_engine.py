@@ -3,6 +3,7 @@ errors, the data loader, and checkpoints that resume bit-identically. (PyTorch e
 test_engine_torch.py; R ranks x batch B == 1 rank x batch R*B is in tests/mpi/test_engine_dp.py.)"""
 import gzip
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -257,6 +258,22 @@ def test_checkpoint_resume_is_bit_identical(tmp_path):
     resumed.fit(x, y, epochs=3, progress=False)
     assert np.array_equal(resumed.params, straight.params)
     assert np.array_equal(resumed.engine.momentum, straight.engine.momentum)
+
+
+def test_progress_lines_without_tqdm_start_at_a_resumed_step_and_show_real_losses(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)    # `from tqdm import tqdm` raises ImportError
+    x, y = small_data()                                # 640 examples / 32 = 20 steps per epoch
+    t = Trainer(mlp((32,)), batch_size=32, seed=1)
+    t.fit(x, y, epochs=1, progress=False)
+    t.train_steps(x, y, 1, 0, 7)                       # resumed 7 steps into epoch 2
+    t.step += 7
+    t.fit(x, y, epochs=2, progress=True, chunk_steps=3)
+    err = capsys.readouterr().err
+    assert "nan" not in err, err
+    # A line at each 10% passed after the resumed step 7, each with the loss of the steps just run.
+    done = [int(re.fullmatch(r"epoch 2/2: (\d+)/20 steps, loss \d+\.\d{4}", line).group(1))
+            for line in err.splitlines()]
+    assert done == [10, 13, 16, 19, 20], err
 
 
 HEADER = 56   # csrc/engine/checkpoint.h: CheckpointHeader; then params, momentum, a CRC32
