@@ -177,26 +177,30 @@ def load_fashion_mnist(data_dir=None):
 # Trainer
 
 class _Progress:
-    """tqdm on rank 0 when it is installed, else a plain line every 10%."""
+    """tqdm on rank 0 when it is installed, else a plain line every 10%. It starts at `initial` steps
+    (a run resumed mid-epoch) and shows a loss only once `update` has a real one."""
 
-    def __init__(self, total, desc, enabled):
-        self.total, self.desc, self.enabled, self.done, self.next_line = total, desc, enabled, 0, 0.1
+    def __init__(self, total, desc, enabled, initial=0):
+        self.total, self.desc, self.enabled, self.done = total, desc, enabled, initial
+        self.next_tenth = initial * 10 // max(total, 1) + 1   # the plain line at the next 10% after `initial`
         self.bar = None
         if enabled:
             try:
                 from tqdm import tqdm
-                self.bar = tqdm(total=total, desc=desc, unit="step", leave=False, file=sys.stderr)
+                # A frame per update (one per chunk of steps, so a few a second at most), each with its loss.
+                self.bar = tqdm(total=total, initial=initial, desc=desc, unit="step", leave=False, file=sys.stderr,
+                                mininterval=0, miniters=1)
             except ImportError:
                 pass
 
     def update(self, n, loss):
         self.done += n
         if self.bar is not None:
+            self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)   # drawn by update(): one frame
             self.bar.update(n)
-            self.bar.set_postfix(loss=f"{loss:.4f}")
-        elif self.enabled and self.done >= self.next_line * self.total:
+        elif self.enabled and self.done * 10 >= self.next_tenth * self.total:
             print(f"{self.desc}: {self.done}/{self.total} steps, loss {loss:.4f}", file=sys.stderr, flush=True)
-            self.next_line += 0.1
+            self.next_tenth = self.done * 10 // self.total + 1
 
     def close(self):
         if self.bar is not None:
@@ -294,8 +298,7 @@ class Trainer:
         while self.epoch < epochs:
             perm = _C.epoch_permutation(len(labels), self.seed, self.epoch)
             first = self.step - self.epoch * steps  # > 0 after resuming mid-epoch
-            bar = _Progress(steps, f"epoch {self.epoch + 1}/{epochs}", progress and self.rank == 0)
-            bar.update(first, float("nan"))
+            bar = _Progress(steps, f"epoch {self.epoch + 1}/{epochs}", progress and self.rank == 0, first)
             totals = np.zeros(5)  # loss_sum, correct, steps, t_comp, t_sync
             started = time.perf_counter()
             at = first
@@ -336,15 +339,17 @@ class Trainer:
         return self.history
 
     def save(self, path):
-        """Rank 0 writes parameters, momentum and position atomically (a temporary file, then rename);
-        every rank returns once it is on disk."""
+        """Rank 0 writes parameters, momentum and position atomically (a temporary file, then rename;
+        the file ends in a CRC32, so load() refuses it if damaged); every rank returns once it is on disk."""
         if self.rank == 0:
             self.engine.save(os.fspath(path), self.step, self.epoch, self.seed)
         if self.world > 1:
             dist.barrier(group=self.group)
 
     def load(self, path):
-        """Continue from a checkpoint: rank 0 reads it and every rank gets its state."""
+        """Continue from a checkpoint: rank 0 reads it and every rank gets its state. A file that is
+        truncated, damaged (CRC32), of another format version or of another model is a ValueError
+        and leaves the trainer as it was."""
         state = np.zeros(5, dtype=np.int64)  # loaded, step, epoch, seed, momentum_started
         error = None
         if self.rank == 0:

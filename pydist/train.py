@@ -45,30 +45,52 @@ def parse_args(argv=None):
     return args
 
 
-def plot(history, path):
-    """Loss and accuracy per epoch into a PNG; returns False when matplotlib is not installed."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
+SERIES = {"train": "tab:blue", "test": "tab:orange"}   # one colour per series, the same in both panels
+
+
+def figure(history):
+    """The loss and accuracy curves of `history` (the per-epoch records of Trainer.fit or the metrics
+    file) as a matplotlib Figure: train and test each in their own colour, ticks at whole epochs."""
+    from matplotlib.figure import Figure   # no pyplot: no global state, no GUI backend
+    from matplotlib.ticker import MaxNLocator
+
     epochs = [r["epoch"] for r in history]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    ax1.plot(epochs, [r["train_loss"] for r in history], "o-", label="train")
-    if history and "test_loss" in history[0]:
-        ax1.plot(epochs, [r["test_loss"] for r in history], "o-", label="test")
-        ax2.plot(epochs, [r["test_accuracy"] for r in history], "o-", label="test")
-    ax2.plot(epochs, [r["train_accuracy"] for r in history], "o-", label="train")
-    ax1.set(xlabel="epoch", ylabel="loss", title="loss")
-    ax2.set(xlabel="epoch", ylabel="accuracy", title="accuracy")
-    for ax in (ax1, ax2):
+    fig = Figure(figsize=(10, 4))
+    ax_loss, ax_acc = fig.subplots(1, 2)
+    for name, color in SERIES.items():
+        if history and all(f"{name}_loss" in r for r in history):
+            ax_loss.plot(epochs, [r[f"{name}_loss"] for r in history], "o-", color=color, label=name)
+            ax_acc.plot(epochs, [r[f"{name}_accuracy"] for r in history], "o-", color=color, label=name)
+    for ax, what in ((ax_loss, "loss"), (ax_acc, "accuracy")):
+        ax.set(xlabel="epoch", ylabel=what, title=what)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+        if len(set(epochs)) == 1:                      # one point: a unit-wide view around it, not 0.1
+            ax.set_xlim(epochs[0] - 0.5, epochs[0] + 0.5)
         ax.legend()
         ax.grid(alpha=0.3)
     fig.tight_layout()
+    return fig
+
+
+def plot(history, path):
+    """figure(history) into a PNG; returns False when matplotlib is not installed."""
+    try:
+        fig = figure(history)
+    except ImportError:
+        return False
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return True
+
+
+def read_metrics(path):
+    """The records of a metrics file, one per epoch (the last one written wins), in epoch order."""
+    by_epoch = {}
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                record = json.loads(line)
+                by_epoch[record["epoch"]] = record
+    return [by_epoch[e] for e in sorted(by_epoch)]
 
 
 def main(argv=None):
@@ -98,7 +120,9 @@ def main(argv=None):
         summary = {"final_test_accuracy": last.get("test_accuracy"), "seconds": time.perf_counter() - started,
                    "mean_samples_per_s": sum(r["samples_per_s"] for r in history) / len(history)}
         print("summary " + json.dumps(summary), flush=True)
-        if args.plot and plot(trainer.history, args.plot):
+        # A resumed run's file holds the epochs before the resume too: plot the whole run.
+        whole = read_metrics(args.metrics) if args.metrics else trainer.history
+        if args.plot and plot(whole, args.plot):
             print(f"curves: {args.plot}", flush=True)
     dist.destroy_process_group()
     return 0

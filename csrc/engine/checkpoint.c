@@ -1,8 +1,15 @@
 /*
- * checkpoint.c: atomic checkpoints (llm.c's DONE file plus a rename).
+ * checkpoint.c: atomic, self-checking checkpoints (a temporary file, fsync, rename; a CRC32 inside).
  *
  * Layout: CheckpointHeader, then num_params float32 parameters, then num_params float32 momentum
- * values, little-endian as in memory. Only rank 0 writes (every rank holds the same weights).
+ * values, then the uint32 CRC32 of all those bytes; little-endian as in memory. Only rank 0 writes
+ * (every rank holds the same weights).
+ *
+ * Why no DONE marker file (llm.c writes one after the checkpoint): the rename already makes the new
+ * file appear whole or not at all, and a marker written after it would open a window (killed between
+ * the rename and the marker) in which a complete checkpoint has no marker; a loader that required
+ * the marker would refuse it, i.e. lose it. Instead the file proves itself: exact length and a CRC32
+ * over every byte, so a truncated or damaged file is refused whatever lies beside it.
  */
 #include "checkpoint.h"
 
@@ -13,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <zlib.h>
 
 static int write_all(int fd, const void *buf, size_t len) {
     const char *p = buf;
@@ -46,6 +54,26 @@ static int read_all(int fd, void *buf, size_t len) {
     return 0;
 }
 
+// CRC32 of `len` bytes continuing from `crc` (zlib's crc32 takes at most UINT_MAX bytes a call).
+static uint32_t crc_update(uint32_t crc, const void *buf, size_t len) {
+    const Bytef *p = buf;
+    while (len > 0) {
+        uInt n = len > (1u << 30) ? (1u << 30) : (uInt)len;
+        crc = (uint32_t)crc32(crc, p, n);
+        p += n;
+        len -= n;
+    }
+    return crc;
+}
+
+// The CRC32 that ends the file: of the header, the parameters and the momentum.
+static uint32_t checkpoint_crc(const CheckpointHeader *h, const float *params, const float *momentum) {
+    size_t bytes = (size_t)h->num_params * sizeof(float);
+    uint32_t crc = crc_update(0, h, sizeof *h);
+    crc = crc_update(crc, params, bytes);
+    return crc_update(crc, momentum, bytes);
+}
+
 // fsync the folder holding `path`, so that the rename itself survives a crash.
 static void sync_dir(const char *path) {
     char *copy = strdup(path);
@@ -63,19 +91,18 @@ static void sync_dir(const char *path) {
 int checkpoint_save(const char *path, const CheckpointHeader *h, const float *params, const float *momentum,
                     char *err, size_t errlen) {
     size_t len = strlen(path);
-    char *tmp = malloc(len + 32), *done = malloc(len + 8);
+    char *tmp = malloc(len + 32);
     int fd = -1, rc = -1;
-    if (tmp == NULL || done == NULL) {
+    if (tmp == NULL) {
         snprintf(err, errlen, "out of memory saving %s", path);
         goto out;
     }
     snprintf(tmp, len + 32, "%s.tmp.%ld", path, (long)getpid());
-    snprintf(done, len + 8, "%s.done", path);
-    unlink(done);   // the marker says "path is complete": not true while we replace it
+    uint32_t crc = checkpoint_crc(h, params, momentum);
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     size_t bytes = (size_t)h->num_params * sizeof(float);
     if (fd < 0 || write_all(fd, h, sizeof *h) < 0 || write_all(fd, params, bytes) < 0 ||
-        write_all(fd, momentum, bytes) < 0 || fsync(fd) < 0) {
+        write_all(fd, momentum, bytes) < 0 || write_all(fd, &crc, sizeof crc) < 0 || fsync(fd) < 0) {
         snprintf(err, errlen, "cannot write checkpoint %s: %s", tmp, strerror(errno));
         goto out;
     }
@@ -86,14 +113,6 @@ int checkpoint_save(const char *path, const CheckpointHeader *h, const float *pa
         goto out;
     }
     sync_dir(path);
-    int dfd = open(done, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (dfd < 0) {
-        snprintf(err, errlen, "cannot write %s: %s", done, strerror(errno));
-        goto out;
-    }
-    fsync(dfd);
-    close(dfd);
-    sync_dir(done);
     rc = 0;
 out:
     if (fd >= 0) {
@@ -103,7 +122,6 @@ out:
         unlink(tmp);
     }
     free(tmp);
-    free(done);
     return rc;
 }
 
@@ -117,9 +135,13 @@ int checkpoint_load(const char *path, CheckpointHeader *h, float *params, float 
     int rc = -1;
     if (read_all(fd, h, sizeof *h) < 0) {
         snprintf(err, errlen, "%s is too short to be a pydist checkpoint", path);
-    } else if (h->magic != CHECKPOINT_MAGIC || h->version != CHECKPOINT_VERSION) {
-        snprintf(err, errlen, "%s is not a pydist checkpoint of version %u (magic 0x%08x, version %u)", path,
-                 CHECKPOINT_VERSION, h->magic, h->version);
+    } else if (h->magic != CHECKPOINT_MAGIC) {
+        snprintf(err, errlen, "%s is not a pydist checkpoint (magic 0x%08x, expected 0x%08x)", path, h->magic,
+                 CHECKPOINT_MAGIC);
+    } else if (h->version != CHECKPOINT_VERSION) {
+        snprintf(err, errlen, "%s is a pydist checkpoint of format version %u; this pydist reads only version %u "
+                 "(version 2 added a CRC32 of the contents): train again, or load it with the pydist that "
+                 "wrote it", path, h->version, CHECKPOINT_VERSION);
     } else if (h->num_params != expect->num_params || h->model_hash != expect->model_hash) {
         snprintf(err, errlen, "%s was saved from a different model (%llu parameters, model hash %016llx; this "
                  "model has %llu, %016llx)", path, (unsigned long long)h->num_params,
@@ -128,11 +150,16 @@ int checkpoint_load(const char *path, CheckpointHeader *h, float *params, float 
     } else {
         size_t bytes = (size_t)h->num_params * sizeof(float);
         char extra;
-        if (read_all(fd, params, bytes) < 0 || read_all(fd, momentum, bytes) < 0) {
-            snprintf(err, errlen, "%s is truncated: fewer than %llu parameters and momentum values", path,
-                     (unsigned long long)h->num_params);
+        uint32_t stored, crc;
+        if (read_all(fd, params, bytes) < 0 || read_all(fd, momentum, bytes) < 0 ||
+            read_all(fd, &stored, sizeof stored) < 0) {
+            snprintf(err, errlen, "%s is truncated: fewer than %llu parameters and momentum values and their "
+                     "CRC32", path, (unsigned long long)h->num_params);
         } else if (read(fd, &extra, 1) != 0) {
             snprintf(err, errlen, "%s is longer than its header says: not a checkpoint of this model", path);
+        } else if ((crc = checkpoint_crc(h, params, momentum)) != stored) {
+            snprintf(err, errlen, "%s is damaged: it ends in CRC32 %08x but its contents give %08x", path,
+                     stored, crc);
         } else {
             rc = 0;
         }

@@ -1,6 +1,6 @@
 /*
  * checkpoint.h: saving and loading the training state so that a finished checkpoint is never lost
- * or half-written. Plain C, no Python.h.
+ * or half-written, and a damaged one is never loaded. Plain C, no Python.h.
  */
 #ifndef PYDIST_ENGINE_CHECKPOINT_H
 #define PYDIST_ENGINE_CHECKPOINT_H
@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #define CHECKPOINT_MAGIC 0x50444350u   // "PDCP"
-#define CHECKPOINT_VERSION 1u
+#define CHECKPOINT_VERSION 2u           // 2 added the CRC32 trailer; version 1 files are refused
 
 typedef struct {
     uint32_t magic, version;
@@ -19,16 +19,20 @@ typedef struct {
     uint64_t seed;          // data order seed
     uint64_t model_hash;    // hash of the model description, so a checkpoint cannot load into another model
     uint64_t momentum_started;  // SGD momentum buffer initialised (PyTorch: buf = grad on the first step)
-} CheckpointHeader;
+} CheckpointHeader;       // 56 bytes, no padding: every byte is covered by the CRC32
 
-// Write header + params + momentum to `path` atomically: a temporary file in the same folder, fsync,
-// rename over `path`, fsync the folder, then a `path`.done marker. A crash at any point leaves
-// either the previous complete checkpoint or the new one, never a damaged file under `path`.
+// Write header + params + momentum + CRC32 to `path` atomically: a temporary file in the same folder,
+// fsync, rename over `path`, fsync the folder. A crash at any point leaves either the previous
+// complete checkpoint or the new one under `path`, never a damaged file. The file vouches for itself
+// (magic, version, sizes, model hash, and a CRC32 of everything before it), so there is no separate
+// "done" marker to lose or to trust.
 int checkpoint_save(const char *path, const CheckpointHeader *h, const float *params, const float *momentum,
                     char *err, size_t errlen);
 
 // Read a checkpoint written by checkpoint_save into caller-allocated buffers of h->num_params floats.
-// The header read must match `expect` in magic, version, num_params and model_hash.
+// The header read must match `expect` in magic, version, num_params and model_hash, the file must be
+// exactly as long as its header says, and its CRC32 must match; otherwise -1 with `err` saying why
+// (the buffers may then hold part of the file: the caller keeps its own state until 0 comes back).
 int checkpoint_load(const char *path, CheckpointHeader *h, float *params, float *momentum,
                     const CheckpointHeader *expect, char *err, size_t errlen);
 

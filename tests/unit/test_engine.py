@@ -3,6 +3,7 @@ errors, the data loader, and checkpoints that resume bit-identically. (PyTorch e
 test_engine_torch.py; R ranks x batch B == 1 rank x batch R*B is in tests/mpi/test_engine_dp.py.)"""
 import gzip
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -249,7 +250,8 @@ def test_checkpoint_resume_is_bit_identical(tmp_path):
     first.train_steps(x, y, 1, 0, 7)          # and part of the next epoch
     first.step += 7
     first.save(tmp_path / "run.ckpt")
-    assert (tmp_path / "run.ckpt").exists() and (tmp_path / "run.ckpt.done").exists()
+    # One file, no temporary left behind and no marker beside it: the file vouches for itself.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.ckpt"]
 
     resumed = Trainer(lenet5(), **dict(kwargs, seed=0)).load(tmp_path / "run.ckpt")
     assert (resumed.epoch, resumed.step, resumed.seed) == (1, 27, 11)
@@ -258,20 +260,64 @@ def test_checkpoint_resume_is_bit_identical(tmp_path):
     assert np.array_equal(resumed.engine.momentum, straight.engine.momentum)
 
 
+def test_progress_lines_without_tqdm_start_at_a_resumed_step_and_show_real_losses(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)    # `from tqdm import tqdm` raises ImportError
+    x, y = small_data()                                # 640 examples / 32 = 20 steps per epoch
+    t = Trainer(mlp((32,)), batch_size=32, seed=1)
+    t.fit(x, y, epochs=1, progress=False)
+    t.train_steps(x, y, 1, 0, 7)                       # resumed 7 steps into epoch 2
+    t.step += 7
+    t.fit(x, y, epochs=2, progress=True, chunk_steps=3)
+    err = capsys.readouterr().err
+    assert "nan" not in err, err
+    # A line at each 10% passed after the resumed step 7, each with the loss of the steps just run.
+    done = [int(re.fullmatch(r"epoch 2/2: (\d+)/20 steps, loss \d+\.\d{4}", line).group(1))
+            for line in err.splitlines()]
+    assert done == [10, 13, 16, 19, 20], err
+
+
+HEADER = 56   # csrc/engine/checkpoint.h: CheckpointHeader; then params, momentum, a CRC32
+
+
 def test_checkpoint_refuses_another_model_and_damaged_files(tmp_path):
+    x, y = small_data(64)
     t = Trainer(lenet5(), batch_size=8)
+    t.fit(x, y, epochs=1, progress=False)      # momentum is not zero: a byte there counts too
     t.save(tmp_path / "a.ckpt")
     with pytest.raises(ValueError, match="model"):
         Trainer(mlp((32,)), batch_size=8).load(tmp_path / "a.ckpt")
     data = (tmp_path / "a.ckpt").read_bytes()
-    (tmp_path / "b.ckpt").write_bytes(data[: len(data) // 2])
-    other = Trainer(lenet5(), batch_size=8, seed=4)
-    before = other.params.copy()
-    with pytest.raises(ValueError, match="b.ckpt"):
-        other.load(tmp_path / "b.ckpt")
-    assert np.array_equal(other.params, before)   # a damaged file changes nothing
+    n = t.engine.num_params
+    assert len(data) == HEADER + 8 * n + 4
+
+    def flipped(at):
+        return data[:at] + bytes([data[at] ^ 0x10]) + data[at + 1:]
+
+    damaged = {
+        "truncated": (data[: len(data) // 2], "truncated"),
+        "no_crc": (data[:-4], "truncated"),
+        "longer": (data + b"\0", "longer"),
+        "param_byte": (flipped(HEADER + 4 * 1000 + 2), "damaged"),
+        "momentum_byte": (flipped(HEADER + 4 * n + 4 * 7), "damaged"),
+        "step_field": (flipped(16), "damaged"),      # the header is covered as well
+        "crc_byte": (flipped(len(data) - 1), "damaged"),
+        "version_1": (data[:4] + (1).to_bytes(4, "little") + data[8:], "format version 1;.*reads only version 2"),
+        "not_ours": (b"\x89PNG" + data[4:], "not a pydist checkpoint"),
+    }
+    for name, (content, match) in damaged.items():
+        (tmp_path / f"{name}.ckpt").write_bytes(content)
+        other = Trainer(lenet5(), batch_size=8, seed=4)
+        before = other.params.copy(), other.engine.momentum.copy(), other.step, other.epoch
+        with pytest.raises(ValueError, match=f"{name}.ckpt.*{match}"):
+            other.load(tmp_path / f"{name}.ckpt")
+        # a damaged file changes nothing
+        assert np.array_equal(other.params, before[0]) and np.array_equal(other.engine.momentum, before[1]), name
+        assert (other.step, other.epoch) == before[2:], name
     with pytest.raises(ValueError, match="nothing.ckpt"):
         Trainer(lenet5(), batch_size=8).load(tmp_path / "nothing.ckpt")
+
+    good = Trainer(lenet5(), batch_size=8, seed=4).load(tmp_path / "a.ckpt")   # and the intact file loads
+    assert np.array_equal(good.params, t.params) and np.array_equal(good.engine.momentum, t.engine.momentum)
 
 
 def test_killed_run_keeps_its_last_checkpoint(tmp_path):
@@ -283,7 +329,7 @@ def test_killed_run_keeps_its_last_checkpoint(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT, UCX_ERROR_SIGNALS="")
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
-    while not (tmp_path / "run.ckpt.done").exists() and time.monotonic() < deadline:
+    while not ckpt.exists() and time.monotonic() < deadline:   # the rename makes it appear whole
         time.sleep(0.05)
     time.sleep(0.3)
     proc.send_signal(signal.SIGKILL)

@@ -1,9 +1,16 @@
 """python -m pydist.train as a user runs it: under mpiexec with 2 ranks, its metrics file, curves and
-checkpoint; and one clear error for missing data."""
+checkpoint; its progress bar (tqdm) and its curves (matplotlib); and one clear error for missing data."""
 import json
 import os
+import re
 import subprocess
 import sys
+
+import numpy as np
+from matplotlib.colors import to_hex
+
+from pydist.engine import Trainer, mlp
+from pydist.train import SERIES, figure, read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = dict(os.environ, PYTHONPATH=ROOT, UCX_ERROR_SIGNALS="", MPIEXEC_TIMEOUT="120")
@@ -26,14 +33,17 @@ def test_two_ranks_train_and_report(tmp_path):
     assert records[1]["train_loss"] < records[0]["train_loss"]
     assert records[1]["test_accuracy"] > 0.8                             # an MLP on Fashion-MNIST
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (tmp_path / "mlp.ckpt.done").exists()
+    assert not (tmp_path / "mlp.ckpt.done").exists()                   # the checkpoint vouches for itself
     assert proc.stdout.count("epoch 2: train loss") == 1, proc.stdout   # one line, from rank 0
+    # The progress bar (tqdm, on stderr) shows real losses only: never a frame with loss=nan.
+    assert "loss=" in proc.stderr and "nan" not in proc.stderr, proc.stderr
 
     # --resume with more epochs continues from epoch 2 and appends
     proc = run(["--model", "mlp", "--hidden", "64", "--epochs", "3", "--batch-size", "100",
                 "--checkpoint", "mlp.ckpt", "--resume", "--metrics", "m.jsonl", "--plot", ""], tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "resumed from mlp.ckpt at epoch 2" in proc.stdout
+    assert "nan" not in proc.stderr, proc.stderr
     assert [json.loads(line)["epoch"] for line in (tmp_path / "m.jsonl").read_text().splitlines()] == [1, 2, 3]
 
 
@@ -41,3 +51,66 @@ def test_missing_data_is_one_clear_error(tmp_path):
     proc = run(["--data", str(tmp_path / "nowhere"), "--epochs", "1"], tmp_path, ranks=1)
     assert proc.returncode != 0
     assert "dataset-fashion-mnist" in proc.stderr and "nowhere" in proc.stderr, proc.stderr
+
+
+def frames(err):
+    """tqdm's frames in what it wrote: each starts with a carriage return; blank ones clear the line."""
+    return [f.strip() for f in err.split("\r") if f.strip()]
+
+
+def test_progress_bar_starts_at_a_resumed_step_and_shows_only_real_losses(capsys):
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((640, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, 640).astype(np.int32)
+    t = Trainer(mlp((32,)), batch_size=32, seed=1)    # 20 steps per epoch
+    t.fit(x, y, epochs=1, progress=False)
+    t.train_steps(x, y, 1, 0, 7)                       # resumed 7 steps into epoch 2
+    t.step += 7
+    t.fit(x, y, epochs=2, progress=True, chunk_steps=3)
+    err = capsys.readouterr().err
+    assert "nan" not in err, err
+    shown = frames(err)
+    # The first frame is drawn before any step has run: at the resumed step, with no loss yet.
+    assert shown[0].startswith("epoch 2/2:") and "7/20" in shown[0] and "loss=" not in shown[0], shown
+    # Then a frame per chunk of 3 steps, each with the loss of the steps just run.
+    assert [re.search(r"(\d+)/20", f).group(1) for f in shown[1:]] == ["10", "13", "16", "19", "20"], shown
+    assert all(re.search(r"loss=\d+\.\d{4}", f) for f in shown[1:]), shown
+
+
+def history(epochs, test=True):
+    rows = [{"epoch": e, "train_loss": 1 / e, "train_accuracy": 1 - 0.3 / e} for e in range(1, epochs + 1)]
+    if test:
+        for r in rows:
+            r.update(test_loss=1.1 / r["epoch"], test_accuracy=1 - 0.35 / r["epoch"])
+    return rows
+
+
+def visible_xticks(ax):
+    lo, hi = ax.get_xlim()
+    return [t for t in ax.get_xticks() if lo <= t <= hi]
+
+
+def test_curves_keep_one_colour_per_series_and_whole_epoch_ticks():
+    for epochs in (1, 2, 3, 5, 12, 40):
+        fig = figure(history(epochs))
+        assert len(fig.axes) == 2
+        for ax in fig.axes:
+            colours = {line.get_label(): to_hex(line.get_color()) for line in ax.get_lines()}
+            assert colours == {name: to_hex(c) for name, c in SERIES.items()}, (epochs, ax.get_title(), colours)
+            ticks = visible_xticks(ax)
+            assert ticks and all(float(t).is_integer() for t in ticks), (epochs, ticks)
+            if epochs <= 5:                                  # few epochs: a tick at each, no other
+                assert ticks == list(range(1, epochs + 1)), (epochs, ticks)
+            lo, hi = ax.get_xlim()
+            assert lo < 1 and hi > epochs, (epochs, ax.get_xlim())   # every point in view
+    train_only = figure(history(3, test=False))
+    for ax in train_only.axes:
+        assert [(line.get_label(), to_hex(line.get_color())) for line in ax.get_lines()] == \
+            [("train", to_hex(SERIES["train"]))]
+
+
+def test_read_metrics_gives_one_record_per_epoch_in_order(tmp_path):
+    rows = history(3)
+    again = dict(rows[1], train_loss=0.123)            # epoch 2 written again (a resume from epoch 1)
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows + [again]))
+    got = read_metrics(tmp_path / "m.jsonl")
+    assert [r["epoch"] for r in got] == [1, 2, 3] and got[1]["train_loss"] == 0.123
