@@ -58,7 +58,8 @@ def test_pending_work_in_a_cycle_keeps_its_array_until_mpi_is_done(restore_group
     dist.destroy_process_group()   # cancels parked receives and lets their arrays go
     gc.collect()
     assert ref() is None
-    assert _C.parked() == parked
+    # Receives parked by earlier tests in this process are cancelled too, so the list is empty.
+    assert _C.parked() == 0
 
 
 # ---------------------------------------------------------------------------------------------------
