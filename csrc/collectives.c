@@ -623,6 +623,15 @@ PyObject *pd_all_to_all_single(PyObject *self, PyObject *const *args, Py_ssize_t
         split_bytes(args[3], &in, size, fn, "input", "input_split_sizes", scounts, sdispls) < 0) {
         goto done;
     }
+    // The one block this rank can check alone: the one it sends itself. Other blocks' sizes are the
+    // peers' business (MPI reports a too-small receive as a truncation error).
+    int rank = pd_group_rank(group);
+    if (scounts[rank] != rcounts[rank]) {
+        PyErr_Format(PyExc_ValueError, "%s(): this rank's block to itself must be as large in `output` as in "
+                     "`input`; got %lld and %lld bytes (check the split sizes and the shapes)", fn,
+                     (long long)rcounts[rank], (long long)scounts[rank]);
+        goto done;
+    }
     if ((keep = PyTuple_Pack(3, (PyObject *)out.arr, (PyObject *)in.arr, meta)) == NULL) {
         goto done;
     }
