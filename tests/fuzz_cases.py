@@ -34,6 +34,13 @@ class Tensor:
     """Named like torch's tensor, from another module: not a torch tensor."""
     __module__ = "torchvision.fake"
 
+    def __reduce__(self):   # pickled by tests/mpi/test_fuzz.py, despite the module it claims
+        return _fake_tensor, ()
+
+
+def _fake_tensor():
+    return Tensor()
+
 
 Spec = collections.namedtuple("Spec", "dtype shape seed layout")
 OnRoot = collections.namedtuple("OnRoot", "value root")          # `value` on rank `root`, None elsewhere
