@@ -11,6 +11,8 @@ A case is "valid" (every argument right: the call must succeed and give the NumP
 (one argument replaced by something wrong or odd) or "chaos" (any argument may be anything).
 """
 import collections
+import contextlib
+import os
 
 import numpy as np
 from hypothesis import strategies as st
@@ -108,6 +110,17 @@ def a2a_rows(a, rank, size):
         return 2 * size
     m = np.array(a.matrix).reshape(size, size)
     return int(m[rank].sum() if a.side == "in" else m[:, rank].sum())
+
+
+@contextlib.contextmanager
+def working_dir(path):
+    """Run in `path`, so that a fuzzed relative file name is written there and nowhere else."""
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
 
 
 # ---------------------------------------------------------------------------------------------------

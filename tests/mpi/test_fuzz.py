@@ -424,7 +424,8 @@ def test_fuzz_trainer(method, tmp_path_factory):
             if method == "fit":
                 b = 1 + data_seed % 3          # chunk_steps
             path = "ok"
-        return run_trainer(method, mode, data_seed, n, batch, a, b, path, folder)
+        with fc.working_dir(folder):   # a fuzzed relative path lands here
+            return run_trainer(method, mode, data_seed, n, batch, a, b, path, folder)
 
     fuzz(st.tuples(MODES, st.integers(0, 99), st.integers(0, 12), st.integers(1, 3), steps, steps,
                    st.one_of(st.sampled_from(["ok", "missing", "dir", "nul"]), junk)), check, max_examples=15,
