@@ -273,6 +273,45 @@ def test_fuzz_point_to_point(fn, tensor, peer, tag, group):
     assert_group_works()
 
 
+def short_or_refused(t):
+    """A timeout a pending wait may be given here: refused (not a number, negative) or at most 50 ms.
+    (NaN is left out: Work.wait(timeout=nan) waits for ever, reported to the lead.)"""
+    if t is None:   # wait for ever
+        return False
+    try:
+        v = float(t.total_seconds() if hasattr(t, "total_seconds") else t)
+    except Exception:  # noqa: BLE001 -- wait() refuses it too
+        return True
+    return v <= 0.05 or isinstance(t, bool)   # NaN <= 0.05 is False
+
+
+@seed(SEED)
+@FUZZ
+@given(kind=st.sampled_from(["all_reduce", "barrier", "pending irecv"]),
+       method=st.sampled_from(["wait", "is_completed", "is_success", "exception", "result", "source_rank"]),
+       timeout=mostly(st.one_of(st.none(), st.floats(0, 0.05), st.just(datetime.timedelta(milliseconds=5)))),
+       extra=st.sampled_from([(), (), (), (1,), (1, 2)]))
+def test_fuzz_work(kind, method, timeout, extra):
+    if kind == "pending irecv" and (method == "wait" and not short_or_refused(timeout)):
+        timeout = 0.01
+    x = np.arange(3.0)
+    work = {"all_reduce": lambda: dist.all_reduce(x, async_op=True),
+            "barrier": lambda: dist.barrier(async_op=True),
+            "pending irecv": lambda: dist.irecv(np.zeros(2))}[kind]()   # from anyone: nobody sends
+    args = ((timeout,) if method == "wait" else ()) + extra
+    result, error = call(getattr(work, method), *args)
+    if error is None and method == "wait":
+        assert result is True and kind != "pending irecv"
+    if kind != "pending irecv":
+        assert work.wait() is True and work.is_completed() and np.array_equal(x, np.arange(3.0))
+    else:
+        assert not work.is_completed()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)   # dropped while pending: parked, as designed
+            del work
+    assert_group_works()
+
+
 # ---------------------------------------------------------------------------------------------------
 # The fuzz: groups, queries, object collectives, monitored_barrier, check_op
 
