@@ -314,7 +314,8 @@ class Trainer:
         if not isinstance(chunk_steps, int) or isinstance(chunk_steps, bool) or chunk_steps < 1:
             raise ValueError(f"Trainer.fit(): `chunk_steps` must be a positive int, got {chunk_steps!r}")
         if test is not None and (not isinstance(test, (tuple, list)) or len(test) != 2):
-            raise ValueError(f"Trainer.fit(): `test` must be a pair (images, labels) or None, got {type(test).__name__}")
+            raise ValueError(f"Trainer.fit(): `test` must be a pair (images, labels) or None, "
+                             f"got {type(test).__name__}")
         # Paths only (an int would be taken by open() as a file descriptor), checked on every rank.
         checkpoint = os.fspath(checkpoint) if checkpoint else None
         metrics = os.fspath(metrics) if metrics else None
