@@ -5,9 +5,9 @@ Every rank must make the same calls in the same order, so hypothesis runs on ran
 no example database, no shrinking) and sends each case it draws to the other ranks, which run the same
 check on it. (Seeding hypothesis alike on every rank was not enough: the ranks drew different cases,
 probably because hypothesis also draws constants it finds in the modules each process has loaded.)
-Outcomes allowed: a correct result
-(compared with the answer each rank computes alone with NumPy, tests/fuzz_cases.py) or TypeError /
-ValueError / OverflowError / DistError, and after every example the world still reduces correctly.
+Outcomes allowed: a correct result (compared with the answer each rank computes alone with NumPy,
+tests/fuzz_cases.py) or TypeError / ValueError / OverflowError / DistError, and after every example the
+world still reduces correctly.
 
 What torch leaves to the caller stays with the caller here: an argument that is valid on one rank and
 not on another (a gather_list on the wrong rank, a read-only array on a broadcast's receiver) makes
