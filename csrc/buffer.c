@@ -25,19 +25,36 @@ static PyObject *dims_repr(int nd, const npy_intp *dims) {
     return t;
 }
 
-// A torch tensor: a type named "Tensor" (or a subclass of one) from a module under "torch".
-static int is_torch_tensor(PyObject *obj) {
-    for (PyTypeObject *t = Py_TYPE(obj); t != NULL; t = t->tp_base) {
-        PyObject *mod = PyDict_GetItemString(t->tp_dict, "__module__");  // borrowed
-        if (mod != NULL && PyUnicode_Check(mod)) {
-            const char *m = PyUnicode_AsUTF8(mod);
-            if (m != NULL && strncmp(m, "torch", 5) == 0 && strcmp(t->tp_name, "Tensor") == 0) {
-                return 1;
-            }
-        }
-        PyErr_Clear();
+// Whether `cls` is torch.Tensor: a class named "Tensor" from the module "torch" or one under it.
+static int is_tensor_class(PyObject *cls) {
+    PyObject *name = PyObject_GetAttrString(cls, "__name__");
+    PyObject *mod = name ? PyObject_GetAttrString(cls, "__module__") : NULL;
+    int yes = 0;
+    if (mod != NULL && PyUnicode_Check(name) && PyUnicode_Check(mod) &&
+        PyUnicode_CompareWithASCIIString(name, "Tensor") == 0) {
+        const char *m = PyUnicode_AsUTF8(mod);
+        yes = m != NULL && (strcmp(m, "torch") == 0 || strncmp(m, "torch.", 6) == 0);
     }
-    return 0;
+    Py_XDECREF(name);
+    Py_XDECREF(mod);
+    PyErr_Clear();  // a class without those attributes is simply not torch's
+    return yes;
+}
+
+// A torch tensor: an instance of torch.Tensor or of a subclass (nn.Parameter...). We never import
+// torch, so we look for the class in the type's __mro__ by name, through public attribute lookups
+// only (a type's tp_dict is NULL for builtin types from Python 3.12 on).
+static int is_torch_tensor(PyObject *obj) {
+    PyObject *mro = PyObject_GetAttrString((PyObject *)Py_TYPE(obj), "__mro__");
+    int yes = 0;
+    if (mro != NULL && PyTuple_Check(mro)) {
+        for (Py_ssize_t i = 0; !yes && i < PyTuple_GET_SIZE(mro); i++) {
+            yes = is_tensor_class(PyTuple_GET_ITEM(mro, i));
+        }
+    }
+    Py_XDECREF(mro);
+    PyErr_Clear();
+    return yes;
 }
 
 // A new reference to an ndarray for obj, or NULL with TypeError.
@@ -137,13 +154,14 @@ int pd_buflist_get(PyObject *seq_obj, Py_ssize_t n, const char *fn, const char *
                      Py_TYPE(seq_obj)->tp_name);
         return -1;
     }
-    PyObject *seq = PySequence_Fast(seq_obj, "");
+    // A tuple snapshot: viewing a torch tensor runs Python code, which could resize a list under us.
+    PyObject *seq = PySequence_Tuple(seq_obj);
     if (seq == NULL) {
         return -1;
     }
-    if (PySequence_Fast_GET_SIZE(seq) != n) {
+    if (PyTuple_GET_SIZE(seq) != n) {
         PyErr_Format(PyExc_ValueError, "%s(): `%s` must have one array per rank of the group (%zd); got %zd",
-                     fn, arg, n, PySequence_Fast_GET_SIZE(seq));
+                     fn, arg, n, PyTuple_GET_SIZE(seq));
         goto error;
     }
     out->n = n;
@@ -161,7 +179,7 @@ int pd_buflist_get(PyObject *seq_obj, Py_ssize_t n, const char *fn, const char *
     for (Py_ssize_t i = 0; i < n; i++) {
         char name[64];
         snprintf(name, sizeof name, "%s[%zd]", arg, i);
-        if (pd_buf_get(PySequence_Fast_GET_ITEM(seq, i), fn, name, writable, &out->bufs[i]) < 0) {
+        if (pd_buf_get(PyTuple_GET_ITEM(seq, i), fn, name, writable, &out->bufs[i]) < 0) {
             goto error;
         }
         if (out->bufs[i].dtype != like->dtype || out->bufs[i].count != like->count) {

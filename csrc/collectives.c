@@ -230,7 +230,8 @@ PyObject *pd_all_gather_into_tensor(PyObject *self, PyObject *const *args, Py_ss
         goto done;
     }
     int size = pd_group_size(group), rank = pd_group_rank(group);
-    if (in.dtype != out.dtype || out.count != in.count * size) {
+    // out == in x size, by division: the product could overflow
+    if (in.dtype != out.dtype || out.count % size != 0 || out.count / size != in.count) {
         PyErr_Format(PyExc_ValueError, "%s(): `output_tensor` must be %s with %d x %lld elements (group size "
                      "x input); got %s with %lld", fn, in.dtype->name, size, (long long)in.count,
                      out.dtype->name, (long long)out.count);
@@ -444,7 +445,8 @@ PyObject *pd_reduce_scatter_tensor(PyObject *self, PyObject *const *args, Py_ssi
         goto done;
     }
     int size = pd_group_size(group);
-    if (in.dtype != out.dtype || in.count != out.count * size) {
+    // in == out x size, by division: the product could overflow
+    if (in.dtype != out.dtype || in.count % size != 0 || in.count / size != out.count) {
         PyErr_Format(PyExc_ValueError, "%s(): `input` must be %s with %d x %lld elements (group size x output); "
                      "got %s with %lld", fn, out.dtype->name, size, (long long)out.count, in.dtype->name,
                      (long long)in.count);
@@ -504,21 +506,38 @@ done:
 // ---------------------------------------------------------------------------------------------------
 // All-to-all
 
-// Row sizes for all_to_all_single: `splits` (None: equal rows) over dimension 0 of `b`, written as
-// byte counts and displacements into counts/displs. Returns -1 with ValueError on bad splits.
+// Row sizes for all_to_all_single: `splits` over dimension 0 of `b`, as byte counts and
+// displacements into counts/displs. None or an empty sequence means equal rows (as in torch).
+// Otherwise a sequence of one int per rank: Python ints or NumPy integers (anything with __index__
+// but bool, as torch's int arguments take), each checked against the rows not yet assigned, so no
+// sum or product can overflow: every count and displacement is at most the array's own byte size.
+// Returns -1 with TypeError/ValueError on bad splits, before anything is sent.
 static int split_bytes(PyObject *splits, const PdBuf *b, int size, const char *fn, const char *arg,
-                       MPI_Count *counts, MPI_Aint *displs) {
+                       const char *splits_name, MPI_Count *counts, MPI_Aint *displs) {
     int nd = PyArray_NDIM(b->arr);
     if (nd == 0) {
         PyErr_Format(PyExc_ValueError, "%s(): `%s` must have at least one dimension", fn, arg);
         return -1;
     }
     npy_intp rows = PyArray_DIM(b->arr, 0);
-    Py_ssize_t row_bytes = PyArray_ITEMSIZE(b->arr);
-    for (int d = 1; d < nd; d++) {
-        row_bytes *= PyArray_DIM(b->arr, d);
+    // From the array's own size: with 0 rows the other dimensions may multiply past any integer.
+    Py_ssize_t row_bytes = rows > 0 ? b->nbytes / rows : 0;
+    PyObject *seq = NULL;
+    if (splits != Py_None) {
+        if (!PySequence_Check(splits) || PyUnicode_Check(splits) || PyBytes_Check(splits) ||
+            PyByteArray_Check(splits)) {
+            PyErr_Format(PyExc_TypeError, "%s(): `%s` must be a list of ints or None; got %.100s", fn, splits_name,
+                         Py_TYPE(splits)->tp_name);
+            return -1;
+        }
+        if ((seq = PySequence_Tuple(splits)) == NULL) {  // a snapshot: __index__ below runs Python code
+            return -1;
+        }
+        if (PyTuple_GET_SIZE(seq) == 0) {
+            Py_CLEAR(seq);
+        }
     }
-    if (splits == Py_None) {
+    if (seq == NULL) {
         if (rows % size != 0) {
             PyErr_Format(PyExc_ValueError, "%s(): dimension 0 of `%s` (%zd) must divide evenly by the group "
                          "size %d when no split sizes are given", fn, arg, (Py_ssize_t)rows, size);
@@ -530,30 +549,48 @@ static int split_bytes(PyObject *splits, const PdBuf *b, int size, const char *f
         }
         return 0;
     }
-    PyObject *seq = PySequence_Fast(splits, "split sizes must be a list of ints");
-    if (seq == NULL) {
-        return -1;
+    if (PyTuple_GET_SIZE(seq) != size) {
+        PyErr_Format(PyExc_ValueError, "%s(): `%s` must have one entry per rank of the group (%d); got %zd", fn,
+                     splits_name, size, PyTuple_GET_SIZE(seq));
+        goto error;
     }
-    int ok = PySequence_Fast_GET_SIZE(seq) == size;
-    long long sum = 0;
-    for (int i = 0; ok && i < size; i++) {
-        long v;
-        if (pd_arg_long(PySequence_Fast_GET_ITEM(seq, i), fn, "split sizes", &v) < 0) {
-            Py_DECREF(seq);
-            return -1;
+    npy_intp left = rows;  // rows not yet given to a rank
+    for (int i = 0; i < size; i++) {
+        PyObject *item = PyTuple_GET_ITEM(seq, i);
+        if (PyBool_Check(item) || !PyIndex_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "%s(): `%s` must hold ints; got %.100s at index %d", fn, splits_name,
+                         Py_TYPE(item)->tp_name, i);
+            goto error;
         }
-        ok = v >= 0;
+        PyObject *index = PyNumber_Index(item);
+        if (index == NULL) {
+            goto error;
+        }
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(index, &overflow);
+        Py_DECREF(index);
+        if (v == -1 && PyErr_Occurred()) {
+            goto error;
+        }
+        if (overflow || v < 0 || v > left) {
+            PyErr_Format(PyExc_ValueError, "%s(): `%s` must be %d non-negative ints summing to dimension 0 of "
+                         "`%s` (%zd); got %R", fn, splits_name, size, arg, (Py_ssize_t)rows, splits);
+            goto error;
+        }
         counts[i] = (MPI_Count)v * row_bytes;
-        displs[i] = (MPI_Aint)sum * row_bytes;
-        sum += v;
+        displs[i] = (MPI_Aint)(rows - left) * row_bytes;
+        left -= (npy_intp)v;
+    }
+    if (left != 0) {
+        PyErr_Format(PyExc_ValueError, "%s(): `%s` must be %d non-negative ints summing to dimension 0 of `%s` "
+                     "(%zd); got %R", fn, splits_name, size, arg, (Py_ssize_t)rows, splits);
+        goto error;
     }
     Py_DECREF(seq);
-    if (!ok || sum != rows) {
-        PyErr_Format(PyExc_ValueError, "%s(): the split sizes of `%s` must be %d non-negative ints summing to "
-                     "its dimension 0 (%zd); got %R", fn, arg, size, (Py_ssize_t)rows, splits);
-        return -1;
-    }
     return 0;
+error:
+    Py_DECREF(seq);
+    return -1;
 }
 
 // _C.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, async_op):
@@ -586,8 +623,17 @@ PyObject *pd_all_to_all_single(PyObject *self, PyObject *const *args, Py_ssize_t
     }
     MPI_Count *rcounts = (MPI_Count *)PyBytes_AS_STRING(meta), *scounts = rcounts + size;
     MPI_Aint *rdispls = (MPI_Aint *)(scounts + size), *sdispls = rdispls + size;
-    if (split_bytes(args[2], &out, size, fn, "output", rcounts, rdispls) < 0 ||
-        split_bytes(args[3], &in, size, fn, "input", scounts, sdispls) < 0) {
+    if (split_bytes(args[2], &out, size, fn, "output", "output_split_sizes", rcounts, rdispls) < 0 ||
+        split_bytes(args[3], &in, size, fn, "input", "input_split_sizes", scounts, sdispls) < 0) {
+        goto done;
+    }
+    // The one block this rank can check alone: the one it sends itself. Other blocks' sizes are the
+    // peers' business (MPI reports a too-small receive as a truncation error).
+    int rank = pd_group_rank(group);
+    if (scounts[rank] != rcounts[rank]) {
+        PyErr_Format(PyExc_ValueError, "%s(): this rank's block to itself must be as large in `output` as in "
+                     "`input`; got %lld and %lld bytes (check the split sizes and the shapes)", fn,
+                     (long long)rcounts[rank], (long long)scounts[rank]);
         goto done;
     }
     if ((keep = PyTuple_Pack(3, (PyObject *)out.arr, (PyObject *)in.arr, meta)) == NULL) {

@@ -7,6 +7,8 @@
  * travels as MPI_UINT16_T and reduces with user ops (half -> float, operate, round back to nearest
  * even), which gives NumPy's result for each pairwise step. AVG is SUM followed by a division by the
  * group size, for floating and complex dtypes only (torch's AVG is not defined for integers here).
+ * MIN and MAX on unsigned integers use our own ops too where MPI gets them wrong (MPICH 4.0.2 compares
+ * them as signed: see unsigned_ops below).
  */
 #include "pydist.h"
 
@@ -153,11 +155,76 @@ HALF_OP(half_max, (a != a || b != b) ? NAN : (a > b ? a : b))
 
 static MPI_Op half_ops[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
 
+// ---------------------------------------------------------------------------------------------------
+// MIN and MAX of unsigned integers. MPICH 4.0.2 (Debian's) compares them as signed, so that
+// MIN(1, 200) on uint8 is 200 (pmodels/mpich#6083, fixed in later MPICH): a silently wrong result for
+// any value with its top bit set. At init we ask MPI_Reduce_local whether this MPI has the bug, and
+// only then reduce with these ops of our own, which compare as C compares unsigned integers.
+
+#define UNSIGNED_OP(name, type, keep_in)                                                           \
+    static void name(void *in, void *inout, MPI_Count *len, MPI_Datatype *dt) {                    \
+        (void)dt;                                                                                   \
+        const type *a = (const type *)in;                                                           \
+        type *b = (type *)inout;                                                                    \
+        for (MPI_Count i = 0; i < *len; i++) {                                                      \
+            b[i] = (keep_in) ? a[i] : b[i];                                                         \
+        }                                                                                           \
+    }
+
+UNSIGNED_OP(u8_min, uint8_t, a[i] < b[i])
+UNSIGNED_OP(u8_max, uint8_t, a[i] > b[i])
+UNSIGNED_OP(u16_min, uint16_t, a[i] < b[i])
+UNSIGNED_OP(u16_max, uint16_t, a[i] > b[i])
+UNSIGNED_OP(u32_min, uint32_t, a[i] < b[i])
+UNSIGNED_OP(u32_max, uint32_t, a[i] > b[i])
+UNSIGNED_OP(u64_min, uint64_t, a[i] < b[i])
+UNSIGNED_OP(u64_max, uint64_t, a[i] > b[i])
+
+// [uint8, uint16, uint32, uint64][min, max]: MPI_OP_NULL where MPI's own MPI_MIN/MPI_MAX are right.
+static MPI_Op unsigned_ops[4][2] = {{MPI_OP_NULL, MPI_OP_NULL}, {MPI_OP_NULL, MPI_OP_NULL},
+                                    {MPI_OP_NULL, MPI_OP_NULL}, {MPI_OP_NULL, MPI_OP_NULL}};
+
+// Whether MPI's MIN and MAX are right for unsigned integers of 1 << i bytes: MIN(1, top) must be 1 and
+// MAX(top, 1) must be top, the largest value (all bits set, which a signed comparison takes for -1).
+static int unsigned_minmax_right(int i) {
+    static const uint8_t v8[2] = {1, UINT8_MAX};
+    static const uint16_t v16[2] = {1, UINT16_MAX};
+    static const uint32_t v32[2] = {1, UINT32_MAX};
+    static const uint64_t v64[2] = {1, UINT64_MAX};
+    const void *small[4] = {&v8[0], &v16[0], &v32[0], &v64[0]}, *top[4] = {&v8[1], &v16[1], &v32[1], &v64[1]};
+    MPI_Datatype types[4] = {MPI_UINT8_T, MPI_UINT16_T, MPI_UINT32_T, MPI_UINT64_T};
+    size_t bytes = (size_t)1 << i;
+    unsigned char got[8];
+    memcpy(got, top[i], bytes);
+    int right = MPI_Reduce_local(small[i], got, 1, types[i], MPI_MIN) == MPI_SUCCESS &&
+                memcmp(got, small[i], bytes) == 0;
+    memcpy(got, small[i], bytes);
+    return right && MPI_Reduce_local(top[i], got, 1, types[i], MPI_MAX) == MPI_SUCCESS &&
+           memcmp(got, top[i], bytes) == 0;
+}
+
+static int unsigned_index(const PdDtype *dt) {
+    return dt->mpi == MPI_UINT8_T ? 0 : dt->mpi == MPI_UINT16_T ? 1 : dt->mpi == MPI_UINT32_T ? 2 : 3;
+}
+
 int pd_ops_init(void) {
     MPI_User_function_c *fns[4] = {half_sum, half_prod, half_min, half_max};
     for (int i = 0; i < 4; i++) {
         if (half_ops[i] == MPI_OP_NULL) {
             int rc = MPI_Op_create_c(fns[i], 1, &half_ops[i]);
+            if (rc != MPI_SUCCESS) {
+                return pd_raise_mpi_int(rc, "MPI_Op_create_c");
+            }
+        }
+    }
+    MPI_User_function_c *minmax[4][2] = {{u8_min, u8_max}, {u16_min, u16_max}, {u32_min, u32_max},
+                                         {u64_min, u64_max}};
+    for (int i = 0; i < 4; i++) {
+        if (unsigned_ops[i][0] != MPI_OP_NULL || unsigned_minmax_right(i)) {
+            continue;
+        }
+        for (int j = 0; j < 2; j++) {
+            int rc = MPI_Op_create_c(minmax[i][j], 1, &unsigned_ops[i][j]);
             if (rc != MPI_SUCCESS) {
                 return pd_raise_mpi_int(rc, "MPI_Op_create_c");
             }
@@ -171,6 +238,12 @@ void pd_ops_free(void) {
         if (half_ops[i] != MPI_OP_NULL) {
             MPI_Op_free(&half_ops[i]);
             half_ops[i] = MPI_OP_NULL;
+        }
+        for (int j = 0; j < 2; j++) {
+            if (unsigned_ops[i][j] != MPI_OP_NULL) {
+                MPI_Op_free(&unsigned_ops[i][j]);
+                unsigned_ops[i][j] = MPI_OP_NULL;
+            }
         }
     }
 }
@@ -212,8 +285,10 @@ static MPI_Op op_for(int op, const PdDtype *dt) {
         switch (op) {
         case PD_OP_SUM: return MPI_SUM;
         case PD_OP_PRODUCT: return MPI_PROD;
-        case PD_OP_MIN: return MPI_MIN;
-        case PD_OP_MAX: return MPI_MAX;
+        case PD_OP_MIN: case PD_OP_MAX: {
+            MPI_Op ours = dt->kind == 'u' ? unsigned_ops[unsigned_index(dt)][op == PD_OP_MAX] : MPI_OP_NULL;
+            return ours != MPI_OP_NULL ? ours : op == PD_OP_MIN ? MPI_MIN : MPI_MAX;
+        }
         case PD_OP_BAND: return MPI_BAND;
         case PD_OP_BOR: return MPI_BOR;
         case PD_OP_BXOR: return MPI_BXOR;

@@ -29,11 +29,11 @@ static PyTypeObject *EngineType;
 
 static int engine_enter(EngineObject *e, const char *fn) {
     if (e->model.params == NULL) {
-        PyErr_Format(PyExc_RuntimeError, "Engine.%s(): the engine was not created", fn);
+        PyErr_Format(PyExc_RuntimeError, "%s(): the engine was not created", fn);
         return -1;
     }
     if (e->busy) {
-        PyErr_Format(PyExc_RuntimeError, "Engine.%s(): the engine is in use by another thread", fn);
+        PyErr_Format(PyExc_RuntimeError, "%s(): the engine is in use by another thread", fn);
         return -1;
     }
     e->busy = 1;
@@ -41,40 +41,37 @@ static int engine_enter(EngineObject *e, const char *fn) {
 }
 
 // An array argument that C reads or writes directly: exactly this dtype, C-contiguous, aligned.
-static PyArrayObject *array_arg(PyObject *obj, int typenum, const char *fn, const char *arg, int writable) {
+static PyArrayObject *array_arg(PyObject *obj, int typenum, const char *fn, const char *arg) {
     if (!PyArray_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "Engine.%s(): `%s` must be a numpy.ndarray, not %.100s", fn, arg,
+        PyErr_Format(PyExc_TypeError, "%s(): `%s` must be a numpy.ndarray, not %.100s", fn, arg,
                      Py_TYPE(obj)->tp_name);
         return NULL;
     }
     PyArrayObject *a = (PyArrayObject *)obj;
     if (PyArray_TYPE(a) != typenum || !PyArray_ISCARRAY_RO(a) || !PyArray_ISNOTSWAPPED(a)) {
-        PyErr_Format(PyExc_ValueError, "Engine.%s(): `%s` must be a C-contiguous, aligned %s array", fn, arg,
-                     typenum == NPY_FLOAT32 ? "float32" : "int32");
-        return NULL;
-    }
-    if (writable && !PyArray_ISWRITEABLE(a)) {
-        PyErr_Format(PyExc_ValueError, "Engine.%s(): `%s` must be writable", fn, arg);
+        PyErr_Format(PyExc_ValueError, "%s(): `%s` must be a C-contiguous, aligned, native-byte-order %s array",
+                     fn, arg, typenum == NPY_FLOAT32 ? "float32" : "int32");
         return NULL;
     }
     return a;
 }
 
 static long pixels_of(const Model *m) {
-    return (long)m->in_c * m->in_h * m->in_w;
+    return (long)m->in_c * m->in_h * m->in_w;  // at most 2^31 - 1 (model.c caps every buffer)
 }
 
 // Images (n, pixels...) float32 with n x pixels elements, labels (n,) int32 in [0, classes).
 static int data_args(EngineObject *e, PyObject *images, PyObject *labels, const char *fn, Dataset *ds) {
-    PyArrayObject *xi = array_arg(images, NPY_FLOAT32, fn, "images", 0);
-    PyArrayObject *yi = xi ? array_arg(labels, NPY_INT32, fn, "labels", 0) : NULL;
+    PyArrayObject *xi = array_arg(images, NPY_FLOAT32, fn, "images");
+    PyArrayObject *yi = xi ? array_arg(labels, NPY_INT32, fn, "labels") : NULL;
     if (yi == NULL) {
         return -1;
     }
     npy_intp n = PyArray_NDIM(xi) > 0 ? PyArray_DIM(xi, 0) : 0;
-    if (PyArray_NDIM(xi) < 1 || PyArray_SIZE(xi) != n * pixels_of(&e->model) || PyArray_NDIM(yi) != 1 ||
-        PyArray_DIM(yi, 0) != n || n > INT32_MAX) {
-        PyErr_Format(PyExc_ValueError, "Engine.%s(): `images` must be (n, %ld pixels) and `labels` (n,); got "
+    // n first: with n <= 2^31 and pixels < 2^31 the product cannot overflow
+    if (PyArray_NDIM(xi) < 1 || n > INT32_MAX || PyArray_SIZE(xi) != n * pixels_of(&e->model) ||
+        PyArray_NDIM(yi) != 1 || PyArray_DIM(yi, 0) != n) {
+        PyErr_Format(PyExc_ValueError, "%s(): `images` must be (n, %ld pixels) and `labels` (n,); got "
                      "%lld and %lld elements", fn, pixels_of(&e->model), (long long)PyArray_SIZE(xi),
                      (long long)PyArray_SIZE(yi));
         return -1;
@@ -82,7 +79,7 @@ static int data_args(EngineObject *e, PyObject *images, PyObject *labels, const 
     const int32_t *y = PyArray_DATA(yi);
     for (npy_intp i = 0; i < n; i++) {
         if (y[i] < 0 || y[i] >= e->model.classes) {
-            PyErr_Format(PyExc_ValueError, "Engine.%s(): label %d at index %lld is outside the model's %d classes",
+            PyErr_Format(PyExc_ValueError, "%s(): label %d at index %lld is outside the model's %d classes",
                          fn, (int)y[i], (long long)i, e->model.classes);
             return -1;
         }
@@ -93,13 +90,13 @@ static int data_args(EngineObject *e, PyObject *images, PyObject *labels, const 
 
 // A batch for forward/loss_and_grad: 1 <= B <= max_batch examples.
 static int batch_args(EngineObject *e, PyObject *const *args, int with_labels, const char *fn, int *B) {
-    PyArrayObject *x = array_arg(args[0], NPY_FLOAT32, fn, "x", 0);
+    PyArrayObject *x = array_arg(args[0], NPY_FLOAT32, fn, "x");
     if (x == NULL) {
         return -1;
     }
     npy_intp n = PyArray_NDIM(x) > 0 ? PyArray_DIM(x, 0) : 0;
     if (n < 1 || n > e->model.max_batch || PyArray_SIZE(x) != n * pixels_of(&e->model)) {
-        PyErr_Format(PyExc_ValueError, "Engine.%s(): `x` must hold 1 to %d examples of %ld values each; got "
+        PyErr_Format(PyExc_ValueError, "%s(): `x` must hold 1 to %d examples of %ld values each; got "
                      "shape with %lld values", fn, e->model.max_batch, pixels_of(&e->model),
                      (long long)PyArray_SIZE(x));
         return -1;
@@ -142,9 +139,12 @@ static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
         int t, v[5];
         PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
         if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "iiiiii", &t, &v[0], &v[1], &v[2], &v[3], &v[4])) {
+            // an int too large for C stays an OverflowError
+            PyObject *kind = PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_OverflowError) ? PyExc_OverflowError
+                                                                                             : PyExc_TypeError;
             PyErr_Clear();
-            PyErr_Format(PyExc_TypeError, "Engine(): layer %zd must be a tuple of 6 ints "
-                         "(type, in, out, kernel, stride, padding)", i);
+            PyErr_Format(kind, "Engine(): layer %zd must be a tuple of 6 C ints (type, in, out, kernel, stride, "
+                         "padding); got %.200R", i, item);
             goto done;
         }
         if (t < LAYER_LINEAR || t > LAYER_FLATTEN) {
@@ -153,7 +153,12 @@ static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
         }
         specs[i] = (LayerSpec){(LayerType)t, v[0], v[1], v[2], v[3], v[4]};
     }
-    if (n > INT32_MAX || (e = (EngineObject *)type->tp_alloc(type, 0)) == NULL) {
+    if (n > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "Engine(): at most 2**31 - 1 layers; got %zd", n);
+        goto done;
+    }
+    allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
+    if ((e = (EngineObject *)alloc(type, 0)) == NULL) {
         goto done;
     }
     char err[512];
@@ -181,7 +186,8 @@ static void engine_dealloc(EngineObject *e) {
     PyMem_Free(e->momentum);
     PyMem_Free(e->x);
     PyMem_Free(e->y);
-    tp->tp_free((PyObject *)e);
+    freefunc free_slot = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+    free_slot(e);
     Py_DECREF(tp);
 }
 
@@ -245,7 +251,7 @@ static PyObject *get_layout(EngineObject *e, void *c) {
 static PyObject *engine_init_params(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
     long seed;
     if (pd_check_nargs(nargs, 1, "Engine.init_params") < 0 ||
-        pd_arg_long(args[0], "Engine.init_params", "seed", &seed) < 0 || engine_enter(e, "init_params") < 0) {
+        pd_arg_long(args[0], "Engine.init_params", "seed", &seed) < 0 || engine_enter(e, "Engine.init_params") < 0) {
         return NULL;
     }
     model_init_params(&e->model, (uint64_t)seed);
@@ -258,8 +264,8 @@ static PyObject *engine_init_params(EngineObject *e, PyObject *const *args, Py_s
 // forward(x) -> logits (B, classes), a new array
 static PyObject *engine_forward(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
     int B;
-    if (pd_check_nargs(nargs, 1, "Engine.forward") < 0 || batch_args(e, args, 0, "forward", &B) < 0 ||
-        engine_enter(e, "forward") < 0) {
+    if (pd_check_nargs(nargs, 1, "Engine.forward") < 0 || batch_args(e, args, 0, "Engine.forward", &B) < 0 ||
+        engine_enter(e, "Engine.forward") < 0) {
         return NULL;
     }
     npy_intp dims[2] = {B, e->model.classes};
@@ -280,8 +286,8 @@ static PyObject *engine_forward(EngineObject *e, PyObject *const *args, Py_ssize
 static PyObject *engine_loss_and_grad(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
     int B, correct = 0;
     double loss;
-    if (pd_check_nargs(nargs, 2, "Engine.loss_and_grad") < 0 || batch_args(e, args, 1, "loss_and_grad", &B) < 0 ||
-        engine_enter(e, "loss_and_grad") < 0) {
+    if (pd_check_nargs(nargs, 2, "Engine.loss_and_grad") < 0 ||
+        batch_args(e, args, 1, "Engine.loss_and_grad", &B) < 0 || engine_enter(e, "Engine.loss_and_grad") < 0) {
         return NULL;
     }
     const float *x = PyArray_DATA((PyArrayObject *)args[0]);
@@ -299,7 +305,10 @@ static int sgd_args(PyObject *const *args, const char *fn, SgdConfig *c) {
     for (int i = 0; i < 4; i++) {
         v[i] = PyFloat_AsDouble(args[i]);
         if (v[i] == -1.0 && PyErr_Occurred()) {
-            PyErr_Format(PyExc_TypeError, "Engine.%s(): `%s` must be a number", fn, names[i]);
+            if (PyErr_ExceptionMatches(PyExc_TypeError)) {  // keep OverflowError (an int too large) as it is
+                PyErr_Format(PyExc_TypeError, "%s(): `%s` must be a number; got %.100s", fn, names[i],
+                             Py_TYPE(args[i])->tp_name);
+            }
             return -1;
         }
     }
@@ -314,8 +323,8 @@ static int sgd_args(PyObject *const *args, const char *fn, SgdConfig *c) {
 // sgd_step(lr, momentum, dampening, weight_decay, nesterov): one update from the current grads
 static PyObject *engine_sgd_step(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
     SgdConfig c;
-    if (pd_check_nargs(nargs, 5, "Engine.sgd_step") < 0 || sgd_args(args, "sgd_step", &c) < 0 ||
-        engine_enter(e, "sgd_step") < 0) {
+    if (pd_check_nargs(nargs, 5, "Engine.sgd_step") < 0 || sgd_args(args, "Engine.sgd_step", &c) < 0 ||
+        engine_enter(e, "Engine.sgd_step") < 0) {
         return NULL;
     }
     sgd_step(&c, e->model.params, e->model.grads, e->momentum, &e->momentum_started, e->model.num_params);
@@ -352,43 +361,58 @@ static int allreduce_grads(float *buf, long n, void *ctx) {
 //             weight_decay, nesterov) -> (loss_sum, correct, steps, t_comp, t_sync)
 // group: a pydist group handle, or -1 to train alone (rank 0 of 1, no communication).
 static PyObject *engine_train_steps(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
-    const char *fn = "train_steps";
+    const char *fn = "Engine.train_steps";
     long begin, end, batch, group;
     Dataset ds;
     SgdConfig sgd;
-    if (pd_check_nargs(nargs, 12, "Engine.train_steps") < 0 || data_args(e, args[0], args[1], fn, &ds) < 0 ||
+    if (pd_check_nargs(nargs, 12, fn) < 0 || data_args(e, args[0], args[1], fn, &ds) < 0 ||
         pd_arg_long(args[3], fn, "step_begin", &begin) < 0 || pd_arg_long(args[4], fn, "step_end", &end) < 0 ||
         pd_arg_long(args[5], fn, "batch", &batch) < 0 || pd_arg_long(args[6], fn, "group", &group) < 0 ||
         sgd_args(args + 7, fn, &sgd) < 0) {
         return NULL;
     }
-    PyArrayObject *perm = array_arg(args[2], NPY_INT32, fn, "perm", 0);
+    PyArrayObject *perm = array_arg(args[2], NPY_INT32, fn, "perm");
     if (perm == NULL) {
+        return NULL;
+    }
+    if (batch < 1 || batch > e->model.max_batch) {
+        PyErr_Format(PyExc_ValueError, "%s(): `batch` must be in [1, %d] (the engine's max_batch); got %ld", fn,
+                     e->model.max_batch, batch);
+        return NULL;
+    }
+    if (begin < 0 || end < begin || end > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s(): steps [`step_begin`, `step_end`) must satisfy 0 <= step_begin <= "
+                     "step_end < 2**31; got [%ld, %ld)", fn, begin, end);
         return NULL;
     }
     TrainConfig c = {0, 1, (int)batch, sgd, NULL, NULL};
     SyncContext sync = {e, group, MPI_COMM_NULL, NULL};
     if (group >= 0) {
-        MPI_Comm *comm = pd_group_comm(group, "train_steps");
+        MPI_Comm *comm = pd_group_comm(group, fn);
         if (comm == NULL) {
             return NULL;
         }
         sync.comm = *comm;
         c.rank = pd_group_rank(group), c.world = pd_group_size(group);
         c.allreduce = allreduce_grads, c.ctx = &sync;
+    } else if (group != -1) {
+        PyErr_Format(PyExc_ValueError, "%s(): `group` must be a group handle or -1 (alone); got %ld", fn, group);
+        return NULL;
     }
-    if (batch < 1 || batch > e->model.max_batch || begin < 0 || end < begin ||
-        end * c.world * batch > PyArray_SIZE(perm) || PyArray_SIZE(perm) > ds.n) {
-        PyErr_Format(PyExc_ValueError, "Engine.train_steps(): steps [%ld, %ld) of batch %ld on %d ranks need %ld "
-                     "entries of `perm` (a permutation of the %d examples; batch at most %d)", begin, end, batch,
-                     c.world, end * c.world * batch, ds.n, e->model.max_batch);
+    // Step s reads perm[(s * world + rank) * batch ...] up to end * world * batch, compared by division
+    // so that it cannot overflow; the indices then fit an int (perm has at most ds.n < 2^31 entries).
+    npy_intp entries = PyArray_SIZE(perm), per_step = (npy_intp)c.world * batch;
+    if (entries > ds.n || end > entries / per_step) {
+        PyErr_Format(PyExc_ValueError, "%s(): steps [%ld, %ld) of batch %ld on %d ranks need %ld x %lld entries "
+                     "of `perm` (a permutation of the %d examples); got %lld", fn, begin, end, batch, c.world,
+                     end, (long long)per_step, ds.n, (long long)entries);
         return NULL;
     }
     const int32_t *p = PyArray_DATA(perm);
-    for (npy_intp i = 0; i < PyArray_SIZE(perm); i++) {
+    for (npy_intp i = 0; i < entries; i++) {
         if (p[i] < 0 || p[i] >= ds.n) {
-            PyErr_Format(PyExc_ValueError, "Engine.train_steps(): perm[%lld] = %d is not an example index",
-                         (long long)i, (int)p[i]);
+            PyErr_Format(PyExc_ValueError, "%s(): perm[%lld] = %d is not an example index", fn, (long long)i,
+                         (int)p[i]);
             return NULL;
         }
     }
@@ -409,17 +433,17 @@ static PyObject *engine_train_steps(EngineObject *e, PyObject *const *args, Py_s
 
 // evaluate(images, labels, start, end, batch) -> (loss_sum, correct) over examples [start, end)
 static PyObject *engine_evaluate(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
-    const char *fn = "evaluate";
+    const char *fn = "Engine.evaluate";
     long start, end, batch;
     Dataset ds;
-    if (pd_check_nargs(nargs, 5, "Engine.evaluate") < 0 || data_args(e, args[0], args[1], fn, &ds) < 0 ||
+    if (pd_check_nargs(nargs, 5, fn) < 0 || data_args(e, args[0], args[1], fn, &ds) < 0 ||
         pd_arg_long(args[2], fn, "start", &start) < 0 || pd_arg_long(args[3], fn, "end", &end) < 0 ||
         pd_arg_long(args[4], fn, "batch", &batch) < 0) {
         return NULL;
     }
     if (start < 0 || end < start || end > ds.n || batch < 1 || batch > e->model.max_batch) {
-        PyErr_Format(PyExc_ValueError, "Engine.evaluate(): examples [%ld, %ld) of %d, batch %ld (at most %d)",
-                     start, end, ds.n, batch, e->model.max_batch);
+        PyErr_Format(PyExc_ValueError, "%s(): examples [`start`, `end`) must lie in [0, %d] and `batch` in [1, %d]; "
+                     "got [%ld, %ld), batch %ld", fn, ds.n, e->model.max_batch, start, end, batch);
         return NULL;
     }
     if (engine_enter(e, fn) < 0) {
@@ -440,18 +464,42 @@ static PyObject *engine_evaluate(EngineObject *e, PyObject *const *args, Py_ssiz
     return Py_BuildValue("(dl)", loss_sum, correct);
 }
 
-// save(path, step, epoch, seed): params + momentum, atomically (checkpoint.c)
+// A file name as the bytes the OS takes (str, bytes or os.PathLike; an embedded NUL is a ValueError,
+// never a silently shorter name). Returns a new bytes object, or NULL with an exception.
+static PyObject *path_arg(PyObject *obj, const char *fn, const char *arg) {
+    PyObject *bytes = NULL;
+    if (!PyUnicode_FSConverter(obj, &bytes)) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Format(PyExc_TypeError, "%s(): `%s` must be a path (str, bytes or os.PathLike); got %.100s", fn,
+                         arg, Py_TYPE(obj)->tp_name);
+        }
+        return NULL;
+    }
+    return bytes;
+}
+
+// save(path, step, epoch, seed): params + momentum, atomically (checkpoint.c). step and epoch are
+// counts (>= 0); seed is any C long, stored as its 64 bits and given back as it was by load().
 static PyObject *engine_save(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
+    const char *fn = "Engine.save";
     long step, epoch, seed;
-    const char *path;
-    if (pd_check_nargs(nargs, 4, "Engine.save") < 0) {
+    if (pd_check_nargs(nargs, 4, fn) < 0 || pd_arg_long(args[1], fn, "step", &step) < 0 ||
+        pd_arg_long(args[2], fn, "epoch", &epoch) < 0 || pd_arg_long(args[3], fn, "seed", &seed) < 0) {
         return NULL;
     }
-    if ((path = PyUnicode_AsUTF8(args[0])) == NULL || pd_arg_long(args[1], "save", "step", &step) < 0 ||
-        pd_arg_long(args[2], "save", "epoch", &epoch) < 0 || pd_arg_long(args[3], "save", "seed", &seed) < 0 ||
-        engine_enter(e, "save") < 0) {
+    if (step < 0 || epoch < 0) {
+        PyErr_Format(PyExc_ValueError, "%s(): `step` and `epoch` must be >= 0; got %ld and %ld", fn, step, epoch);
         return NULL;
     }
+    PyObject *path_bytes = path_arg(args[0], fn, "path");
+    if (path_bytes == NULL) {
+        return NULL;
+    }
+    if (engine_enter(e, fn) < 0) {
+        Py_DECREF(path_bytes);
+        return NULL;
+    }
+    const char *path = PyBytes_AS_STRING(path_bytes);
     CheckpointHeader h = {CHECKPOINT_MAGIC, CHECKPOINT_VERSION, (uint64_t)e->model.num_params, (uint64_t)step,
                           (uint64_t)epoch, (uint64_t)seed, model_hash(&e->model), (uint64_t)e->momentum_started};
     char err[1024];
@@ -460,6 +508,7 @@ static PyObject *engine_save(EngineObject *e, PyObject *const *args, Py_ssize_t 
     rc = checkpoint_save(path, &h, e->model.params, e->momentum, err, sizeof err);
     Py_END_ALLOW_THREADS
     e->busy = 0;
+    Py_DECREF(path_bytes);
     if (rc < 0) {
         PyErr_SetString(PyExc_OSError, err);
         return NULL;
@@ -469,11 +518,16 @@ static PyObject *engine_save(EngineObject *e, PyObject *const *args, Py_ssize_t 
 
 // load(path) -> (step, epoch, seed): params, momentum and momentum_started from a checkpoint
 static PyObject *engine_load(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
-    const char *path;
-    if (pd_check_nargs(nargs, 1, "Engine.load") < 0 || (path = PyUnicode_AsUTF8(args[0])) == NULL ||
-        engine_enter(e, "load") < 0) {
+    const char *fn = "Engine.load";
+    PyObject *path_bytes;
+    if (pd_check_nargs(nargs, 1, fn) < 0 || (path_bytes = path_arg(args[0], fn, "path")) == NULL) {
         return NULL;
     }
+    if (engine_enter(e, fn) < 0) {
+        Py_DECREF(path_bytes);
+        return NULL;
+    }
+    const char *path = PyBytes_AS_STRING(path_bytes);
     CheckpointHeader expect = {CHECKPOINT_MAGIC, CHECKPOINT_VERSION, (uint64_t)e->model.num_params, 0, 0, 0,
                                model_hash(&e->model), 0};
     CheckpointHeader h;
@@ -490,6 +544,10 @@ static PyObject *engine_load(EngineObject *e, PyObject *const *args, Py_ssize_t 
         rc = checkpoint_load(path, &h, params, momentum, &expect, err, sizeof err);
         Py_END_ALLOW_THREADS
     }
+    if (rc == 0 && (h.step > INT64_MAX || h.epoch > INT64_MAX)) {  // save() writes counts >= 0 only
+        snprintf(err, sizeof err, "%s is damaged: its step or epoch is out of range", path);
+        rc = -1;
+    }
     if (rc == 0) {
         memcpy(e->model.params, params, bytes);
         memcpy(e->momentum, momentum, bytes);
@@ -498,12 +556,12 @@ static PyObject *engine_load(EngineObject *e, PyObject *const *args, Py_ssize_t 
     PyMem_Free(params);
     PyMem_Free(momentum);
     e->busy = 0;
+    Py_DECREF(path_bytes);
     if (rc < 0) {
         PyErr_SetString(PyExc_ValueError, err);
         return NULL;
     }
-    return Py_BuildValue("(KKK)", (unsigned long long)h.step, (unsigned long long)h.epoch,
-                         (unsigned long long)h.seed);
+    return Py_BuildValue("(LLL)", (long long)h.step, (long long)h.epoch, (long long)h.seed);
 }
 
 #define METHOD(name, fn, doc) {name, (PyCFunction)(void (*)(void))fn, METH_FASTCALL, doc}
@@ -574,17 +632,21 @@ static PyObject *owning_array(int nd, npy_intp *dims, int typenum, void *data) {
 // load_idx(images_path, labels_path) -> (images (n, rows, cols) float32 normalised, labels int32)
 PyObject *pd_load_idx(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    const char *ipath, *lpath;
-    if (pd_check_nargs(nargs, 2, "load_idx") < 0 || (ipath = PyUnicode_AsUTF8(args[0])) == NULL ||
-        (lpath = PyUnicode_AsUTF8(args[1])) == NULL) {
+    PyObject *ibytes = NULL, *lbytes = NULL;
+    if (pd_check_nargs(nargs, 2, "load_idx") < 0 || (ibytes = path_arg(args[0], "load_idx", "images_path")) == NULL ||
+        (lbytes = path_arg(args[1], "load_idx", "labels_path")) == NULL) {
+        Py_XDECREF(ibytes);
         return NULL;
     }
+    const char *ipath = PyBytes_AS_STRING(ibytes), *lpath = PyBytes_AS_STRING(lbytes);
     Dataset ds = {0};
     char err[1024];
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = dataset_load_idx(&ds, ipath, lpath, err, sizeof err);
     Py_END_ALLOW_THREADS
+    Py_DECREF(ibytes);
+    Py_DECREF(lbytes);
     if (rc < 0) {
         PyErr_SetString(PyExc_ValueError, err);
         return NULL;

@@ -15,6 +15,7 @@ with batch R*B (tests/mpi/test_engine_dp.py checks it).
 """
 import json
 import math
+import numbers
 import os
 import sys
 import time
@@ -112,8 +113,10 @@ class Model:
         if not layers or bad:
             raise TypeError(f"Model: layers must be a non-empty list of Linear, Conv2d, MaxPool2d, ReLU, Flatten; "
                             f"got {bad or layers!r}")
-        if len(input_shape) != 3 or not all(isinstance(d, int) and d > 0 for d in input_shape):
-            raise ValueError(f"Model: input_shape must be (channels, height, width), got {input_shape!r}")
+        if not isinstance(input_shape, (tuple, list)) or len(input_shape) != 3 or \
+                not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in input_shape):
+            raise ValueError(f"Model: input_shape must be (channels, height, width) of positive ints, "
+                             f"got {input_shape!r}")
         self.layers, self.input_shape, self.name = layers, tuple(input_shape), name
         # Shape errors now, with the layer named; the check also counts the parameters.
         self.num_params = _C.Engine(self.specs(), self.input_shape, 1).num_params
@@ -218,8 +221,14 @@ class Trainer:
                  batch_size=64, seed=0, group=None, blas_threads=None):
         if not isinstance(model, Model):
             raise TypeError(f"Trainer: `model` must be a pydist.engine.Model, got {type(model).__name__}")
-        if not isinstance(batch_size, int) or batch_size < 1:
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"Trainer: `batch_size` must be a positive int, got {batch_size!r}")
+        for name, v in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay),
+                        ("dampening", dampening)):
+            if not isinstance(v, numbers.Real) or isinstance(v, bool):
+                raise TypeError(f"Trainer: `{name}` must be a real number, got {type(v).__name__}")
+            if not math.isfinite(v):
+                raise ValueError(f"Trainer: `{name}` must be finite, got {v!r}")
         if not lr > 0 or momentum < 0 or weight_decay < 0 or not 0 <= dampening <= 1:
             raise ValueError(f"Trainer: need lr > 0, momentum >= 0, weight_decay >= 0, 0 <= dampening <= 1; got "
                              f"lr={lr}, momentum={momentum}, weight_decay={weight_decay}, dampening={dampening}")
@@ -264,19 +273,36 @@ class Trainer:
 
     def evaluate(self, images, labels, batch_size=500):
         """Mean loss and accuracy on (images, labels), each rank scoring its own slice."""
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"Trainer.evaluate(): `batch_size` must be a positive int, got {batch_size!r}")
         images, labels = self._check_data(images, labels)
         n = len(labels)
+        if n == 0:
+            raise ValueError("Trainer.evaluate(): no examples to evaluate (got 0)")
         lo, hi = n * self.rank // self.world, n * (self.rank + 1) // self.world
         loss_sum, correct = self.engine.evaluate(images, labels, lo, hi, min(batch_size, self.batch_size))
         loss_sum, correct = self._sum([loss_sum, correct])
         return {"loss": loss_sum / n, "accuracy": correct / n}
 
     def _check_data(self, images, labels):
+        """(images float32 (n, pixels), labels int32 (n,)), C-contiguous, for the engine (which checks
+        the shapes). Labels are checked before they are narrowed to int32, so a label that does not fit
+        can never wrap around into a valid class."""
+        images, labels = np.asarray(images), np.asarray(labels)
+        if images.dtype.kind not in "biuf" or images.ndim < 1:
+            raise TypeError(f"Trainer: `images` must be an array (n, ...) of real numbers; got "
+                            f"{images.dtype} with shape {images.shape}")
+        if labels.ndim != 1 or (labels.dtype.kind not in "iu" and labels.size > 0):
+            raise TypeError(f"Trainer: `labels` must be a 1-D array of ints; got {labels.dtype} with shape "
+                            f"{labels.shape}")
+        if len(images) != len(labels):
+            raise ValueError(f"Trainer: images ({len(images)}) and labels ({len(labels)}) differ in length")
+        if labels.size > 0 and (labels.min() < 0 or labels.max() >= self.engine.classes):
+            raise ValueError(f"Trainer: `labels` must be in [0, {self.engine.classes}); got values from "
+                             f"{labels.min()} to {labels.max()}")
         images = np.ascontiguousarray(images, dtype=np.float32)
         labels = np.ascontiguousarray(labels, dtype=np.int32)
-        if len(images) != len(labels):
-            raise ValueError(f"images ({len(images)}) and labels ({len(labels)}) differ in length")
-        return images.reshape(len(images), -1), labels
+        return images.reshape(len(images), math.prod(images.shape[1:])), labels
 
     def train_steps(self, images, labels, epoch, first, last):
         """Steps [first, last) of `epoch` (no progress, no evaluation); returns the C loop's stats."""
@@ -289,7 +315,17 @@ class Trainer:
         """Train until `epochs` epochs are complete (continuing from a loaded checkpoint). After each epoch:
         evaluation on `test` (images, labels), a line of metrics (also appended to the JSON-lines file
         `metrics` on rank 0), and a checkpoint at `checkpoint` (rank 0 writes it atomically)."""
+        if not isinstance(chunk_steps, int) or isinstance(chunk_steps, bool) or chunk_steps < 1:
+            raise ValueError(f"Trainer.fit(): `chunk_steps` must be a positive int, got {chunk_steps!r}")
+        if test is not None and (not isinstance(test, (tuple, list)) or len(test) != 2):
+            raise ValueError(f"Trainer.fit(): `test` must be a pair (images, labels) or None, "
+                             f"got {type(test).__name__}")
+        # Paths only (an int would be taken by open() as a file descriptor), checked on every rank.
+        checkpoint = os.fspath(checkpoint) if checkpoint else None
+        metrics = os.fspath(metrics) if metrics else None
         images, labels = self._check_data(images, labels)
+        if metrics:
+            self._on_root(lambda: open(metrics, "a").close(), f"open the metrics file {metrics}")
         steps = self.steps_per_epoch(len(labels))
         if steps < 1:
             raise ValueError(f"{len(labels)} examples are fewer than one global batch of "
@@ -338,25 +374,42 @@ class Trainer:
                 on_epoch(record)
         return self.history
 
+    def _on_root(self, action, what):
+        """Run `action` on rank 0 only, and raise on every rank if it failed there: a rank that raised
+        alone would leave the others waiting for it in their next collective."""
+        ok, error = np.ones(1, np.int64), None
+        if self.rank == 0:
+            try:
+                action()
+            except Exception as e:  # any failure: the other ranks must hear of it
+                ok[0], error = 0, e
+        if self.world > 1:
+            dist.broadcast(ok, self._root, group=self.group)
+        if error is not None:
+            raise error
+        if ok[0] != 1:
+            raise OSError(f"rank 0 could not {what}")
+
     def save(self, path):
         """Rank 0 writes parameters, momentum and position atomically (a temporary file, then rename;
-        the file ends in a CRC32, so load() refuses it if damaged); every rank returns once it is on disk."""
-        if self.rank == 0:
-            self.engine.save(os.fspath(path), self.step, self.epoch, self.seed)
-        if self.world > 1:
-            dist.barrier(group=self.group)
+        the file ends in a CRC32, so load() refuses it if damaged); every rank returns once it is on
+        disk, or raises if rank 0 could not write it."""
+        path = os.fspath(path)
+        self._on_root(lambda: self.engine.save(path, self.step, self.epoch, self.seed),
+                      f"write the checkpoint {path}")
 
     def load(self, path):
         """Continue from a checkpoint: rank 0 reads it and every rank gets its state. A file that is
         truncated, damaged (CRC32), of another format version or of another model is a ValueError
         and leaves the trainer as it was."""
+        path = os.fspath(path)
         state = np.zeros(5, dtype=np.int64)  # loaded, step, epoch, seed, momentum_started
         error = None
         if self.rank == 0:
             try:
-                step, epoch, seed = self.engine.load(os.fspath(path))
+                step, epoch, seed = self.engine.load(path)
                 state[:] = (1, step, epoch, seed, self.engine.momentum_started)
-            except (OSError, ValueError) as e:
+            except Exception as e:  # any failure: the other ranks must hear of it (below)
                 error = e
         if self.world > 1:
             dist.broadcast(state, self._root, group=self.group)

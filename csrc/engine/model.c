@@ -27,6 +27,31 @@ static void *alloc_zeroed(size_t bytes) {
     return p;
 }
 
+// Every buffer of a model (the parameters; activations, their gradients and im2col columns for
+// max_batch examples) holds at most MODEL_MAX_FLOATS floats. Every index and size in the kernels then
+// fits in an int (BLAS takes int sizes), and no product of shapes can overflow: each is checked here,
+// factor by factor, before anything is allocated. 2^31 - 1 floats is 8 GiB, far beyond our models.
+#define MODEL_MAX_FLOATS 2147483647L
+
+// a * b when both are in [0, MODEL_MAX_FLOATS] and so is the product; else -1.
+static long capped_mul(long a, long b) {
+    if (a < 0 || b < 0 || a > MODEL_MAX_FLOATS || b > MODEL_MAX_FLOATS || (a > 0 && b > MODEL_MAX_FLOATS / a)) {
+        return -1;
+    }
+    return a * b;
+}
+
+static long capped_size(long c, long h, long w, long batch) {
+    return capped_mul(capped_mul(capped_mul(c, h), w), batch);
+}
+
+#define TOO_BIG(what)                                                                                       \
+    do {                                                                                                    \
+        snprintf(err, errlen, "layer %d (%s) needs more than 2^31 - 1 floats for %s (at batch %d): the " \
+                 "model is too large", i, layer_type_name(s->type), what, m->max_batch);                           \
+        return -1;                                                                                          \
+    } while (0)
+
 static int shape_layers(Model *m, char *err, size_t errlen) {
     int c = m->in_c, h = m->in_h, w = m->in_w;
     long offset = 0;
@@ -43,23 +68,30 @@ static int shape_layers(Model *m, char *err, size_t errlen) {
                          i, s->in, s->out, c, h, w, s->in);
                 return -1;
             }
-            L->weights = (long)s->out * s->in, L->biases = s->out;
+            if ((L->weights = capped_mul(s->out, s->in)) < 0) TOO_BIG("its weights");
+            L->biases = s->out;
             c = s->out;
             break;
-        case LAYER_CONV2D:
+        case LAYER_CONV2D: {
+            // in long: h + 2 * padding may not fit an int; the kernels need it to
+            long ph = (long)h + 2L * s->padding, pw = (long)w + 2L * s->padding;
             if (c != s->in || s->out <= 0 || s->kernel <= 0 || s->stride <= 0 || s->padding < 0 ||
-                h + 2 * s->padding < s->kernel || w + 2 * s->padding < s->kernel) {
+                ph < s->kernel || pw < s->kernel) {
                 snprintf(err, errlen, "layer %d (conv2d %d -> %d, kernel %d, stride %d, padding %d) does not fit "
                          "its input of shape (%d, %d, %d)", i, s->in, s->out, s->kernel, s->stride, s->padding,
                          c, h, w);
                 return -1;
             }
+            if (ph > MODEL_MAX_FLOATS || pw > MODEL_MAX_FLOATS) TOO_BIG("its padded input");
             L->conv = (ConvShape){c, h, w, s->out, s->kernel, s->stride, s->padding,
-                                  (h + 2 * s->padding - s->kernel) / s->stride + 1,
-                                  (w + 2 * s->padding - s->kernel) / s->stride + 1};
-            L->weights = (long)s->out * s->in * s->kernel * s->kernel, L->biases = s->out;
+                                  (int)((ph - s->kernel) / s->stride + 1), (int)((pw - s->kernel) / s->stride + 1)};
+            long patch = capped_mul(capped_mul(s->in, s->kernel), s->kernel);
+            if ((L->weights = capped_mul(s->out, patch)) < 0) TOO_BIG("its weights");
+            if (capped_size(patch, L->conv.out_h, L->conv.out_w, m->max_batch) < 0) TOO_BIG("its im2col columns");
+            L->biases = s->out;
             c = s->out, h = L->conv.out_h, w = L->conv.out_w;
             break;
+        }
         case LAYER_MAXPOOL2D:
             if (s->kernel <= 0 || h < s->kernel || w < s->kernel) {
                 snprintf(err, errlen, "layer %d (maxpool2d %d) does not fit its input of shape (%d, %d, %d)", i,
@@ -71,15 +103,18 @@ static int shape_layers(Model *m, char *err, size_t errlen) {
         case LAYER_RELU:
             break;
         case LAYER_FLATTEN:
-            c = c * h * w, h = 1, w = 1;
+            // c * h * w fits an int: the input's activations passed the size check below
+            c = (int)capped_size(c, h, w, 1), h = 1, w = 1;
             break;
         default:
             snprintf(err, errlen, "layer %d has an unknown type %d", i, (int)s->type);
             return -1;
         }
+        if (capped_size(c, h, w, m->max_batch) < 0) TOO_BIG("its output");
         L->weight_offset = offset;
         L->bias_offset = offset + L->weights;
-        offset += L->weights + L->biases;
+        offset += L->weights + L->biases;  // both at most MODEL_MAX_FLOATS: no overflow
+        if (offset > MODEL_MAX_FLOATS) TOO_BIG("the parameters up to it");
         L->out_c = c, L->out_h = h, L->out_w = w;
     }
     if (m->num_layers == 0 || h != 1 || w != 1 || c < 2) {
@@ -97,6 +132,11 @@ int model_create(Model *m, const LayerSpec *specs, int num_layers, int in_c, int
     memset(m, 0, sizeof(*m));
     if (num_layers <= 0 || in_c <= 0 || in_h <= 0 || in_w <= 0 || max_batch <= 0) {
         snprintf(err, errlen, "a model needs at least one layer, a positive input shape and batch size");
+        return -1;
+    }
+    if (capped_size(in_c, in_h, in_w, max_batch) < 0) {
+        snprintf(err, errlen, "an input of shape (%d, %d, %d) at batch %d needs more than 2^31 - 1 floats: "
+                 "the model is too large", in_c, in_h, in_w, max_batch);
         return -1;
     }
     m->num_layers = num_layers;
