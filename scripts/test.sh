@@ -4,6 +4,7 @@
 #                   under mpiexec: examples, a dying rank, the wrong launcher, the build's own checks)
 #   2. tests/mpi    under real mpiexec at world sizes 1, 2, 3 and 4 (tests/run_mpi.py)
 #   3. the same core tests on an AddressSanitizer build of the extension
+# Each stage's time is printed as it ends and again at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOG=$(mktemp)   # every stage's output, to add up the counts at the end
@@ -12,12 +13,26 @@ PY=.venv/bin/python
 export PYDIST_REQUIRE_PEERS=1   # tests that compare with torch fail, rather than skip, without it
 export PATH="$PWD/.venv/bin:$PATH"
 start=$(date +%s)
+stage_start=$start
+times=""
+stage_done() {   # stage_done NAME: print and keep how long the stage took
+  local now; now=$(date +%s)
+  times+="  $1: $(( now - stage_start )) s"$'\n'
+  echo "-- $1 took $(( now - stage_start )) s"
+  stage_start=$now
+}
+trap 'echo "stage times:"; printf "%s" "$times"' EXIT   # on failure too: how far it got, how fast
 
 echo "== unit tests (world size 1)"
 $PY -P -m pytest tests/unit -q -p no:cacheprovider
+stage_done "unit tests"
 
 echo "== multi-rank tests under mpiexec (1, 2, 3, 4 ranks)"
-$PY tests/run_mpi.py -n 1 2 3 4
+MPI_OUT=$(mktemp)
+$PY tests/run_mpi.py -n 1 2 3 4 | tee "$MPI_OUT"
+stage_done "tests/mpi at 1-4 ranks"
+times+=$(sed -n 's/^world size \([0-9]*\): .* in \([0-9.]* s\).*/    \1 rank(s): \2/p' "$MPI_OUT")$'\n'
+rm -f "$MPI_OUT"
 
 echo "== AddressSanitizer build: core tests"
 rm -rf build/asan && mkdir -p build/asan/pydist
@@ -55,6 +70,7 @@ if [ -n "$ours" ]; then
 fi
 echo "asan: no memory errors; no leaks from csrc/ ($(ls "$ASAN_DIR" | wc -l) process reports read)"
 rm -rf "$ASAN_DIR"
+stage_done "AddressSanitizer build and tests"
 
 passed=$(grep -oE '^[0-9]+ passed' "$LOG" | awk '{ s += $1 } END { print s + 0 }')
 echo "== all tests passed in $(( $(date +%s) - start )) s"
