@@ -29,7 +29,7 @@ stage_done "unit tests"
 
 echo "== multi-rank tests under mpiexec (1, 2, 3, 4 ranks)"
 MPI_OUT=$(mktemp)
-$PY tests/run_mpi.py -n 1 2 3 4 | tee "$MPI_OUT"
+$PY tests/run_mpi.py -n 1 2 3 4 --durations 3 | tee "$MPI_OUT"
 stage_done "tests/mpi at 1-4 ranks"
 times+=$(sed -n 's/^world size \([0-9]*\): .* in \([0-9.]* s\).*/    \1 rank(s): \2/p' "$MPI_OUT")$'\n'
 rm -f "$MPI_OUT"
@@ -60,7 +60,7 @@ LD_PRELOAD=$ASAN_LIB PYTHONPATH=$PWD/build/asan $PY -P -c \
 LD_PRELOAD=$ASAN_LIB PYTHONPATH=$PWD/build/asan $PY -P -m pytest -q -p no:cacheprovider \
   tests/unit/test_api.py tests/unit/test_errors.py tests/unit/test_float16.py tests/unit/test_gil.py \
   tests/unit/test_engine.py
-LD_PRELOAD=$ASAN_LIB PYTHONPATH=$PWD/build/asan $PY tests/run_mpi.py -n 2 3
+LD_PRELOAD=$ASAN_LIB PYTHONPATH=$PWD/build/asan $PY tests/run_mpi.py -n 2 3 --durations 3
 if grep -l "ERROR: AddressSanitizer" "$ASAN_DIR"/asan.* 2>/dev/null; then
   cat "$ASAN_DIR"/asan.*; echo "AddressSanitizer found a memory error"; exit 1
 fi
