@@ -3,12 +3,14 @@
 
     python tests/run_mpi.py                 # world sizes 1, 2, 3, 4
     python tests/run_mpi.py -n 2 -- -k bcast  # one size, extra pytest arguments after --
+    python tests/run_mpi.py --durations 5     # also the 5 slowest tests at each size
 
 Why a driver and not plain pytest: mpiexec's exit status is the OR of the ranks' and can be 0 after a
 failure, and the ranks' output interleaves. So each rank writes its own report (tests/mpi/conftest.py),
 and this driver fails if any test failed on any rank, if any rank wrote no report (it crashed or was
 killed), or if any collected test never ran at any world size. Every mpiexec runs under a hard
-timeout (MPIEXEC_TIMEOUT for hydra, and a subprocess timeout around it).
+timeout (MPIEXEC_TIMEOUT for hydra, and a subprocess timeout around it); a job it kills is reported
+as such, with the test each unfinished rank was in (rank<r>.current, written by tests/mpi/conftest.py).
 
 Oversubscription (more ranks than the 2 cores here): MPICH's blocking calls busy-poll and take a whole
 scheduler slice per call at 3-4 ranks; pydist's own wait (MPI_Test + sched_yield) avoids that, so no
@@ -46,7 +48,8 @@ def mpi_env(timeout):
 
 
 def run_size(n, pytest_args, timeout):
-    """Run the suite at world size n. Returns (per-rank reports, output, seconds, returncode)."""
+    """Run the suite at world size n. Returns (per-rank reports, the test each rank was in last,
+    output, seconds, returncode, command, whether the timeout killed the job)."""
     report_dir = tempfile.mkdtemp(prefix=f"pydist-mpi-n{n}-")
     env = mpi_env(timeout)
     env["PYDIST_TEST_REPORT_DIR"] = report_dir
@@ -56,25 +59,33 @@ def run_size(n, pytest_args, timeout):
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout + 30)
         output, rc = proc.stdout + proc.stderr, proc.returncode
+        timed_out = "APPLICATION TIMED OUT" in output   # hydra's words when MPIEXEC_TIMEOUT expires
     except subprocess.TimeoutExpired as e:
-        output = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        output = "".join(x.decode(errors="replace") if isinstance(x, bytes) else x
+                         for x in (e.stdout or "", e.stderr or ""))
         output += f"\n*** mpiexec -n {n} did not finish within {timeout + 30} s and was killed\n"
-        rc = -9
+        rc, timed_out = -9, True
     seconds = time.monotonic() - start
-    reports = {}
+    reports, last_test = {}, {}
     for r in range(n):
         path = os.path.join(report_dir, f"rank{r}.json")
         if os.path.exists(path):
             with open(path) as f:
                 reports[r] = json.load(f)
+        path = os.path.join(report_dir, f"rank{r}.current")
+        if os.path.exists(path):
+            with open(path) as f:
+                last_test[r] = f.read()
     shutil.rmtree(report_dir, ignore_errors=True)
-    return reports, output, seconds, rc, cmd
+    return reports, last_test, output, seconds, rc, cmd, timed_out
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, nargs="+", default=[1, 2, 3, 4], help="world sizes (default 1 2 3 4)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per mpiexec (default 600)")
+    ap.add_argument("--durations", type=int, default=0, metavar="K",
+                    help="print the K slowest tests at each world size (slowest rank's time)")
     ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = ap.parse_args()
     if MPIEXEC is None:
@@ -84,7 +95,7 @@ def main():
     passed = failed = 0
     problems = []
     for n in args.n:
-        reports, output, seconds, rc, cmd = run_size(n, args.pytest_args, args.timeout)
+        reports, last_test, output, seconds, rc, cmd, timed_out = run_size(n, args.pytest_args, args.timeout)
         missing = [r for r in range(n) if r not in reports]
         n_failed = n_passed = 0
         tests = set()
@@ -108,12 +119,23 @@ def main():
                 n_passed += 1
             ran_somewhere.add(test)
         if missing:
-            problems.append(f"FAILED at n={n}: rank(s) {missing} wrote no report (crashed, hung or were "
-                            f"killed; mpiexec exit status {rc}). Output tail:\n{output[-6000:]}")
+            why = (f"the job was killed by its {args.timeout:.0f} s timeout" if timed_out
+                   else f"crashed, hung or were killed; mpiexec exit status {rc}")
+            where = "".join(f"\n  rank {r} was in: {last_test.get(r, '(no test started)')}" for r in missing)
+            problems.append(f"FAILED at n={n}: rank(s) {missing} wrote no report ({why}).{where}\n"
+                            f"Output tail:\n{output[-6000:]}")
         if not reports and not missing:
             problems.append(f"FAILED at n={n}: no report at all. Output tail:\n{output[-6000:]}")
+        killed = f" (KILLED by the {args.timeout:.0f} s timeout)" if timed_out else ""
         print(f"world size {n}: {n_passed} passed, {n_failed} failed on {len(reports)}/{n} ranks "
-              f"in {seconds:.1f} s", flush=True)
+              f"in {seconds:.1f} s{killed}", flush=True)
+        if args.durations:
+            slowest = {}
+            for rep in reports.values():
+                for test, o in rep["results"].items():
+                    slowest[test] = max(slowest.get(test, 0.0), o["duration"])
+            for test, d in sorted(slowest.items(), key=lambda kv: -kv[1])[:args.durations]:
+                print(f"  {d:7.2f} s  {test}", flush=True)
         if n_failed or missing:
             print("  re-run: " + " ".join(cmd), flush=True)
         passed += n_passed

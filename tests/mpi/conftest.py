@@ -5,7 +5,9 @@ tests/run_mpi.py starts the job. Here each rank:
   DistTimeoutError instead of hanging the job;
 - keeps only the tests whose `world_size(min=, max=)` marker admits N (deselected, never skipped);
 - writes its own report, rank<r>.json, into $PYDIST_TEST_REPORT_DIR: mpiexec's exit status and
-  interleaved output cannot say which rank failed, so the driver reads every rank's report.
+  interleaved output cannot say which rank failed, so the driver reads every rank's report; and,
+  as each test starts, its name into rank<r>.current, so that the driver can say where a rank that
+  was killed (a hang, the job's timeout) had stopped.
 """
 import json
 import os
@@ -41,6 +43,13 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=dropped)
     items[:] = keep
     _collected[:] = [it.nodeid for it in items] + [it.nodeid for it in dropped]
+
+
+def pytest_runtest_logstart(nodeid, location):
+    out_dir = os.environ.get("PYDIST_TEST_REPORT_DIR")
+    if out_dir:
+        with open(os.path.join(out_dir, f"rank{dist.get_rank()}.current"), "w") as f:
+            f.write(nodeid)
 
 
 def pytest_runtest_logreport(report):

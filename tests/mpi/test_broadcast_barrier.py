@@ -32,12 +32,14 @@ def test_broadcast_async_and_readonly_root():
 
 
 def test_barrier_really_waits():
-    """The last rank arrives 0.3 s late; nobody may leave the barrier before it arrives."""
+    """The last rank arrives 1 s late; nobody may leave the barrier before it arrives. (The ranks
+    leave the first barrier up to some tenths of a second apart on a busy machine: the margin
+    between the 1 s and the 0.25 s checked keeps that from failing the test.)"""
     rank, size = dist.get_rank(), dist.get_world_size()
     dist.barrier()
     start = time.monotonic()
     if rank == size - 1:
-        time.sleep(0.3)
+        time.sleep(1.0)
     dist.barrier()
     waited = time.monotonic() - start
     parallel_assert(waited >= 0.25 or size == 1 or rank == size - 1, f"left after {waited:.3f} s")

@@ -109,12 +109,15 @@ def test_truncation_is_a_dist_error_and_the_group_survives():
 
 @two_or_more
 def test_gil_is_released_while_waiting_in_recv():
-    """Rank 1 waits in a blocking recv that rank 0 satisfies after 0.5 s; a Python thread on rank 1
+    """Rank 1 waits in a blocking recv that rank 0 satisfies after 1 s; a Python thread on rank 1
     must keep running meanwhile."""
     rank = dist.get_rank()
     ok, msg = True, ""
+    # Start together: ranks reach a test up to a few tenths of a second apart on a busy machine, and
+    # rank 1 must still be waiting well over 0.3 s when the message comes.
+    dist.barrier()
     if rank == 0:
-        time.sleep(0.5)
+        time.sleep(1.0)
         dist.send(np.array([42.0]), dst=1)
     elif rank == 1:
         ticks = []

@@ -19,7 +19,9 @@ os.environ.setdefault("UCX_ERROR_SIGNALS", "")
 import pydist as dist  # noqa: E402
 from unit_helpers import init_default, reset_group  # noqa: E402
 
-WATCHDOG_S = 120
+# Longer than any test's own timeouts (test_build's pip install: 600 s + 120 s), so that these fire
+# first and name what hung; and over 3x the slowest test (test_train_compare_quick, 80 s quiet).
+WATCHDOG_S = 900
 
 
 @pytest.fixture(scope="session", autouse=True)

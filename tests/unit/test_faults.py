@@ -44,7 +44,8 @@ def reports(tmp_path, rank):
 
 def test_timeout_names_the_operation_and_breaks_the_group(tmp_path):
     """Rank 1 never joins the all-reduce: the others raise DistTimeoutError after the 2 s timeout
-    (not later than a second after it), and the group then refuses further calls at once."""
+    (not before it, and not when rank 1 finally leaves), and the group then refuses further calls
+    at once."""
     proc, _ = run_job(tmp_path, 3, """
         dist.init_process_group(timeout=2.0)
         if dist.get_rank() != 1:
@@ -59,24 +60,25 @@ def test_timeout_names_the_operation_and_breaks_the_group(tmp_path):
             except dist.DistError as e:
                 report(f"BROKEN in {time.monotonic() - t:.3f} s: {e}")
         else:
-            time.sleep(4)
+            time.sleep(10)   # longer than the others' bound below; the job ends when they exit
         os._exit(0)   # the broken collectives can never finish: skip the orderly shutdown
     """)
     for r in (0, 2):
         timeout_line, broken = reports(tmp_path, r)
         assert timeout_line.startswith("TIMEOUT after"), (timeout_line, proc.stderr)
         waited = float(timeout_line.split()[2])
-        assert 2.0 <= waited <= 3.0, timeout_line
+        assert 2.0 <= waited < 6.0, timeout_line   # 2.0 s on a quiet machine; 6: a hang guard only
         assert "all_reduce timed out after" in timeout_line
         assert broken.startswith("BROKEN in"), broken
-        assert float(broken.split()[2]) < 0.1 and "broken" in broken and "all_reduce" in broken, broken
+        # at once: 0.000 s measured, and well under another 2 s timeout
+        assert float(broken.split()[2]) < 1.0 and "broken" in broken and "all_reduce" in broken, broken
 
 
 def test_monitored_barrier_names_the_missing_rank(tmp_path):
     proc, seconds = run_job(tmp_path, 4, """
         dist.init_process_group()
         if dist.get_rank() == 2:
-            time.sleep(5)
+            time.sleep(10)   # longer than the others' bound below; the job ends when they exit
             os._exit(0)
         t = time.monotonic()
         try:
@@ -89,7 +91,7 @@ def test_monitored_barrier_names_the_missing_rank(tmp_path):
     """)
     (err,) = reports(tmp_path, 0)
     assert "Rank 2 failed to pass monitoredBarrier" in err, (err, proc.stderr)
-    assert 1.5 <= float(err.split()[2]) <= 2.5, err
+    assert 1.5 <= float(err.split()[2]) < 4.5, err   # 1.50 s on a quiet machine; 4.5: a hang guard only
 
 
 def test_monitored_barrier_passes_when_everyone_arrives(tmp_path):
@@ -139,10 +141,15 @@ def _dies(tmp_path, how):
     """, timeout=60)
 
 
+# A job with a dead rank ends by itself in 1-3 s on a quiet machine; the bound only has to tell that
+# from the job's 60 s limit.
+DEAD_JOB_ENDS_S = 30
+
+
 def test_dead_rank_exception(tmp_path):
     proc, seconds = _dies(tmp_path, "raise RuntimeError('boom')")
     assert proc.returncode != 0 and "[rank1]" in proc.stderr and "boom" in proc.stderr, proc.stderr
-    assert seconds < 10 and "NOT REACHED" not in proc.stdout
+    assert seconds < DEAD_JOB_ENDS_S and "NOT REACHED" not in proc.stdout
 
 
 def test_dead_rank_sys_exit(tmp_path):
@@ -151,7 +158,7 @@ def test_dead_rank_sys_exit(tmp_path):
     proc, seconds = _dies(tmp_path, "sys.exit(0)")
     assert proc.returncode != 0
     assert "rank 1 has exited" in proc.stderr and "all_reduce cannot complete" in proc.stderr, proc.stderr
-    assert seconds < 10 and "NOT REACHED" not in proc.stdout
+    assert seconds < DEAD_JOB_ENDS_S and "NOT REACHED" not in proc.stdout
 
 
 def test_dead_rank_sigkill(tmp_path):
@@ -160,7 +167,7 @@ def test_dead_rank_sigkill(tmp_path):
     proc, seconds = _dies(tmp_path, "os.kill(os.getpid(), 9)")
     assert proc.returncode != 0
     assert "BAD TERMINATION" in proc.stdout + proc.stderr
-    assert seconds < 10 and "NOT REACHED" not in proc.stdout
+    assert seconds < DEAD_JOB_ENDS_S and "NOT REACHED" not in proc.stdout
 
 
 def test_ctrl_c_ends_a_job_blocked_in_a_collective(tmp_path):
