@@ -40,14 +40,21 @@ int pd_check_nargs(Py_ssize_t nargs, Py_ssize_t want, const char *fn) {
     return 0;
 }
 
+// An int, or an integer that says so through __index__ (numpy.int64 from a rank table): never a bool,
+// a float or a 0-d array that merely converts.
 int pd_arg_long(PyObject *obj, const char *fn, const char *arg, long *out) {
-    if (!PyLong_Check(obj) || PyBool_Check(obj)) {
+    if (PyBool_Check(obj) || !(PyLong_Check(obj) || (PyIndex_Check(obj) && !PyArray_Check(obj)))) {
         PyErr_Format(PyExc_TypeError, "%s(): `%s` must be an int; got %.100s",
                      fn, arg, Py_TYPE(obj)->tp_name);
         return -1;
     }
+    PyObject *index = PyNumber_Index(obj);
+    if (index == NULL) {
+        return -1;
+    }
     int overflow = 0;
-    long v = PyLong_AsLongAndOverflow(obj, &overflow);
+    long v = PyLong_AsLongAndOverflow(index, &overflow);
+    Py_DECREF(index);
     if (overflow || (v == -1 && PyErr_Occurred())) {
         PyErr_Clear();
         PyErr_Format(PyExc_ValueError, "%s(): `%s` is out of range; got %R", fn, arg, obj);

@@ -311,9 +311,22 @@ def test_broadcast_src_out_of_range_is_value_error(src):
     ("irecv", lambda v: dist.irecv(np.zeros(2), src=v), "src"),
     ("broadcast", lambda v: dist.broadcast(np.zeros(2), src=v), "src"),
 ], ids=["send", "isend", "recv", "irecv", "broadcast"])
-@pytest.mark.parametrize("value", ["1", 1.0, True], ids=["str", "float", "bool"])
+@pytest.mark.parametrize("value", ["1", 1.0, True, np.float64(0.0), np.True_, np.array(0)],
+                         ids=["str", "float", "bool", "np.float64", "np.bool", "0-d array"])
 def test_peer_of_wrong_type_is_type_error(name, call, arg, value):
     check(TypeError, name, arg, lambda: call(value))
+
+
+@pytest.mark.parametrize("kind", [np.int64, np.int32, np.uint8])
+def test_numpy_integers_are_ranks_and_tags(kind):
+    """A rank or tag read from a NumPy table is an integer (it has __index__), as torch accepts it."""
+    a = np.arange(3.0)
+    assert dist.broadcast(a, src=kind(0)) is None and np.array_equal(a, np.arange(3.0))
+    # past the type check: the rank itself is what is wrong at world size 1
+    check(ValueError, "send", "dst", lambda: dist.send(a, dst=kind(0), tag=kind(3)))
+    check(ValueError, "irecv", "src", lambda: dist.irecv(a, src=kind(0), tag=kind(3)))
+    assert dist.get_global_rank(None, kind(0)) == 0 and dist.get_group_rank(None, kind(0)) == 0
+    assert dist.new_group([kind(0)]).ranks == [0]
 
 
 @pytest.mark.parametrize("tag", [-1, -100, 2**31, 2**40])
@@ -352,10 +365,31 @@ def test_group_that_is_not_a_process_group_is_type_error(name, call, group):
     check(TypeError, name, "group", lambda: call(group), "ProcessGroup")
 
 
-@pytest.mark.parametrize("timeout", [-1, 0, -0.5])
+@pytest.mark.parametrize("timeout", [-1, 0, -0.5, float("nan")])
 def test_init_timeout_not_positive_is_value_error(timeout):
     check(ValueError, "init_process_group", "timeout",
           lambda: dist.init_process_group(backend="mpi", timeout=timeout))
+
+
+@pytest.mark.parametrize("timeout", [-1, 0, float("nan")])
+def test_new_group_timeout_not_positive_is_value_error(timeout):
+    check(ValueError, "new_group", "timeout", lambda: dist.new_group([0], timeout=timeout))
+
+
+@pytest.mark.parametrize("ranks", [[0.7], [0.0], ["0"], [None]])
+def test_new_group_ranks_that_are_not_ints_are_type_errors(ranks):
+    """int(0.7) is 0: a float must not quietly become a rank."""
+    check(TypeError, "new_group", "ranks", lambda: dist.new_group(ranks))
+
+
+@pytest.mark.parametrize("name, call", [
+    ("get_process_group_ranks", lambda g: dist.get_process_group_ranks(g)),
+    ("get_global_rank", lambda g: dist.get_global_rank(g, 0)),
+    ("get_group_rank", lambda g: dist.get_group_rank(g, 0)),
+], ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize("group", ["world", 0, object()], ids=["str", "int", "object"])
+def test_rank_lookups_with_what_is_not_a_group_are_type_errors(name, call, group):
+    check(TypeError, name, "group", lambda: call(group), "ProcessGroup")
 
 
 @pytest.mark.parametrize("timeout", ["10", [1], True])
