@@ -120,6 +120,10 @@ static PyObject *start_async(PyObject *const *args, Py_ssize_t nargs, int is_rec
     if (parse(args, nargs, fn, is_recv, &a) < 0) {
         goto done;
     }
+    if (pd_validate_only) {   // batch_isend_irecv's first pass: checks only, nothing posted
+        w = (PdWorkObject *)Py_NewRef(Py_None);
+        goto done;
+    }
     result = PyList_New(1);
     if (result == NULL) {
         goto done;

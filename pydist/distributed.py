@@ -8,6 +8,7 @@ call) is one Python frame and one C call.
 import atexit
 import datetime
 import enum
+import operator
 import os
 import sys
 import time
@@ -135,7 +136,7 @@ def _seconds(timeout, fn):
         timeout = timeout.total_seconds()
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool):
         raise TypeError(f"{fn}(): `timeout` must be a datetime.timedelta or seconds; got {type(timeout).__name__}")
-    if timeout <= 0:
+    if not timeout > 0:   # NaN too
         raise ValueError(f"{fn}(): `timeout` must be positive; got {timeout}")
     return float(timeout)
 
@@ -530,7 +531,7 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
     if ranks is None:
         ranks = list(range(world))
     try:
-        ranks = sorted(int(r) for r in ranks)
+        ranks = sorted(operator.index(r) for r in ranks)   # not int(): 0.7 is no rank
     except (TypeError, ValueError):
         raise TypeError(f"{fn}(): `ranks` must be a list of ints; got {ranks!r}") from None
     if len(set(ranks)) != len(ranks) or any(r < 0 or r >= world for r in ranks):
@@ -542,16 +543,19 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
     return group
 
 
-def get_process_group_ranks(group):
+def get_process_group_ranks(group, _fn="get_process_group_ranks"):
     """The global ranks of `group`, in group rank order."""
     if group is None or group is GroupMember.WORLD:
         return list(range(get_world_size()))
+    if not isinstance(group, ProcessGroup):
+        raise TypeError(f"{_fn}(): `group` must be a ProcessGroup from new_group() or None; "
+                        f"got {type(group).__name__}")
     return list(group.ranks)
 
 
 def get_global_rank(group, group_rank):
     """The global rank of `group`'s rank `group_rank`."""
-    ranks = get_process_group_ranks(group)
+    ranks = get_process_group_ranks(group, "get_global_rank")
     if not 0 <= group_rank < len(ranks):
         raise ValueError(f"get_global_rank(): `group_rank` must be in [0, {len(ranks)}); got {group_rank}")
     return ranks[group_rank]
@@ -559,7 +563,7 @@ def get_global_rank(group, group_rank):
 
 def get_group_rank(group, global_rank):
     """`global_rank`'s rank in `group` (``ValueError`` if it is not a member)."""
-    ranks = get_process_group_ranks(group)
+    ranks = get_process_group_ranks(group, "get_group_rank")
     if global_rank not in ranks:
         raise ValueError(f"get_group_rank(): global rank {global_rank} is not part of the group {ranks}")
     return ranks.index(global_rank)
@@ -589,9 +593,14 @@ def batch_isend_irecv(p2p_op_list):
     if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list or \
             not all(isinstance(p, P2POp) for p in p2p_op_list):
         raise ValueError("batch_isend_irecv(): `p2p_op_list` must be a non-empty list of P2POp")
-    # Validate everything before anything starts, so a bad entry cannot leave half a batch posted.
-    for p in p2p_op_list:
-        _group_handle(p.group, "batch_isend_irecv")
+    # Check every entry (array, peer, tag, group) before anything starts, so a bad entry cannot leave
+    # half a batch posted: the first pass runs the real calls in _C's validate-only mode.
+    old = _C.set_validate_only(True)
+    try:
+        for p in p2p_op_list:
+            p.op(p.tensor, p.peer, group=p.group, tag=p.tag)
+    finally:
+        _C.set_validate_only(old)
     return [p.op(p.tensor, p.peer, group=p.group, tag=p.tag) for p in p2p_op_list]
 
 
@@ -657,6 +666,25 @@ def _to_bytes(obj):
     return np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
 
 
+def _pickled(objs):
+    """(payloads, None), or (None, the exception) when an object cannot be pickled. The failure is
+    announced to the other ranks as a size of -1 before anything else is sent: a rank that raised
+    alone would leave the others waiting for it."""
+    try:
+        return [_to_bytes(o) for o in objs], None
+    except Exception as e:   # PicklingError, TypeError, AttributeError, or what __reduce__ raises
+        return None, e
+
+
+def _raise_if_unpickled(fn, sizes, failed_ranks, error):
+    """Every rank raises if any rank could not pickle its object: that rank its own error, the others
+    a DistError naming it."""
+    if error is not None:
+        raise error
+    if (sizes < 0).any():
+        raise DistError(f"{fn}(): rank(s) {failed_ranks} could not pickle their object; nothing was sent")
+
+
 def _from_bytes(buf):
     import pickle
     return pickle.loads(buf.tobytes())
@@ -671,10 +699,11 @@ def broadcast_object_list(object_list, src=0, group=None, device=None):
         return None
     is_src = get_rank() == src
     sizes = np.zeros(len(object_list), np.int64)
-    payloads = [_to_bytes(o) for o in object_list] if is_src else []
+    payloads, error = _pickled(object_list) if is_src else ([], None)
     if is_src:
-        sizes[:] = [len(p) for p in payloads]
+        sizes[:] = -1 if error is not None else [len(p) for p in payloads]
     _C.broadcast(sizes, src, handle, False)
+    _raise_if_unpickled("broadcast_object_list", sizes, [src], error)
     data = np.concatenate(payloads) if is_src and payloads else np.zeros(int(sizes.sum()), np.uint8)
     _C.broadcast(data, src, handle, False)
     if not is_src:
@@ -684,11 +713,17 @@ def broadcast_object_list(object_list, src=0, group=None, device=None):
     return None
 
 
-def _gather_sizes(payload, handle, size):
+def _gather_sizes(fn, obj, handle, group):
+    """Pickle `obj` and learn every rank's payload size; every rank raises if any could not pickle."""
     import numpy as np
+    size = get_world_size(group)
+    payloads, error = _pickled([obj])
+    payload = payloads[0] if error is None else np.zeros(0, np.uint8)
     sizes = np.zeros(size, np.int64)
-    _C.all_gather_into_tensor(sizes, np.array([len(payload)], np.int64), handle, False)
-    return sizes
+    _C.all_gather_into_tensor(sizes, np.array([len(payload) if error is None else -1], np.int64), handle, False)
+    ranks = get_process_group_ranks(group)
+    _raise_if_unpickled(fn, sizes, [ranks[i] for i in np.flatnonzero(sizes < 0)], error)
+    return payload, sizes
 
 
 def all_gather_object(object_list, obj, group=None):
@@ -700,8 +735,7 @@ def all_gather_object(object_list, obj, group=None):
     size = get_world_size(group)
     if len(object_list) != size:
         raise ValueError(f"all_gather_object(): `object_list` must have {size} entries; got {len(object_list)}")
-    payload = _to_bytes(obj)
-    sizes = _gather_sizes(payload, handle, size)
+    payload, sizes = _gather_sizes("all_gather_object", obj, handle, group)
     width = int(sizes.max()) if size else 0
     mine = np.zeros(width, np.uint8)
     mine[:len(payload)] = payload
@@ -724,8 +758,7 @@ def gather_object(obj, object_gather_list=None, dst=0, group=None):
         raise ValueError(f"gather_object(): `object_gather_list` must be a list of {size} entries on dst")
     if not is_dst and object_gather_list is not None:
         raise ValueError("gather_object(): `object_gather_list` must be None on ranks other than dst")
-    payload = _to_bytes(obj)
-    sizes = _gather_sizes(payload, handle, size)
+    payload, sizes = _gather_sizes("gather_object", obj, handle, group)
     width = int(sizes.max()) if size else 0
     mine = np.zeros(width, np.uint8)
     mine[:len(payload)] = payload
@@ -750,9 +783,10 @@ def scatter_object_list(scatter_object_output_list, scatter_object_input_list=No
     is_src = get_rank() == src
     if is_src and (scatter_object_input_list is None or len(scatter_object_input_list) != size):
         raise ValueError(f"scatter_object_list(): `scatter_object_input_list` must have {size} entries on src")
-    payloads = [_to_bytes(o) for o in scatter_object_input_list] if is_src else []
-    sizes = np.array([len(p) for p in payloads] if is_src else [0] * size, np.int64)
+    payloads, error = _pickled(scatter_object_input_list) if is_src else ([], None)
+    sizes = np.array([len(p) for p in payloads] if is_src and error is None else [-int(is_src)] * size, np.int64)
     _C.broadcast(sizes, src, handle, False)
+    _raise_if_unpickled("scatter_object_list", sizes, [src], error)
     width = int(sizes.max()) if size else 0
     ins = None
     if is_src:

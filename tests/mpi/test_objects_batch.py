@@ -78,6 +78,58 @@ def test_batch_isend_irecv_rejects_bad_lists():
     parallel_assert(True)
 
 
+@pytest.mark.world_size(min=2)
+@pytest.mark.parametrize("name", ["broadcast_object_list", "all_gather_object", "gather_object",
+                                  "scatter_object_list"])
+def test_an_unpicklable_object_raises_on_every_rank(name):
+    """One rank's object cannot be pickled (a lock): that rank raises pickle's error and every other
+    rank a DistError naming it, instead of waiting for a message that never comes. The next call works."""
+    import threading
+    rank, size = dist.get_rank(), dist.get_world_size()
+    culprit = size - 1      # the root for the rooted calls, so the failure is where the pickling happens
+    lock = threading.Lock()
+    mine = lock if rank == culprit else {"rank": rank}
+    calls = {
+        "broadcast_object_list": lambda obj: dist.broadcast_object_list([obj, 2], src=culprit),
+        "all_gather_object": lambda obj: dist.all_gather_object([None] * size, obj),
+        "gather_object": lambda obj: dist.gather_object(obj, [None] * size if rank == culprit else None,
+                                                        dst=culprit),
+        "scatter_object_list": lambda obj: dist.scatter_object_list(
+            [None], [obj] * size if rank == culprit else None, src=culprit),
+    }
+    with pytest.raises(Exception) as info:
+        calls[name](mine)
+    if rank == culprit:
+        ok = type(info.value).__name__ in ("TypeError", "PicklingError") and "lock" in str(info.value)
+    else:
+        ok = isinstance(info.value, dist.DistError) and f"[{culprit}]" in str(info.value) and name in str(info.value)
+    out = [None] * size
+    dist.all_gather_object(out, rank)
+    parallel_assert(ok and out == list(range(size)), f"{type(info.value).__name__}: {info.value}; then {out}")
+
+
+@pytest.mark.world_size(min=2)
+@pytest.mark.parametrize("bad, error", [(("x", None), TypeError), ((np.zeros(3, np.float32), -1), ValueError),
+                                        ((np.zeros(3), None, 2**40), ValueError)])
+def test_batch_with_a_bad_entry_posts_nothing(bad, error):
+    """A bad entry late in the batch raises before anything is posted: the good send ahead of it must
+    not go out, or the neighbour's next receive on that tag would get its stale data."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    arr, peer, tag = (bad + (0,))[:3]
+    stale = np.full(3, -1.0)
+    ops = [dist.P2POp(dist.isend, stale, right, tag=7),
+           dist.P2POp(dist.irecv, arr, left if peer is None else peer, tag=tag)]
+    with pytest.raises(error):
+        dist.batch_isend_irecv(ops)
+    got = np.zeros(3)
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, np.full(3, rank * 1.0), right, tag=7),
+                                    dist.P2POp(dist.irecv, got, left, tag=7)])
+    for w in works:
+        w.wait()
+    parallel_assert(np.array_equal(got, np.full(3, left * 1.0)), f"got {got}")
+
+
 def test_work_keeps_its_arrays_alive():
     """The caller drops every reference to the arrays of a pending collective and collects garbage:
     the Work owns them, so MPI never writes into freed memory, and result() still has them."""

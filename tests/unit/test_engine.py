@@ -16,8 +16,8 @@ import pydist as dist
 from pydist import _C
 from pydist.engine import (Conv2d, Flatten, Linear, MaxPool2d, Model, ReLU, Trainer, lenet5, load_fashion_mnist,
                            load_idx, mlp)
+from unit_helpers import subprocess_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = "/usr/share/datasets/fashion-mnist"
 
 
@@ -326,7 +326,7 @@ def test_killed_run_keeps_its_last_checkpoint(tmp_path):
     ckpt = tmp_path / "run.ckpt"
     cmd = [sys.executable, "-m", "pydist.train", "--model", "mlp", "--hidden", "64", "--epochs", "40",
            "--batch-size", "600", "--checkpoint", str(ckpt), "--metrics", "", "--plot", "", "--no-progress"]
-    env = dict(os.environ, PYTHONPATH=ROOT, UCX_ERROR_SIGNALS="")
+    env = subprocess_env()   # the same pydist as this process (the AddressSanitizer build under ASan)
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while not ckpt.exists() and time.monotonic() < deadline:   # the rename makes it appear whole
