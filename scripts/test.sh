@@ -4,6 +4,7 @@
 #                   under mpiexec: examples, a dying rank, the wrong launcher, the build's own checks)
 #   2. tests/mpi    under real mpiexec at world sizes 1, 2, 3 and 4 (tests/run_mpi.py)
 #   3. the same core tests on an AddressSanitizer build of the extension
+#   4. the C API core tests on every other Python version pyproject.toml claims
 # Each stage's time is printed as it ends and again at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +22,14 @@ stage_done() {   # stage_done NAME: print and keep how long the stage took
   echo "-- $1 took $(( now - stage_start )) s"
   stage_start=$now
 }
-trap 'echo "stage times:"; printf "%s" "$times"' EXIT   # on failure too: how far it got, how fast
+ASAN_DIR=""
+on_exit() {   # on failure too: how far it got, how fast, and any memory error ASan reported
+  if [ -n "$ASAN_DIR" ] && grep -l "ERROR: AddressSanitizer" "$ASAN_DIR"/asan.* 2>/dev/null; then
+    cat $(grep -l "ERROR: AddressSanitizer" "$ASAN_DIR"/asan.*); echo "AddressSanitizer found a memory error (above)"
+  fi
+  echo "stage times:"; printf "%s" "$times"
+}
+trap on_exit EXIT
 
 echo "== unit tests (world size 1)"
 $PY -P -m pytest tests/unit -q -p no:cacheprovider
@@ -61,16 +69,20 @@ LD_PRELOAD=$ASAN_LIB PYTHONPATH=$PWD/build/asan $PY -P -m pytest -q -p no:cachep
   tests/unit/test_api.py tests/unit/test_errors.py tests/unit/test_float16.py tests/unit/test_gil.py \
   tests/unit/test_engine.py
 LD_PRELOAD=$ASAN_LIB PYTHONPATH=$PWD/build/asan $PY tests/run_mpi.py -n 2 3 --durations 3
-if grep -l "ERROR: AddressSanitizer" "$ASAN_DIR"/asan.* 2>/dev/null; then
-  cat "$ASAN_DIR"/asan.*; echo "AddressSanitizer found a memory error"; exit 1
+if grep -q "ERROR: AddressSanitizer" "$ASAN_DIR"/asan.* 2>/dev/null; then
+  exit 1   # on_exit prints the reports
 fi
 ours=$(cat "$ASAN_DIR"/asan.* 2>/dev/null | awk 'BEGIN { RS = "" } /leak of/ && /csrc\//')
 if [ -n "$ours" ]; then
   echo "$ours"; echo "LeakSanitizer: leaks allocated by pydist's C code (above)"; exit 1
 fi
 echo "asan: no memory errors; no leaks from csrc/ ($(ls "$ASAN_DIR" | wc -l) process reports read)"
-rm -rf "$ASAN_DIR"
+rm -rf "$ASAN_DIR"; ASAN_DIR=""
 stage_done "AddressSanitizer build and tests"
+
+echo "== the C API core on the other Pythons pyproject.toml claims (scripts/test_pythons.sh)"
+scripts/test_pythons.sh
+stage_done "other Pythons"
 
 passed=$(grep -oE '^[0-9]+ passed' "$LOG" | awk '{ s += $1 } END { print s + 0 }')
 echo "== all tests passed in $(( $(date +%s) - start )) s"
