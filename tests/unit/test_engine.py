@@ -16,7 +16,7 @@ import pydist as dist
 from pydist import _C
 from pydist.engine import (Conv2d, Flatten, Linear, MaxPool2d, Model, ReLU, Trainer, lenet5, load_fashion_mnist,
                            load_idx, mlp)
-from unit_helpers import subprocess_env
+from unit_helpers import fit_resumed_at_step_7, subprocess_env
 
 DATA = "/usr/share/datasets/fashion-mnist"
 
@@ -263,11 +263,7 @@ def test_checkpoint_resume_is_bit_identical(tmp_path):
 def test_progress_lines_without_tqdm_start_at_a_resumed_step_and_show_real_losses(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "tqdm", None)    # `from tqdm import tqdm` raises ImportError
     x, y = small_data()                                # 640 examples / 32 = 20 steps per epoch
-    t = Trainer(mlp((32,)), batch_size=32, seed=1)
-    t.fit(x, y, epochs=1, progress=False)
-    t.train_steps(x, y, 1, 0, 7)                       # resumed 7 steps into epoch 2
-    t.step += 7
-    t.fit(x, y, epochs=2, progress=True, chunk_steps=3)
+    fit_resumed_at_step_7(Trainer(mlp((32,)), batch_size=32, seed=1), x, y)
     err = capsys.readouterr().err
     assert "nan" not in err, err
     # A line at each 10% passed after the resumed step 7, each with the loss of the steps just run.

@@ -11,6 +11,7 @@ from matplotlib.colors import to_hex
 
 from pydist.engine import Trainer, mlp
 from pydist.train import SERIES, figure, read_metrics
+from unit_helpers import fit_resumed_at_step_7
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = dict(os.environ, PYTHONPATH=ROOT, UCX_ERROR_SIGNALS="", MPIEXEC_TIMEOUT="120")
@@ -61,11 +62,7 @@ def frames(err):
 def test_progress_bar_starts_at_a_resumed_step_and_shows_only_real_losses(capsys):
     rng = np.random.default_rng(3)
     x, y = rng.standard_normal((640, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, 640).astype(np.int32)
-    t = Trainer(mlp((32,)), batch_size=32, seed=1)    # 20 steps per epoch
-    t.fit(x, y, epochs=1, progress=False)
-    t.train_steps(x, y, 1, 0, 7)                       # resumed 7 steps into epoch 2
-    t.step += 7
-    t.fit(x, y, epochs=2, progress=True, chunk_steps=3)
+    fit_resumed_at_step_7(Trainer(mlp((32,)), batch_size=32, seed=1), x, y)
     err = capsys.readouterr().err
     assert "nan" not in err, err
     shown = frames(err)

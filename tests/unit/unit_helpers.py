@@ -123,3 +123,12 @@ def is_valid(dtype, op):
 # Every (dtype, op); which are valid is read from the C table inside each test, not at collection
 # (before init_process_group) time.
 ALL_PAIRS = [pytest.param(dt, op, id=f"{np.dtype(dt).name}-{op.name}") for dt in DTYPES for op in dist.ReduceOp]
+
+
+def fit_resumed_at_step_7(trainer, x, y):
+    """Train one epoch of 20 steps (x holds 20 batches), then 7 steps of epoch 2 as a resumed run
+    would have, then fit() on with progress shown in chunks of 3 steps."""
+    trainer.fit(x, y, epochs=1, progress=False)
+    trainer.train_steps(x, y, 1, 0, 7)
+    trainer.step += 7
+    trainer.fit(x, y, epochs=2, progress=True, chunk_steps=3)
