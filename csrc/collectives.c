@@ -56,7 +56,7 @@ static PyObject *finish(MPI_Request req, const char *what, long group, int async
         pd_park(req, Py_XNewRef(keep), 0);  // nobody can own it now: keep its memory alive
         return NULL;
     }
-    PdWorkObject *w = pd_work_new(req, &op, keep, list);   // parks the request if it fails
+    PdWorkObject *w = pd_work_new(req, &op, keep, list, 0);   // parks the request if it fails
     Py_DECREF(list);
     if (w == NULL) {
         return NULL;

@@ -224,11 +224,20 @@ PdOp pd_op(const char *what, long group, int peer) {
     return (PdOp){what, group, generation, peer};
 }
 
+// The slot `op` was started on, or NULL if that group has since been destroyed (the slot freed, and
+// perhaps taken again by another group).
+static GroupSlot *op_group(const PdOp *op) {
+    if (op->group < 0 || op->group >= PD_MAX_GROUPS || !groups[op->group].in_use ||
+        groups[op->group].generation != op->generation) {
+        return NULL;
+    }
+    return &groups[op->group];
+}
+
 // Does `op` need world rank `w` to complete? A stale op (its group destroyed) is assumed to need
 // everyone: nothing else can be known about it.
 static int op_needs(const PdOp *op, int w) {
-    if (op->group < 0 || op->group >= PD_MAX_GROUPS || !groups[op->group].in_use ||
-        groups[op->group].generation != op->generation) {
+    if (op_group(op) == NULL) {
         return 1;
     }
     int r = pd_group_from_global(op->group, w);
@@ -263,11 +272,10 @@ int pd_op_wait(MPI_Request *req, MPI_Status *status, const PdOp *op, double time
     if (pd_wait(req, status, &spec) == 0) {
         return 0;
     }
-    if (timeout_breaks && op->peer == PD_PEER_ALL && PyErr_ExceptionMatches(pd_DistTimeoutError) &&
-        op->group >= 0 && op->group < PD_MAX_GROUPS && groups[op->group].in_use &&
-        groups[op->group].generation == op->generation && !groups[op->group].broken[0]) {
-        snprintf(groups[op->group].broken, sizeof groups[op->group].broken, "%s timed out after %.1f s",
-                 op->what, timeout);
+    GroupSlot *g = op_group(op);
+    if (timeout_breaks && op->peer == PD_PEER_ALL && PyErr_ExceptionMatches(pd_DistTimeoutError) && g != NULL &&
+        !g->broken[0]) {
+        snprintf(g->broken, sizeof g->broken, "%s timed out after %.1f s", op->what, timeout);
     }
     return -1;
 }

@@ -115,13 +115,12 @@ static PyObject *start_async(PyObject *const *args, Py_ssize_t nargs, int is_rec
     const char *fn = is_recv ? "irecv" : "isend";
     P2PArgs a;
     MPI_Request req = MPI_REQUEST_NULL;
-    PyObject *result = NULL;
-    PdWorkObject *w = NULL;
+    PyObject *result = NULL, *ret = NULL;
     if (parse(args, nargs, fn, is_recv, &a) < 0) {
         goto done;
     }
     if (pd_validate_only) {   // batch_isend_irecv's first pass: checks only, nothing posted
-        w = (PdWorkObject *)Py_NewRef(Py_None);
+        ret = Py_NewRef(Py_None);
         goto done;
     }
     result = PyList_New(1);
@@ -133,16 +132,12 @@ static PyObject *start_async(PyObject *const *args, Py_ssize_t nargs, int is_rec
         goto done;
     }
     PdOp op = pd_op(fn, a.group, a.peer);
-    w = pd_work_new(req, &op, (PyObject *)a.buf.arr, result);   // parks the request if it fails
-    if (w == NULL) {
-        goto done;
-    }
-    w->cancellable = is_recv;
-    w->is_recv = is_recv;
+    // parks the request (a receive as cancellable) if it fails
+    ret = (PyObject *)pd_work_new(req, &op, (PyObject *)a.buf.arr, result, is_recv);
 done:
     Py_XDECREF(result);
     pd_buf_release(&a.buf);
-    return (PyObject *)w;
+    return ret;
 }
 
 // _C.isend(tensor, dst, tag, group) -> Work

@@ -135,6 +135,9 @@ typedef struct {
 // error, DistBackendError) and returns -1 with the request still pending.
 int pd_wait(MPI_Request *req, MPI_Status *status, const PdWaitSpec *spec);
 
+// Raise DistTimeoutError "<what> timed out after <waited> s (timeout <timeout> s): <why>"; returns -1.
+int pd_raise_timeout(const char *what, double waited, double timeout, const char *why);
+
 // Move a pending request and a reference to its owners onto the parked list (steals `keep`), so MPI
 // never writes into freed memory. GIL held.
 void pd_park(MPI_Request req, PyObject *keep, int cancellable);
@@ -203,8 +206,7 @@ typedef struct {
     PdOp op;               // what, group and peers, for the wait and for messages
     PyObject *keep;        // owns the memory MPI reads/writes (a tuple of arrays); NULL when done
     PyObject *result;      // what result() returns (list of arrays)
-    int cancellable;       // point-to-point receives may be cancelled at shutdown
-    int is_recv;
+    int is_recv;           // a point-to-point receive: has a source rank, and may be cancelled
     int waiting;           // a thread is in wait() on this request: nobody else may touch it
     int avg_divisor;       // >0: divide the result by this after completion (AVG)
     const PdDtype *avg_dtype;
@@ -216,9 +218,9 @@ typedef struct {
 extern PyTypeObject *pd_WorkType;
 int pd_work_type_init(PyObject *module);
 // A new Work for `req` that keeps `keep` alive (new reference taken) and returns `result` from
-// result() (new reference taken, may be NULL for an empty list). On failure the request is parked
-// with `keep`, so its memory stays alive, and NULL is returned.
-PdWorkObject *pd_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObject *result);
+// result() (new reference taken, may be NULL for an empty list). is_recv: a point-to-point receive.
+// On failure the request is parked with `keep`, so its memory stays alive, and NULL is returned.
+PdWorkObject *pd_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObject *result, int is_recv);
 
 // ---------------------------------------------------------------------------------------------------
 // The training engine (engine_py.c over csrc/engine/)
@@ -261,8 +263,9 @@ PyObject *pd_reduce_scatter(PyObject *self, PyObject *const *args, Py_ssize_t na
 PyObject *pd_all_to_all_single(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_all_to_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_set_validate_only(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-// This thread's collectives check their arguments and return without sending (PYDIST_DEBUG=DETAIL).
-// Per thread: another thread's collective must never become a no-op.
+// This thread's collectives, isend and irecv check their arguments and return without sending
+// (PYDIST_DEBUG=DETAIL's checks, batch_isend_irecv's first pass). Per thread: another thread's call
+// must never become a no-op.
 extern _Thread_local int pd_validate_only;
 
 PyObject *pd_set_wait_mode(PyObject *self, PyObject *const *args, Py_ssize_t nargs); // wait.c

@@ -99,14 +99,17 @@ int pd_wait(MPI_Request *req, MPI_Status *status, const PdWaitSpec *spec) {
         }
         double waited = MPI_Wtime() - start;
         if (spec->timeout >= 0 && waited >= spec->timeout) {
-            // PyErr_Format has no float conversions: format the message first
-            char msg[300];
-            PyOS_snprintf(msg, sizeof msg, "%s timed out after %.3f s (timeout %.3f s): another rank may "
-                          "not have called it", spec->what, waited, spec->timeout);
-            PyErr_SetString(pd_DistTimeoutError, msg);
-            return -1;
+            return pd_raise_timeout(spec->what, waited, spec->timeout, "another rank may not have called it");
         }
     }
+}
+
+int pd_raise_timeout(const char *what, double waited, double timeout, const char *why) {
+    // PyErr_Format has no float conversions: format the message first
+    char msg[400];
+    PyOS_snprintf(msg, sizeof msg, "%s timed out after %.3f s (timeout %.3f s): %s", what, waited, timeout, why);
+    PyErr_SetString(pd_DistTimeoutError, msg);
+    return -1;
 }
 
 PyObject *pd_set_wait_mode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {

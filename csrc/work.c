@@ -20,7 +20,7 @@
 
 PyTypeObject *pd_WorkType = NULL;
 
-PdWorkObject *pd_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObject *result) {
+PdWorkObject *pd_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObject *result, int is_recv) {
     PdWorkObject *w = PyObject_GC_New(PdWorkObject, pd_WorkType);
     PyObject *list = w == NULL ? NULL : result ? Py_NewRef(result) : PyList_New(0);
     if (list == NULL) {
@@ -29,7 +29,7 @@ PdWorkObject *pd_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObj
             w->keep = w->result = w->error = NULL;
             Py_DECREF(w);
         }
-        pd_park(req, Py_XNewRef(keep), 0);  // nobody can own the request now: keep its memory alive
+        pd_park(req, Py_XNewRef(keep), is_recv);  // nobody can own the request now: keep its memory alive
         return NULL;
     }
     w->req = req;
@@ -37,8 +37,7 @@ PdWorkObject *pd_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObj
     w->op = *op;
     w->keep = Py_XNewRef(keep);
     w->result = list;
-    w->cancellable = 0;
-    w->is_recv = 0;
+    w->is_recv = is_recv;
     w->waiting = 0;
     w->avg_divisor = 0;
     w->avg_dtype = NULL;
@@ -107,11 +106,7 @@ static int wait_for_other_waiter(PdWorkObject *w, double timeout) {
         }
         double waited = MPI_Wtime() - start;
         if (timeout >= 0 && waited >= timeout && w->waiting) {
-            char msg[300];
-            PyOS_snprintf(msg, sizeof msg, "%s timed out after %.3f s (timeout %.3f s) while another thread "
-                          "was waiting for it", w->op.what, waited, timeout);
-            PyErr_SetString(pd_DistTimeoutError, msg);
-            return -1;
+            return pd_raise_timeout(w->op.what, waited, timeout, "another thread was waiting for it");
         }
     }
     return 0;
@@ -239,7 +234,7 @@ static void work_let_go(PdWorkObject *w) {
             PyErr_WriteUnraisable((PyObject *)w);
         }
         PyErr_Restore(type, value, tb);
-        pd_park(w->req, w->keep, w->cancellable);  // steals keep
+        pd_park(w->req, w->keep, w->is_recv);  // steals keep; a receive nobody waits for can be cancelled
         w->keep = NULL;
     }
     w->req = MPI_REQUEST_NULL;

@@ -784,7 +784,9 @@ def scatter_object_list(scatter_object_output_list, scatter_object_input_list=No
     if is_src and (scatter_object_input_list is None or len(scatter_object_input_list) != size):
         raise ValueError(f"scatter_object_list(): `scatter_object_input_list` must have {size} entries on src")
     payloads, error = _pickled(scatter_object_input_list) if is_src else ([], None)
-    sizes = np.array([len(p) for p in payloads] if is_src and error is None else [-int(is_src)] * size, np.int64)
+    sizes = np.zeros(size, np.int64)
+    if is_src:
+        sizes[:] = -1 if error is not None else [len(p) for p in payloads]
     _C.broadcast(sizes, src, handle, False)
     _raise_if_unpickled("scatter_object_list", sizes, [src], error)
     width = int(sizes.max()) if size else 0
