@@ -109,8 +109,8 @@ def extension():
         link_args += ["-fsanitize=address"]
     return Extension(
         "pydist._C",
-        sources=sorted(glob.glob("csrc/*.c") + glob.glob("csrc/engine/*.c")),
-        depends=glob.glob("csrc/*.h") + glob.glob("csrc/engine/*.h"),
+        sources=sorted(glob.glob("csrc/*.c") + glob.glob("csrc/*/*.c")),
+        depends=glob.glob("csrc/*.h") + glob.glob("csrc/*/*.h"),
         include_dirs=[numpy.get_include(), "csrc"] + mpi["include_dirs"],
         library_dirs=mpi["library_dirs"],
         libraries=mpi["libraries"],
