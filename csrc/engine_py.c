@@ -14,6 +14,7 @@
 #include "engine/data.h"
 #include "engine/model.h"
 #include "engine/train.h"
+#include "strategies/strategy.h"
 
 typedef struct {
     PyObject_HEAD
@@ -23,6 +24,14 @@ typedef struct {
     float *x;              // one batch [max_batch * pixels]
     int32_t *y;            // [max_batch]
     int busy;
+    Strategy strategy;     // how ranks cooperate, once set_strategy() has run (has_strategy)
+    int has_strategy;
+    long strategy_group;   // the pydist group it runs on
+    MPI_Comm strategy_comm;  // its private copy of that group's communicator (MPI_COMM_NULL alone)
+    long global_step;      // the strategy's step count, so that periods run across epochs and resumes
+    int slow_ms;           // sleep per step on this rank (straggler experiments)
+    float *gathered;       // [2 * num_params]: what strategy_weights/state gather (MPI writes it; the
+                           // engine owns it, so a parked request can never write freed memory)
 } EngineObject;
 
 static PyTypeObject *EngineType;
@@ -167,10 +176,12 @@ static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
         Py_CLEAR(e);
         goto done;
     }
+    e->strategy_comm = MPI_COMM_NULL;
     e->momentum = PyMem_Calloc((size_t)e->model.num_params, sizeof(float));
     e->x = PyMem_Calloc((size_t)max_batch * (size_t)pixels_of(&e->model), sizeof(float));
     e->y = PyMem_Calloc((size_t)max_batch, sizeof(int32_t));
-    if (e->momentum == NULL || e->x == NULL || e->y == NULL) {
+    e->gathered = PyMem_Calloc(2 * (size_t)e->model.num_params, sizeof(float));
+    if (e->momentum == NULL || e->x == NULL || e->y == NULL || e->gathered == NULL) {
         PyErr_NoMemory();
         Py_CLEAR(e);
     }
@@ -180,12 +191,27 @@ done:
     return (PyObject *)e;
 }
 
+static void drop_strategy(EngineObject *e) {
+    if (e->has_strategy) {
+        strategy_free(&e->strategy);
+        e->has_strategy = 0;
+    }
+    int finalized = 1;
+    MPI_Finalized(&finalized);
+    if (e->strategy_comm != MPI_COMM_NULL && !finalized) {
+        MPI_Comm_free(&e->strategy_comm);
+    }
+    e->strategy_comm = MPI_COMM_NULL;
+}
+
 static void engine_dealloc(EngineObject *e) {
     PyTypeObject *tp = Py_TYPE(e);
+    drop_strategy(e);
     model_free(&e->model);
     PyMem_Free(e->momentum);
     PyMem_Free(e->x);
     PyMem_Free(e->y);
+    PyMem_Free(e->gathered);
     freefunc free_slot = (freefunc)PyType_GetSlot(tp, Py_tp_free);
     free_slot(e);
     Py_DECREF(tp);
@@ -200,6 +226,16 @@ static PyObject *buffer_view(EngineObject *e, float *data) {
     if (a != NULL && PyArray_SetBaseObject((PyArrayObject *)a, Py_NewRef((PyObject *)e)) < 0) {
         Py_DECREF(a);
         return NULL;
+    }
+    return a;
+}
+
+// A new array holding a copy of n floats.
+static PyObject *buffer_copy(const float *data, long n) {
+    npy_intp dims[1] = {n};
+    PyObject *a = PyArray_SimpleNew(1, dims, NPY_FLOAT32);
+    if (a != NULL) {
+        memcpy(PyArray_DATA((PyArrayObject *)a), data, sizeof(float) * (size_t)n);
     }
     return a;
 }
@@ -332,39 +368,169 @@ static PyObject *engine_sgd_step(EngineObject *e, PyObject *const *args, Py_ssiz
     Py_RETURN_NONE;
 }
 
+// ---------------------------------------------------------------------------------------------------
+// Strategies (csrc/strategies/): their waits and MPI calls, made the pydist way
+
+// What a strategy's communication needs from us while the step loop runs without the GIL.
 typedef struct {
     EngineObject *engine;
-    long group;
-    MPI_Comm comm;
-    PyThreadState *released;  // the thread state saved while the loop runs without the GIL
+    long group;               // for the wait: which ranks must be alive
+    PyThreadState *released;  // the thread state saved while the GIL is released
 } SyncContext;
 
-// The step loop's all-reduce: take the GIL back to wait the pydist way, then release it again.
-static int allreduce_grads(float *buf, long n, void *ctx) {
+static void sync_lock(void *ctx) {
     SyncContext *s = ctx;
     PyEval_RestoreThread(s->released);
-    MPI_Request req = MPI_REQUEST_NULL;
-    int rc = MPI_Iallreduce_c(MPI_IN_PLACE, buf, (MPI_Count)n, MPI_FLOAT, MPI_SUM, s->comm, &req), ret = 0;
-    if (rc != MPI_SUCCESS) {
-        pd_raise_mpi(rc, "MPI_Iallreduce_c (gradients)");
-        ret = -1;
-    } else {
-        // On Ctrl-C or a timeout the request is parked with the engine, whose grads it writes.
-        PdOp op = pd_op("the gradient all_reduce", s->group, PD_PEER_ALL);
-        ret = pd_op_wait_or_park(&req, MPI_STATUS_IGNORE, &op, (PyObject *)s->engine, 0);
-    }
+}
+
+static void sync_unlock(void *ctx) {
+    SyncContext *s = ctx;
     s->released = PyEval_SaveThread();
-    return ret;
+}
+
+// Wait the way every pydist call waits (polling, Ctrl-C, timeouts, dead ranks); a request given up is
+// parked with the engine, whose buffers it reads or writes. GIL held.
+static int sync_wait(MPI_Request *req, void *ctx) {
+    SyncContext *s = ctx;
+    PdOp op = pd_op("the training step's communication", s->group, PD_PEER_ALL);
+    return pd_op_wait_or_park(req, MPI_STATUS_IGNORE, &op, (PyObject *)s->engine, 0);
+}
+
+static void sync_park(MPI_Request *req, void *ctx) {
+    SyncContext *s = ctx;
+    pd_park(*req, Py_NewRef((PyObject *)s->engine), 0);
+    *req = MPI_REQUEST_NULL;
+}
+
+static int hook_step(void *ctx, float *params, float *grads, float *momentum, int *started, long step) {
+    return strategy_step(ctx, params, grads, momentum, started, step);
+}
+
+static int hook_serve(void *ctx, float *params, float *momentum, int *started, long step) {
+    return strategy_serve(ctx, params, momentum, started, step);
+}
+
+static double hook_seconds(void *ctx) {
+    return ((Strategy *)ctx)->comm.seconds;
+}
+
+// A strategy call failed: -1 left the wait's exception, -2 names the MPI call. Returns NULL.
+static PyObject *strategy_error(const Strategy *st, int rc) {
+    if (rc == -2 && !PyErr_Occurred()) {
+        pd_raise_mpi(st->comm.mpi_rc, st->comm.mpi_call);
+    }
+    return NULL;
+}
+
+// Run `fn` on the engine's strategy with the GIL released and the strategy's comm waiting through
+// sync; the caller has entered the engine.
+#define WITH_STRATEGY(e, sync, call)                                  \
+    do {                                                             \
+        (e)->strategy.comm.ctx = &(sync);                            \
+        (sync).released = PyEval_SaveThread();                       \
+        call;                                                        \
+        PyEval_RestoreThread((sync).released);                       \
+    } while (0)
+
+static Comm comm_for(MPI_Comm comm, int rank, int size) {
+    Comm c = {comm, rank, size, sync_wait, sync_lock, sync_unlock, sync_park, NULL, {0, 0}, 0.0, MPI_SUCCESS, NULL};
+    return c;
+}
+
+// set_strategy(group, name, servers, period, warmup, placement, beta, slow_ms, lr, momentum, dampening,
+//              weight_decay, nesterov): how this engine's train_steps cooperate from now on, on a
+// private copy of the group's communicator (so its messages never meet the user's). Collective over
+// the group. group -1: alone.
+static PyObject *engine_set_strategy(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
+    const char *fn = "Engine.set_strategy";
+    long group, servers, period, warmup, placement, slow_ms;
+    double beta;
+    SgdConfig sgd;
+    if (pd_check_nargs(nargs, 13, fn) < 0 || pd_arg_long(args[0], fn, "group", &group) < 0 ||
+        pd_arg_long(args[2], fn, "servers", &servers) < 0 || pd_arg_long(args[3], fn, "period", &period) < 0 ||
+        pd_arg_long(args[4], fn, "warmup", &warmup) < 0 || pd_arg_long(args[5], fn, "placement", &placement) < 0 ||
+        pd_arg_long(args[7], fn, "slow_ms", &slow_ms) < 0 || sgd_args(args + 8, fn, &sgd) < 0) {
+        return NULL;
+    }
+    if (!PyUnicode_Check(args[1])) {
+        PyErr_Format(PyExc_TypeError, "%s(): `name` must be a str; got %.100s", fn, Py_TYPE(args[1])->tp_name);
+        return NULL;
+    }
+    beta = PyFloat_AsDouble(args[6]);
+    if (beta == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    const char *name = PyUnicode_AsUTF8(args[1]);
+    int kind = name ? strategy_kind_of(name) : -1;
+    if (name == NULL) {
+        return NULL;
+    }
+    if (kind < 0) {
+        PyErr_Format(PyExc_ValueError, "%s(): unknown strategy %R", fn, args[1]);
+        return NULL;
+    }
+    if (servers < 0 || servers > INT32_MAX || period < 0 || period > INT32_MAX || warmup < 0 || warmup > INT32_MAX ||
+        placement < MOMENTUM_LOCAL || placement > MOMENTUM_RESET || slow_ms < 0 || slow_ms > 3600000 ||
+        !(beta >= 0.0 && beta <= 1.0)) {
+        PyErr_Format(PyExc_ValueError, "%s(): need servers, period, warmup >= 0, placement in [0, 2], slow_ms in "
+                     "[0, 3600000] and 0 <= beta <= 1", fn);
+        return NULL;
+    }
+    MPI_Comm *gcomm = NULL;
+    int rank = 0, size = 1;
+    if (group >= 0) {
+        if ((gcomm = pd_group_comm(group, fn)) == NULL) {
+            return NULL;
+        }
+        rank = pd_group_rank(group), size = pd_group_size(group);
+    } else if (group != -1) {
+        PyErr_Format(PyExc_ValueError, "%s(): `group` must be a group handle or -1 (alone); got %ld", fn, group);
+        return NULL;
+    }
+    if (engine_enter(e, fn) < 0) {
+        return NULL;
+    }
+    drop_strategy(e);
+    if (gcomm != NULL) {
+        MPI_Request req = MPI_REQUEST_NULL;
+        int rc = MPI_Comm_idup(*gcomm, &e->strategy_comm, &req);
+        if (rc != MPI_SUCCESS) {
+            e->busy = 0;
+            return pd_raise_mpi(rc, "MPI_Comm_idup");
+        }
+        PdOp op = pd_op(fn, group, PD_PEER_ALL);
+        if (pd_op_wait_or_park(&req, MPI_STATUS_IGNORE, &op, (PyObject *)e, 0) < 0) {
+            e->strategy_comm = MPI_COMM_NULL;  // MPI may still write it: the engine is kept with the request
+            e->busy = 0;
+            return NULL;
+        }
+    }
+    StrategyConfig cfg = {(StrategyKind)kind, (int)servers, (int)period, (int)warmup, (MomentumPlacement)placement,
+                          (float)beta};
+    char err[512];
+    if (strategy_create(&e->strategy, &cfg, &sgd, comm_for(e->strategy_comm, rank, size), e->model.num_params,
+                        e->model.params, err, sizeof err) < 0) {
+        drop_strategy(e);
+        e->busy = 0;
+        PyErr_Format(PyExc_ValueError, "%s(): %s", fn, err);
+        return NULL;
+    }
+    e->has_strategy = 1;
+    e->strategy_group = group;
+    e->slow_ms = (int)slow_ms;
+    e->busy = 0;
+    Py_RETURN_NONE;
 }
 
 // train_steps(images, labels, perm, step_begin, step_end, batch, group, lr, momentum, dampening,
-//             weight_decay, nesterov) -> (loss_sum, correct, steps, t_comp, t_sync)
-// group: a pydist group handle, or -1 to train alone (rank 0 of 1, no communication).
+//             weight_decay, nesterov) -> (loss_sum, correct, steps, t_comp, t_sync, bytes_sent, messages)
+// group: the group set_strategy() was given; or, with no strategy set, a pydist group handle (the
+// gradients are all-reduced on it) or -1 to train alone (rank 0 of 1, no communication).
 static PyObject *engine_train_steps(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
     const char *fn = "Engine.train_steps";
     long begin, end, batch, group;
-    Dataset ds;
     SgdConfig sgd;
+    Dataset ds;
     if (pd_check_nargs(nargs, 12, fn) < 0 || data_args(e, args[0], args[1], fn, &ds) < 0 ||
         pd_arg_long(args[3], fn, "step_begin", &begin) < 0 || pd_arg_long(args[4], fn, "step_end", &end) < 0 ||
         pd_arg_long(args[5], fn, "batch", &batch) < 0 || pd_arg_long(args[6], fn, "group", &group) < 0 ||
@@ -385,58 +551,196 @@ static PyObject *engine_train_steps(EngineObject *e, PyObject *const *args, Py_s
                      "step_end < 2**31; got [%ld, %ld)", fn, begin, end);
         return NULL;
     }
-    TrainConfig c = {0, 1, (int)batch, sgd, NULL, NULL};
-    SyncContext sync = {e, group, MPI_COMM_NULL, NULL};
-    if (group >= 0) {
+    // The strategy: the engine's own, or for this call only today's all-reduce on the group.
+    Strategy once, *st = &e->strategy;
+    int temporary = 0;
+    if (e->has_strategy) {
+        if (group != e->strategy_group) {
+            PyErr_Format(PyExc_ValueError, "%s(): `group` must be %ld, the group set_strategy() was given; got %ld",
+                         fn, e->strategy_group, group);
+            return NULL;
+        }
+    } else if (group >= 0) {
         MPI_Comm *comm = pd_group_comm(group, fn);
         if (comm == NULL) {
             return NULL;
         }
-        sync.comm = *comm;
-        c.rank = pd_group_rank(group), c.world = pd_group_size(group);
-        c.allreduce = allreduce_grads, c.ctx = &sync;
+        StrategyConfig cfg = {STRATEGY_ALLREDUCE, 0, 0, 0, MOMENTUM_LOCAL, 0.0f};
+        char err[256];
+        if (strategy_create(&once, &cfg, &sgd, comm_for(*comm, pd_group_rank(group), pd_group_size(group)),
+                            e->model.num_params, e->model.params, err, sizeof err) < 0) {
+            PyErr_Format(PyExc_MemoryError, "%s(): %s", fn, err);
+            return NULL;
+        }
+        st = &once, temporary = 1;
     } else if (group != -1) {
         PyErr_Format(PyExc_ValueError, "%s(): `group` must be a group handle or -1 (alone); got %ld", fn, group);
         return NULL;
     }
+    const int alone = !e->has_strategy && !temporary;
+    TrainConfig c = {0, 1, (int)batch, sgd, {NULL, NULL, NULL, NULL}, e->global_step, e->slow_ms};
+    if (!alone) {
+        st->sgd = sgd;
+        c.rank = strategy_worker_rank(st), c.world = st->workers;
+        c.hooks = (StepHooks){hook_step, strategy_is_server(st) ? hook_serve : NULL, hook_seconds, st};
+    }
     // Step s reads perm[(s * world + rank) * batch ...] up to end * world * batch, compared by division
     // so that it cannot overflow; the indices then fit an int (perm has at most ds.n < 2^31 entries).
     npy_intp entries = PyArray_SIZE(perm), per_step = (npy_intp)c.world * batch;
+    const int32_t *p = PyArray_DATA(perm);
+    PyObject *ret = NULL;
     if (entries > ds.n || end > entries / per_step) {
         PyErr_Format(PyExc_ValueError, "%s(): steps [%ld, %ld) of batch %ld on %d ranks need %ld x %lld entries "
                      "of `perm` (a permutation of the %d examples); got %lld", fn, begin, end, batch, c.world,
                      end, (long long)per_step, ds.n, (long long)entries);
-        return NULL;
+        goto done;
     }
-    const int32_t *p = PyArray_DATA(perm);
     for (npy_intp i = 0; i < entries; i++) {
         if (p[i] < 0 || p[i] >= ds.n) {
             PyErr_Format(PyExc_ValueError, "%s(): perm[%lld] = %d is not an example index", fn, (long long)i,
                          (int)p[i]);
-            return NULL;
+            goto done;
         }
     }
     if (engine_enter(e, fn) < 0) {
-        return NULL;
+        goto done;
     }
     StepStats stats = {0};
+    SyncContext sync = {e, group, NULL};
+    CommCount before = st->comm.count;
+    st->comm.ctx = &sync;
     sync.released = PyEval_SaveThread();
     int rc = train_steps(&e->model, &c, e->momentum, &e->momentum_started, &ds, (const int *)p, (int)begin,
                          (int)end, e->x, e->y, &stats);
     PyEval_RestoreThread(sync.released);
     e->busy = 0;
     if (rc < 0) {
-        return NULL;  // the all-reduce raised
+        strategy_error(st, rc);
+        goto done;
     }
-    return Py_BuildValue("(dlidd)", stats.loss_sum, stats.correct, stats.steps, stats.t_comp, stats.t_sync);
+    e->global_step += end - begin;
+    ret = Py_BuildValue("(dliddLL)", stats.loss_sum, stats.correct, stats.steps, stats.t_comp, stats.t_sync,
+                        st->comm.count.bytes_sent - before.bytes_sent, st->comm.count.messages - before.messages);
+done:
+    if (temporary) {
+        strategy_free(&once);
+    }
+    return ret;
 }
 
-// evaluate(images, labels, start, end, batch) -> (loss_sum, correct) over examples [start, end)
+// strategy_weights() -> the weights that count (the replica, the average, the center), a new array.
+// Collective over the strategy's group.
+static PyObject *engine_strategy_weights(EngineObject *e, PyObject *unused) {
+    (void)unused;
+    const char *fn = "Engine.strategy_weights";
+    if (!e->has_strategy) {
+        PyErr_Format(PyExc_RuntimeError, "%s(): no strategy was set", fn);
+        return NULL;
+    }
+    if (engine_enter(e, fn) < 0) {
+        return NULL;
+    }
+    SyncContext sync = {e, e->strategy_group, NULL};
+    int rc;
+    WITH_STRATEGY(e, sync, rc = strategy_weights(&e->strategy, e->model.params, e->gathered));
+    e->busy = 0;
+    if (rc < 0) {
+        return strategy_error(&e->strategy, rc);
+    }
+    return buffer_copy(e->gathered, e->model.num_params);
+}
+
+// strategy_state() -> (params, momentum, momentum_started): what a checkpoint saves. Collective.
+static PyObject *engine_strategy_state(EngineObject *e, PyObject *unused) {
+    (void)unused;
+    const char *fn = "Engine.strategy_state";
+    if (!e->has_strategy) {
+        PyErr_Format(PyExc_RuntimeError, "%s(): no strategy was set", fn);
+        return NULL;
+    }
+    if (engine_enter(e, fn) < 0) {
+        return NULL;
+    }
+    SyncContext sync = {e, e->strategy_group, NULL};
+    const long n = e->model.num_params;
+    int rc, started = 0;
+    WITH_STRATEGY(e, sync, rc = strategy_state(&e->strategy, e->model.params, e->momentum, e->momentum_started,
+                                               e->gathered, e->gathered + n, &started));
+    e->busy = 0;
+    if (rc < 0) {
+        return strategy_error(&e->strategy, rc);
+    }
+    PyObject *params = buffer_copy(e->gathered, n), *momentum = params ? buffer_copy(e->gathered + n, n) : NULL;
+    if (momentum == NULL) {
+        Py_XDECREF(params);
+        return NULL;
+    }
+    return Py_BuildValue("(NNO)", params, momentum, started ? Py_True : Py_False);
+}
+
+// strategy_restore(): every rank has loaded the same params: the strategy takes them up (easgd's center).
+static PyObject *engine_strategy_restore(EngineObject *e, PyObject *unused) {
+    (void)unused;
+    if (e->has_strategy) {
+        strategy_restore(&e->strategy, e->model.params);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *get_is_server(EngineObject *e, void *c) {
+    (void)c;
+    return PyBool_FromLong(e->has_strategy && strategy_is_server(&e->strategy));
+}
+static PyObject *get_workers(EngineObject *e, void *c) {
+    (void)c;
+    return PyLong_FromLong(e->has_strategy ? e->strategy.workers : 1);
+}
+static PyObject *get_global_step(EngineObject *e, void *c) { (void)c; return PyLong_FromLong(e->global_step); }
+static int set_global_step(EngineObject *e, PyObject *v, void *c) {
+    (void)c;
+    long step;
+    if (v == NULL) {
+        PyErr_SetString(PyExc_TypeError, "global_step cannot be deleted");
+        return -1;
+    }
+    if (pd_arg_long(v, "Engine.global_step", "value", &step) < 0) {
+        return -1;
+    }
+    if (step < 0) {
+        PyErr_Format(PyExc_ValueError, "Engine.global_step must be >= 0; got %ld", step);
+        return -1;
+    }
+    e->global_step = step;
+    return 0;
+}
+
+// A float32 array of the model's num_params values (C-contiguous), or NULL with an exception.
+static const float *weights_arg(EngineObject *e, PyObject *obj, const char *fn, const char *arg) {
+    PyArrayObject *w = array_arg(obj, NPY_FLOAT32, fn, arg);
+    if (w != NULL && PyArray_SIZE(w) != e->model.num_params) {
+        PyErr_Format(PyExc_ValueError, "%s(): `%s` must hold the model's %ld parameters; got %lld", fn, arg,
+                     e->model.num_params, (long long)PyArray_SIZE(w));
+        return NULL;
+    }
+    return w ? PyArray_DATA(w) : NULL;
+}
+
+static int nargs_either(Py_ssize_t nargs, Py_ssize_t a, Py_ssize_t b, const char *fn) {
+    if (nargs != a && nargs != b) {
+        PyErr_Format(PyExc_TypeError, "%s() takes %zd or %zd arguments (%zd given)", fn, a, b, nargs);
+        return -1;
+    }
+    return 0;
+}
+
+// evaluate(images, labels, start, end, batch[, weights]) -> (loss_sum, correct) over examples
+// [start, end), with the model's own parameters or with `weights` (a strategy's average or center).
 static PyObject *engine_evaluate(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
     const char *fn = "Engine.evaluate";
     long start, end, batch;
     Dataset ds;
-    if (pd_check_nargs(nargs, 5, fn) < 0 || data_args(e, args[0], args[1], fn, &ds) < 0 ||
+    const float *weights = NULL;
+    if (nargs_either(nargs, 5, 6, fn) < 0 || data_args(e, args[0], args[1], fn, &ds) < 0 ||
         pd_arg_long(args[2], fn, "start", &start) < 0 || pd_arg_long(args[3], fn, "end", &end) < 0 ||
         pd_arg_long(args[4], fn, "batch", &batch) < 0) {
         return NULL;
@@ -446,12 +750,16 @@ static PyObject *engine_evaluate(EngineObject *e, PyObject *const *args, Py_ssiz
                      "got [%ld, %ld), batch %ld", fn, ds.n, e->model.max_batch, start, end, batch);
         return NULL;
     }
-    if (engine_enter(e, fn) < 0) {
+    if ((nargs == 6 && (weights = weights_arg(e, args[5], fn, "weights")) == NULL) || engine_enter(e, fn) < 0) {
         return NULL;
     }
     double loss_sum = 0.0;
     long correct = 0;
     long pixels = pixels_of(&e->model);
+    float *own = e->model.params;
+    if (weights != NULL) {
+        e->model.params = (float *)weights;  // forward only reads them; the engine is busy meanwhile
+    }
     Py_BEGIN_ALLOW_THREADS
     for (long i = start; i < end; i += batch) {
         int B = (int)(end - i < batch ? end - i : batch), right = 0;
@@ -460,6 +768,7 @@ static PyObject *engine_evaluate(EngineObject *e, PyObject *const *args, Py_ssiz
         correct += right;
     }
     Py_END_ALLOW_THREADS
+    e->model.params = own;
     e->busy = 0;
     return Py_BuildValue("(dl)", loss_sum, correct);
 }
@@ -480,11 +789,20 @@ static PyObject *path_arg(PyObject *obj, const char *fn, const char *arg) {
 
 // save(path, step, epoch, seed): params + momentum, atomically (checkpoint.c). step and epoch are
 // counts (>= 0); seed is any C long, stored as its 64 bits and given back as it was by load().
+// With 7 arguments (..., params, momentum, momentum_started) it saves those instead of the engine's own:
+// what a strategy's state() gathered (the average, the center, the servers' momentum).
 static PyObject *engine_save(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
     const char *fn = "Engine.save";
     long step, epoch, seed;
-    if (pd_check_nargs(nargs, 4, fn) < 0 || pd_arg_long(args[1], fn, "step", &step) < 0 ||
+    const float *params = e->model.params, *momentum = e->momentum;
+    int started = e->momentum_started;
+    if (nargs_either(nargs, 4, 7, fn) < 0 || pd_arg_long(args[1], fn, "step", &step) < 0 ||
         pd_arg_long(args[2], fn, "epoch", &epoch) < 0 || pd_arg_long(args[3], fn, "seed", &seed) < 0) {
+        return NULL;
+    }
+    if (nargs == 7 && ((params = weights_arg(e, args[4], fn, "params")) == NULL ||
+                       (momentum = weights_arg(e, args[5], fn, "momentum")) == NULL ||
+                       (started = PyObject_IsTrue(args[6])) < 0)) {
         return NULL;
     }
     if (step < 0 || epoch < 0) {
@@ -501,11 +819,11 @@ static PyObject *engine_save(EngineObject *e, PyObject *const *args, Py_ssize_t 
     }
     const char *path = PyBytes_AS_STRING(path_bytes);
     CheckpointHeader h = {CHECKPOINT_MAGIC, CHECKPOINT_VERSION, (uint64_t)e->model.num_params, (uint64_t)step,
-                          (uint64_t)epoch, (uint64_t)seed, model_hash(&e->model), (uint64_t)e->momentum_started};
+                          (uint64_t)epoch, (uint64_t)seed, model_hash(&e->model), (uint64_t)started};
     char err[1024];
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = checkpoint_save(path, &h, e->model.params, e->momentum, err, sizeof err);
+    rc = checkpoint_save(path, &h, params, momentum, err, sizeof err);
     Py_END_ALLOW_THREADS
     e->busy = 0;
     Py_DECREF(path_bytes);
@@ -573,9 +891,19 @@ static PyMethodDef engine_methods[] = {
     METHOD("sgd_step", engine_sgd_step, "sgd_step(lr, momentum, dampening, weight_decay, nesterov)"),
     METHOD("train_steps", engine_train_steps,
            "train_steps(images, labels, perm, step_begin, step_end, batch, group, lr, momentum, dampening, "
-           "weight_decay, nesterov) -> (loss_sum, correct, steps, t_comp, t_sync)"),
-    METHOD("evaluate", engine_evaluate, "evaluate(images, labels, start, end, batch) -> (loss_sum, correct)"),
-    METHOD("save", engine_save, "save(path, step, epoch, seed): atomic checkpoint"),
+           "weight_decay, nesterov) -> (loss_sum, correct, steps, t_comp, t_sync, bytes_sent, messages)"),
+    METHOD("set_strategy", engine_set_strategy,
+           "set_strategy(group, name, servers, period, warmup, placement, beta, slow_ms, lr, momentum, dampening, "
+           "weight_decay, nesterov): how train_steps cooperate (collective)"),
+    {"strategy_weights", (PyCFunction)engine_strategy_weights, METH_NOARGS,
+     "strategy_weights() -> the weights that count (collective)"},
+    {"strategy_state", (PyCFunction)engine_strategy_state, METH_NOARGS,
+     "strategy_state() -> (params, momentum, momentum_started) to save (collective)"},
+    {"strategy_restore", (PyCFunction)engine_strategy_restore, METH_NOARGS,
+     "strategy_restore(): take up loaded params (easgd's center)"},
+    METHOD("evaluate", engine_evaluate,
+           "evaluate(images, labels, start, end, batch[, weights]) -> (loss_sum, correct)"),
+    METHOD("save", engine_save, "save(path, step, epoch, seed[, params, momentum, momentum_started]): atomic checkpoint"),
     METHOD("load", engine_load, "load(path) -> (step, epoch, seed)"),
     {NULL, NULL, 0, NULL},
 };
@@ -589,6 +917,9 @@ static PyGetSetDef engine_getset[] = {
     {"classes", (getter)get_classes, NULL, "number of output classes", NULL},
     {"max_batch", (getter)get_max_batch, NULL, "largest batch per call", NULL},
     {"model_hash", (getter)get_model_hash, NULL, "hash of the architecture (checkpoints)", NULL},
+    {"is_server", (getter)get_is_server, NULL, "this rank serves parameters (strategy ps)", NULL},
+    {"workers", (getter)get_workers, NULL, "ranks that compute gradients", NULL},
+    {"global_step", (getter)get_global_step, (setter)set_global_step, "the strategy's step count", NULL},
     {"layout", (getter)get_layout, NULL, "(weight_offset, weights, bias_offset, biases) per layer", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

@@ -26,7 +26,7 @@ from . import _C
 from . import distributed as dist
 
 __all__ = ["Linear", "Conv2d", "MaxPool2d", "ReLU", "Flatten", "Model", "lenet5", "mlp", "Trainer",
-           "load_idx", "load_fashion_mnist", "DEFAULT_DATA_DIR"]
+           "load_idx", "load_fashion_mnist", "DEFAULT_DATA_DIR", "STRATEGIES"]
 
 DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"   # Debian's dataset-fashion-mnist
 _LINEAR, _CONV2D, _MAXPOOL2D, _RELU, _FLATTEN = range(5)  # csrc/engine/model.h LayerType
@@ -177,6 +177,51 @@ def load_fashion_mnist(data_dir=None):
 
 
 # ---------------------------------------------------------------------------------------------------
+# Strategies (csrc/strategies/): the options each takes, with their defaults
+
+STRATEGIES = {
+    "allreduce": {},   # MPI's all-reduce of the gradients (the default)
+    "ring": {},        # the same with our ring all-reduce
+    "central": {},     # central storage: gradients to rank 0, which updates and sends the weights back
+    "ps": {"servers": 1},   # the last `servers` ranks each own a shard of the weights and momentum
+    "average": {"period": 4, "warmup": 0, "momentum_placement": "local"},   # local SGD, averaged every period
+    "easgd": {"period": 4, "beta": 0.9},   # elastic averaging toward a center every period
+}
+_PLACEMENTS = ("local", "average", "reset")   # csrc/strategies/strategy.h MomentumPlacement
+
+
+def _strategy_options(strategy, given):
+    """The strategy's options: its defaults, overridden by those given; an option it does not take is
+    an error, never silently ignored."""
+    if not isinstance(strategy, str) or strategy not in STRATEGIES:
+        raise ValueError(f"Trainer: `strategy` must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
+    options = dict(STRATEGIES[strategy])
+    for name, value in given.items():
+        if value is None:
+            continue
+        if name not in options:
+            takers = [k for k, v in STRATEGIES.items() if name in v]
+            raise ValueError(f"Trainer: strategy {strategy!r} does not take `{name}` (only {', '.join(takers)} "
+                             f"do{'es' if len(takers) == 1 else ''})")
+        options[name] = value
+    for name in ("servers", "period", "warmup"):
+        if name in options:
+            v, least = options[name], 0 if name == "warmup" else 1
+            if not isinstance(v, numbers.Integral) or isinstance(v, bool) or not least <= v < 2**31:
+                raise ValueError(f"Trainer: `{name}` must be an int >= {least}; got {v!r}")
+            options[name] = int(v)
+    if options.get("momentum_placement", "local") not in _PLACEMENTS:
+        raise ValueError(f"Trainer: `momentum_placement` must be one of {', '.join(_PLACEMENTS)}; got "
+                         f"{options['momentum_placement']!r}")
+    if "beta" in options:
+        b = options["beta"]
+        if not isinstance(b, numbers.Real) or isinstance(b, bool) or not 0 <= b <= 1:
+            raise ValueError(f"Trainer: `beta` must be a number in [0, 1]; got {b!r}")
+        options["beta"] = float(b)
+    return options
+
+
+# ---------------------------------------------------------------------------------------------------
 # Trainer
 
 class _Progress:
@@ -211,14 +256,20 @@ class _Progress:
 
 
 class Trainer:
-    """Synchronous data-parallel SGD over the default process group (or `group`); alone when pydist
-    is not initialized. `batch_size` is per rank: the global batch is batch_size x world size.
+    """Data-parallel SGD over the default process group (or `group`); alone when pydist is not
+    initialized. `batch_size` is per worker: the global batch is batch_size x workers.
 
     SGD is torch.optim.SGD's: momentum, dampening, weight_decay, nesterov mean what they mean there.
+
+    `strategy` says how the ranks cooperate (see STRATEGIES and the README's "Strategies"):
+    "allreduce" (default), "ring", "central", "ps" (`servers`), "average" (`period`, `warmup`,
+    `momentum_placement`), "easgd" (`period`, `beta`). An option the strategy does not take is a
+    ValueError. `slow_rank`/`slow_ms` make one rank sleep `slow_ms` ms per step (a straggler).
     """
 
     def __init__(self, model, lr=0.02, momentum=0.9, weight_decay=0.0, dampening=0.0, nesterov=False,
-                 batch_size=64, seed=0, group=None, blas_threads=None):
+                 batch_size=64, seed=0, group=None, blas_threads=None, strategy="allreduce", servers=None,
+                 period=None, warmup=None, momentum_placement=None, beta=None, slow_rank=None, slow_ms=None):
         if not isinstance(model, Model):
             raise TypeError(f"Trainer: `model` must be a pydist.engine.Model, got {type(model).__name__}")
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
@@ -234,7 +285,12 @@ class Trainer:
                              f"lr={lr}, momentum={momentum}, weight_decay={weight_decay}, dampening={dampening}")
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Trainer: nesterov needs momentum > 0 and dampening 0 (as torch.optim.SGD)")
+        options = _strategy_options(strategy, dict(servers=servers, period=period, warmup=warmup,
+                                                   momentum_placement=momentum_placement, beta=beta))
+        if (slow_rank is None) != (slow_ms is None):
+            raise ValueError("Trainer: `slow_rank` and `slow_ms` go together (one rank sleeps slow_ms per step)")
         self.model, self.batch_size, self.seed = model, batch_size, int(seed)
+        self.strategy, self.options = strategy, options
         self.sgd = (float(lr), float(momentum), float(dampening), float(weight_decay), bool(nesterov))
         # One BLAS thread per rank unless asked: the ranks are the parallelism, and more threads than
         # cores make every rank wait for the slowest.
@@ -246,9 +302,17 @@ class Trainer:
             self._root = dist.get_global_rank(group, 0) if group is not None else 0  # holds the truth
         else:
             self.group, self._handle, self.rank, self.world, self._root = None, -1, 0, 1, 0
+        if slow_rank is not None:
+            for name, v, hi in (("slow_rank", slow_rank, self.world - 1), ("slow_ms", slow_ms, 3600000)):
+                if not isinstance(v, numbers.Integral) or isinstance(v, bool) or not 0 <= v <= hi:
+                    raise ValueError(f"Trainer: `{name}` must be an int in [0, {hi}]; got {v!r}")
         self.engine = _C.Engine(model.specs(), model.input_shape, batch_size)
         self.engine.init_params(self.seed)
         self._broadcast_state()
+        self.engine.set_strategy(self._handle, strategy, options.get("servers", 0), options.get("period", 0),
+                                 options.get("warmup", 0), _PLACEMENTS.index(options.get("momentum_placement", "local")),
+                                 options.get("beta", 0.0), int(slow_ms) if slow_rank == self.rank else 0, *self.sgd)
+        self.workers, self.is_server = self.engine.workers, self.engine.is_server
         self.epoch, self.step, self.history = 0, 0, []
 
     # The state that defines training: parameters, momentum. Rank 0's copy is the truth.
@@ -263,7 +327,12 @@ class Trainer:
         return self.engine.params
 
     def steps_per_epoch(self, n):
-        return n // (self.world * self.batch_size)
+        return n // (self.workers * self.batch_size)
+
+    def weights(self):
+        """The weights that count, as a new array on every rank: the replica, the workers' average
+        ("average") or the center ("easgd"). Collective."""
+        return self.engine.strategy_weights()
 
     def _sum(self, values):
         a = np.array(values, dtype=np.float64)
@@ -280,7 +349,8 @@ class Trainer:
         if n == 0:
             raise ValueError("Trainer.evaluate(): no examples to evaluate (got 0)")
         lo, hi = n * self.rank // self.world, n * (self.rank + 1) // self.world
-        loss_sum, correct = self.engine.evaluate(images, labels, lo, hi, min(batch_size, self.batch_size))
+        weights = self.weights()
+        loss_sum, correct = self.engine.evaluate(images, labels, lo, hi, min(batch_size, self.batch_size), weights)
         loss_sum, correct = self._sum([loss_sum, correct])
         return {"loss": loss_sum / n, "accuracy": correct / n}
 
@@ -308,6 +378,7 @@ class Trainer:
         """Steps [first, last) of `epoch` (no progress, no evaluation); returns the C loop's stats."""
         images, labels = self._check_data(images, labels)
         perm = _C.epoch_permutation(len(labels), self.seed, epoch)
+        self.engine.global_step = epoch * self.steps_per_epoch(len(labels)) + first
         return self.engine.train_steps(images, labels, perm, first, last, self.batch_size, self._handle, *self.sgd)
 
     def fit(self, images, labels, epochs, test=None, checkpoint=None, metrics=None, progress=True,
@@ -335,11 +406,12 @@ class Trainer:
             perm = _C.epoch_permutation(len(labels), self.seed, self.epoch)
             first = self.step - self.epoch * steps  # > 0 after resuming mid-epoch
             bar = _Progress(steps, f"epoch {self.epoch + 1}/{epochs}", progress and self.rank == 0, first)
-            totals = np.zeros(5)  # loss_sum, correct, steps, t_comp, t_sync
+            totals = np.zeros(7)  # loss_sum, correct, steps, t_comp, t_sync, bytes_sent, messages
             started = time.perf_counter()
             at = first
             while at < steps:
                 end = min(steps, at + chunk_steps)
+                self.engine.global_step = self.step
                 out = self.engine.train_steps(images, labels, perm, at, end, self.batch_size, self._handle,
                                               *self.sgd)
                 totals += out
@@ -349,13 +421,22 @@ class Trainer:
             seconds = time.perf_counter() - started
             bar.close()
             self.epoch += 1
-            loss_sum, correct, nsteps, t_comp, t_sync = self._sum(totals)
+            if self.is_server:
+                totals[3:5] = 0   # Tcomp/Tsync are the workers' step times
+            loss_sum, correct, nsteps, t_comp, t_sync, sent, messages = self._sum(totals)
+            most = totals[5:6].copy()
+            if self.world > 1:
+                dist.all_reduce(most, op=dist.ReduceOp.MAX, group=self.group)
+            ran = max(steps - first, 1)
             record = {
-                "epoch": self.epoch, "step": self.step, "world_size": self.world, "batch_per_rank": self.batch_size,
+                "epoch": self.epoch, "step": self.step, "world_size": self.world, "strategy": self.strategy,
+                "workers": self.workers, "batch_per_rank": self.batch_size,
                 "train_loss": loss_sum / max(nsteps, 1),
                 "train_accuracy": correct / max(nsteps * self.batch_size, 1),
-                "samples_per_s": (steps - first) * self.world * self.batch_size / seconds,
+                "samples_per_s": (steps - first) * self.workers * self.batch_size / seconds,
                 "t_comp_ms": t_comp / max(nsteps, 1) * 1e3, "t_sync_ms": t_sync / max(nsteps, 1) * 1e3,
+                "bytes_per_step": sent / self.world / ran, "max_bytes_per_step": float(most[0]) / ran,
+                "messages_per_step": messages / self.world / ran,
                 "epoch_s": seconds,
             }
             if test is not None:
@@ -395,7 +476,8 @@ class Trainer:
         the file ends in a CRC32, so load() refuses it if damaged); every rank returns once it is on
         disk, or raises if rank 0 could not write it."""
         path = os.fspath(path)
-        self._on_root(lambda: self.engine.save(path, self.step, self.epoch, self.seed),
+        state = self.engine.strategy_state()   # collective: the average, the center, the servers' momentum
+        self._on_root(lambda: self.engine.save(path, self.step, self.epoch, self.seed, *state),
                       f"write the checkpoint {path}")
 
     def load(self, path):
@@ -418,6 +500,7 @@ class Trainer:
         if state[0] != 1:
             raise ValueError(f"rank 0 could not load the checkpoint {path}")
         self._broadcast_state()
+        self.engine.strategy_restore()
         self.engine.momentum_started = bool(state[4])
         self.step, self.epoch, self.seed = int(state[1]), int(state[2]), int(state[3])
         return self
@@ -426,4 +509,5 @@ class Trainer:
 def _epoch_line(r):
     test = f", test loss {r['test_loss']:.4f}, test accuracy {r['test_accuracy']:.4f}" if "test_loss" in r else ""
     return (f"epoch {r['epoch']}: train loss {r['train_loss']:.4f}{test}, {r['samples_per_s']:.0f} samples/s, "
-            f"Tcomp {r['t_comp_ms']:.2f} ms, Tsync {r['t_sync_ms']:.2f} ms per step")
+            f"Tcomp {r['t_comp_ms']:.2f} ms, Tsync {r['t_sync_ms']:.2f} ms, "
+            f"{r['bytes_per_step'] / 1024:.0f} KiB in {r['messages_per_step']:.1f} messages per step per rank")

@@ -1,6 +1,6 @@
 /*
- * train.c: the step loop of train.h. One fused all-reduce of the whole gradient per step: at
- * LeNet-5's 61,706 parameters (241 KiB) one message costs less than several.
+ * train.c: the step loop of train.h. The strategy's hook gets the whole gradient once per step: at
+ * LeNet-5's 61,706 parameters (241 KiB) one fused message costs less than several.
  */
 #include "train.h"
 
@@ -12,30 +12,42 @@ static double now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
 int train_steps(Model *m, const TrainConfig *c, float *momentum, int *momentum_started, const Dataset *ds,
                 const int *perm, int step_begin, int step_end, float *x, int32_t *y, StepStats *stats) {
-    const float scale = 1.0f / (float)c->world;
+    const StepHooks *h = &c->hooks;
     for (int step = step_begin; step < step_end; step++) {
-        double t0 = now();
-        batch_gather(x, y, ds, perm, shard_start(step, c->rank, c->world, c->batch), c->batch);
-        int correct = 0;
-        stats->loss_sum += model_loss_backward(m, x, y, c->batch, &correct);
-        stats->correct += correct;
-        double t1 = now();
-        if (c->world > 1) {
-            if (c->allreduce(m->grads, m->num_params, c->ctx) < 0) {
-                return -1;
+        const long number = c->number + (step - step_begin);
+        double t0 = now(), s0 = h->sync_seconds ? h->sync_seconds(h->ctx) : 0.0;
+        int rc = 0;
+        if (h->serve != NULL) {
+            rc = h->serve(h->ctx, m->params, momentum, momentum_started, number);
+        } else {
+            batch_gather(x, y, ds, perm, shard_start(step, c->rank, c->world, c->batch), c->batch);
+            int correct = 0;
+            stats->loss_sum += model_loss_backward(m, x, y, c->batch, &correct);
+            stats->correct += correct;
+            if (c->slow_ms > 0) {
+                sleep_ms(c->slow_ms);
             }
-            for (long i = 0; i < m->num_params; i++) {
-                m->grads[i] *= scale;  // the mean over world * batch examples, as one process would take
+            if (h->step != NULL) {
+                rc = h->step(h->ctx, m->params, m->grads, momentum, momentum_started, number);
+            } else {
+                sgd_step(&c->sgd, m->params, m->grads, momentum, momentum_started, m->num_params);
             }
         }
-        double t2 = now();
-        sgd_step(&c->sgd, m->params, m->grads, momentum, momentum_started, m->num_params);
-        double t3 = now();
-        stats->t_comp += (t1 - t0) + (t3 - t2);
-        stats->t_sync += t2 - t1;
-        stats->steps++;
+        if (rc < 0) {
+            return rc;
+        }
+        stats->steps += h->serve == NULL;
+        double sync = (h->sync_seconds ? h->sync_seconds(h->ctx) : 0.0) - s0;
+        stats->t_sync += sync;
+        stats->t_comp += now() - t0 - sync;
     }
     return 0;
 }

@@ -1,6 +1,6 @@
 /*
- * train.h: the data-parallel step loop. Plain C: the communication comes in as a callback, so the loop
- * knows nothing of MPI or Python (engine_py.c passes one that all-reduces on a pydist group).
+ * train.h: the step loop. Plain C: how ranks cooperate comes in as hooks (csrc/strategies/), so the
+ * loop knows nothing of MPI or Python.
  */
 #ifndef PYDIST_ENGINE_TRAIN_H
 #define PYDIST_ENGINE_TRAIN_H
@@ -17,22 +17,34 @@ typedef int (*AllreduceFn)(float *buf, long n, void *ctx);
 typedef struct {
     double loss_sum;     // sum over steps of this rank's batch loss
     long correct;        // right answers on this rank's batches
-    int steps;           // steps taken
+    int steps;           // steps taken (computed; a server's served steps are not counted)
     double t_comp;       // seconds in forward, backward and update
-    double t_sync;       // seconds in the gradient all-reduce
+    double t_sync;       // seconds the strategy spent communicating
 } StepStats;
 
+// How ranks cooperate, as the loop sees it (csrc/strategies/ fills it; NULL hooks: alone, plain SGD).
 typedef struct {
-    int rank, world, batch;  // batch: per rank
-    SgdConfig sgd;
-    AllreduceFn allreduce;   // NULL when world == 1
+    // After backward: bring the gradients together and update the parameters. Returns 0, or < 0
+    // when communication failed (the caller's error is recorded; the step is not complete).
+    int (*step)(void *ctx, float *params, float *grads, float *momentum, int *started, long step);
+    // On a rank that computes no gradients (a parameter server): serve the step instead.
+    int (*serve)(void *ctx, float *params, float *momentum, int *started, long step);
+    double (*sync_seconds)(void *ctx);  // the strategy's communication time so far
     void *ctx;
+} StepHooks;
+
+typedef struct {
+    int rank, world, batch;  // this rank's place among the ranks that compute, and the batch of each
+    SgdConfig sgd;
+    StepHooks hooks;
+    long number;             // the strategy's number for step_begin (periods run across epochs)
+    int slow_ms;             // sleep this long per step (straggler experiments); 0: none
 } TrainConfig;
 
 // Steps [step_begin, step_end) of an epoch whose order is perm: each rank takes its shard (data.h's
-// shard_start), computes its gradient, the gradients are summed and divided by world, and every rank
-// applies the same SGD update. x, y are scratch for one batch. Stats are added to *stats.
-// Returns 0, or -1 when the all-reduce failed (the step is not applied).
+// shard_start), computes its gradient, and the strategy's step hook brings the ranks together and
+// updates (alone: plain SGD). x, y are scratch for one batch. Stats are added to *stats.
+// Returns 0, or the hook's negative code (the step it failed in is not applied).
 int train_steps(Model *m, const TrainConfig *c, float *momentum, int *momentum_started, const Dataset *ds,
                 const int *perm, int step_begin, int step_end, float *x, int32_t *y, StepStats *stats);
 

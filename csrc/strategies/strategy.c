@@ -1,0 +1,268 @@
+/*
+ * strategy.c: the table of strategies (strategy.h) and the counted communication they share. Each
+ * helper takes the caller's lock around its MPI calls and adds what it sends to comm.count and the
+ * time it spent to comm.seconds, so every strategy reports its cost the same way.
+ */
+#include "strategy.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+// sync.c and averaging.c
+int sync_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step);
+int ps_serve(Strategy *s, float *params, float *momentum, int *started, long step);
+int ps_weights(Strategy *s, const float *params, float *out);
+int ps_state(Strategy *s, float *momentum_out, int *started_out);
+int average_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step);
+int average_weights(Strategy *s, const float *params, float *out);
+int easgd_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step);
+
+static const char *const NAMES[STRATEGY_KINDS] = {"allreduce", "ring", "central", "ps", "average", "easgd"};
+
+int strategy_kind_of(const char *name) {
+    for (int k = 0; k < STRATEGY_KINDS; k++) {
+        if (strcmp(name, NAMES[k]) == 0) return k;
+    }
+    return -1;
+}
+
+const char *strategy_name(StrategyKind kind) {
+    return kind >= 0 && kind < STRATEGY_KINDS ? NAMES[kind] : "?";
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int strategy_create(Strategy *s, const StrategyConfig *cfg, const SgdConfig *sgd, Comm comm, long n,
+                    const float *params, char *err, size_t errlen) {
+    *s = (Strategy){*cfg, *sgd, comm, n, comm.size, 0, 0, NULL, NULL, 0};
+    const int R = comm.size;
+    if (cfg->kind == STRATEGY_PS) {
+        if (cfg->servers < 1 || cfg->servers >= R) {
+            snprintf(err, errlen, "strategy 'ps' with %d server(s) needs more ranks than servers (at least one "
+                     "worker); the group has %d", cfg->servers, R);
+            return -1;
+        }
+        if (cfg->servers > n) {
+            snprintf(err, errlen, "strategy 'ps': %d servers but only %ld parameters to shard", cfg->servers, n);
+            return -1;
+        }
+        s->workers = R - cfg->servers;
+    }
+    if ((cfg->kind == STRATEGY_AVERAGE || cfg->kind == STRATEGY_EASGD) && cfg->period < 1) {
+        snprintf(err, errlen, "strategy '%s': the period must be >= 1; got %d", NAMES[cfg->kind], cfg->period);
+        return -1;
+    }
+    long scratch = 0;
+    switch (cfg->kind) {
+        case STRATEGY_RING: scratch = (long)ring_scratch_elements(n, R); break;
+        case STRATEGY_CENTRAL: scratch = comm.rank == 0 ? (long)(R - 1) * n : 0; break;
+        case STRATEGY_PS:
+            if (strategy_is_server(s)) {
+                int j = comm.rank - s->workers, S = cfg->servers;
+                s->shard_lo = j * (n / S) + (j < n % S ? j : n % S);
+                s->shard_hi = s->shard_lo + n / S + (j < n % S ? 1 : 0);
+                scratch = (long)s->workers * (s->shard_hi - s->shard_lo);
+            }
+            break;
+        case STRATEGY_AVERAGE: scratch = n; break;
+        case STRATEGY_EASGD: scratch = n; break;
+        default: break;
+    }
+    s->scratch_len = scratch;
+    s->scratch = calloc(scratch > 0 ? (size_t)scratch : 1, sizeof(float));
+    if (cfg->kind == STRATEGY_EASGD) {
+        s->center = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    }
+    if (s->scratch == NULL || (cfg->kind == STRATEGY_EASGD && s->center == NULL)) {
+        strategy_free(s);
+        snprintf(err, errlen, "out of memory for strategy '%s' on %ld parameters", NAMES[cfg->kind], n);
+        return -1;
+    }
+    if (s->center != NULL) {
+        memcpy(s->center, params, sizeof(float) * (size_t)n);
+    }
+    return 0;
+}
+
+void strategy_free(Strategy *s) {
+    free(s->scratch);
+    free(s->center);
+    s->scratch = s->center = NULL;
+}
+
+int strategy_is_server(const Strategy *s) {
+    return s->cfg.kind == STRATEGY_PS && s->comm.rank >= s->workers;
+}
+
+int strategy_worker_rank(const Strategy *s) {
+    return s->comm.rank;  // ps puts its servers last, so workers keep their ranks
+}
+
+int strategy_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
+    switch (s->cfg.kind) {
+        case STRATEGY_AVERAGE: return average_step(s, params, grads, momentum, started, step);
+        case STRATEGY_EASGD: return easgd_step(s, params, grads, momentum, started, step);
+        default: return sync_step(s, params, grads, momentum, started, step);
+    }
+}
+
+int strategy_serve(Strategy *s, float *params, float *momentum, int *started, long step) {
+    return ps_serve(s, params, momentum, started, step);
+}
+
+int strategy_weights(Strategy *s, const float *params, float *out) {
+    switch (s->cfg.kind) {
+        case STRATEGY_PS: return ps_weights(s, params, out);
+        case STRATEGY_AVERAGE: return average_weights(s, params, out);
+        case STRATEGY_EASGD: memcpy(out, s->center, sizeof(float) * (size_t)s->n); return 0;
+        default: memcpy(out, params, sizeof(float) * (size_t)s->n); return 0;  // every rank holds the same
+    }
+}
+
+int strategy_state(Strategy *s, const float *params, const float *momentum, int started, float *params_out,
+                   float *momentum_out, int *started_out) {
+    int rc = strategy_weights(s, params, params_out);
+    if (rc < 0) {
+        return rc;
+    }
+    memcpy(momentum_out, momentum, sizeof(float) * (size_t)s->n);
+    *started_out = started;
+    switch (s->cfg.kind) {
+        case STRATEGY_PS: return ps_state(s, momentum_out, started_out);
+        case STRATEGY_AVERAGE:
+        case STRATEGY_EASGD:  // the workers' momenta differ: save their mean, as the weights' mean
+            if ((rc = comm_allreduce_sum(&s->comm, momentum_out, s->n)) < 0) return rc;
+            for (long i = 0; i < s->n; i++) momentum_out[i] /= (float)s->comm.size;
+            return comm_allreduce_max_int(&s->comm, started_out);
+        default: return 0;
+    }
+}
+
+void strategy_restore(Strategy *s, const float *params) {
+    if (s->center != NULL) {
+        memcpy(s->center, params, sizeof(float) * (size_t)s->n);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Counted communication
+
+int comm_fail(Comm *c, int rc, const char *call) {
+    c->mpi_rc = rc;
+    c->mpi_call = call;
+    return -2;
+}
+
+int comm_wait(Comm *c, MPI_Request *req) {
+    double t0 = now();
+    c->lock(c->ctx);
+    int rc = c->wait(req, c->ctx);
+    c->unlock(c->ctx);
+    c->seconds += now() - t0;
+    return rc;
+}
+
+int comm_waitall(Comm *c, int n, MPI_Request *reqs) {
+    for (int i = 0; i < n; i++) {
+        if (comm_wait(c, &reqs[i]) < 0) {
+            c->lock(c->ctx);  // the failed wait parked its own request; the rest are parked here
+            for (int j = i + 1; j < n; j++) {
+                if (reqs[j] != MPI_REQUEST_NULL) c->park(&reqs[j], c->ctx);
+            }
+            c->unlock(c->ctx);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int comm_isend(Comm *c, const float *buf, long n, int dst, int tag, MPI_Request *req) {
+    double t0 = now();
+    c->lock(c->ctx);
+    int rc = MPI_Isend_c(buf, (MPI_Count)n, MPI_FLOAT, dst, tag, c->comm, req);
+    c->unlock(c->ctx);
+    c->seconds += now() - t0;
+    if (rc != MPI_SUCCESS) {
+        return comm_fail(c, rc, "MPI_Isend_c");
+    }
+    c->count.bytes_sent += (long long)n * (long long)sizeof(float);
+    c->count.messages++;
+    return 0;
+}
+
+int comm_irecv(Comm *c, float *buf, long n, int src, int tag, MPI_Request *req) {
+    double t0 = now();
+    c->lock(c->ctx);
+    int rc = MPI_Irecv_c(buf, (MPI_Count)n, MPI_FLOAT, src, tag, c->comm, req);
+    c->unlock(c->ctx);
+    c->seconds += now() - t0;
+    return rc != MPI_SUCCESS ? comm_fail(c, rc, "MPI_Irecv_c") : 0;
+}
+
+static int collective(Comm *c, MPI_Request *req, int rc, const char *call) {
+    if (rc != MPI_SUCCESS) {
+        c->unlock(c->ctx);
+        return comm_fail(c, rc, call);
+    }
+    rc = c->wait(req, c->ctx);
+    c->unlock(c->ctx);
+    return rc;
+}
+
+int comm_allreduce_sum(Comm *c, float *buf, long n) {
+    const int R = c->size;
+    if (R == 1) return 0;
+    MPI_Request req = MPI_REQUEST_NULL;
+    double t0 = now();
+    c->lock(c->ctx);
+    int rc = collective(c, &req, MPI_Iallreduce_c(MPI_IN_PLACE, buf, (MPI_Count)n, MPI_FLOAT, MPI_SUM, c->comm, &req),
+                        "MPI_Iallreduce_c");
+    c->seconds += now() - t0;
+    c->count.bytes_sent += 2LL * (R - 1) * (long long)n * (long long)sizeof(float) / R;
+    c->count.messages += 2 * (R - 1);
+    return rc;
+}
+
+int comm_ring_allreduce_sum(Comm *c, float *buf, long n, float *tmp) {
+    if (c->size == 1) return 0;
+    int mpi_rc = MPI_SUCCESS;
+    const char *call = NULL;
+    double t0 = now();
+    c->lock(c->ctx);
+    int rc = ring_allreduce(buf, (MPI_Count)n, MPI_FLOAT, MPI_SUM, c->comm, 0, tmp, &c->count, c->wait, c->ctx,
+                            &mpi_rc, &call);
+    c->unlock(c->ctx);
+    c->seconds += now() - t0;
+    return rc == -2 ? comm_fail(c, mpi_rc, call) : rc;
+}
+
+int comm_allreduce_max_int(Comm *c, int *value) {
+    if (c->size == 1) return 0;
+    MPI_Request req = MPI_REQUEST_NULL;
+    double t0 = now();
+    c->lock(c->ctx);
+    int rc = collective(c, &req, MPI_Iallreduce(MPI_IN_PLACE, value, 1, MPI_INT, MPI_MAX, c->comm, &req),
+                        "MPI_Iallreduce");
+    c->seconds += now() - t0;
+    return rc;
+}
+
+int comm_bcast(Comm *c, float *buf, long n, int root) {
+    if (c->size == 1) return 0;
+    MPI_Request req = MPI_REQUEST_NULL;
+    double t0 = now();
+    c->lock(c->ctx);
+    int rc = collective(c, &req, MPI_Ibcast_c(buf, (MPI_Count)n, MPI_FLOAT, root, c->comm, &req), "MPI_Ibcast_c");
+    c->seconds += now() - t0;
+    if (c->rank == root) {
+        c->count.bytes_sent += (long long)(c->size - 1) * (long long)n * (long long)sizeof(float);
+        c->count.messages += c->size - 1;
+    }
+    return rc;
+}

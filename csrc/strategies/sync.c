@@ -1,0 +1,179 @@
+/*
+ * sync.c: the synchronous strategies, each equal to one process taking the whole global batch
+ * (tests/mpi/test_strategies.py checks each against allreduce):
+ *   allreduce  MPI's all-reduce of the gradients, then every rank applies the same update;
+ *   ring       the same with our ring all-reduce (csrc/algorithms/ring.c);
+ *   central    tf.distribute's central storage: gradients to rank 0, which alone keeps the optimizer
+ *              state and updates, then sends the weights to every rank;
+ *   ps         a sharded parameter server: the last S ranks each own a contiguous shard of the
+ *              parameters and its momentum; the workers push gradient shards and pull weight shards.
+ * The gradients are the mean over the workers' batches, as one process with their union would take.
+ */
+#include <stdlib.h>
+
+#include "strategy.h"
+
+enum { TAG_GRADS = 1, TAG_WEIGHTS = 2, TAG_STATE = 3 };
+
+static void park_all(Comm *c, int n, MPI_Request *reqs) {
+    c->lock(c->ctx);
+    for (int i = 0; i < n; i++) {
+        if (reqs[i] != MPI_REQUEST_NULL) c->park(&reqs[i], c->ctx);
+    }
+    c->unlock(c->ctx);
+}
+
+static void scale(float *buf, long n, int by) {
+    const float f = 1.0f / (float)by;
+    for (long i = 0; i < n; i++) buf[i] *= f;
+}
+
+// central: rank 0 gathers, sums in rank order, updates, and sends the weights back.
+static int central_step(Strategy *s, float *params, float *grads, float *momentum, int *started) {
+    Comm *c = &s->comm;
+    const int R = c->size;
+    const long n = s->n;
+    MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    int rc = 0;
+    if (c->rank != 0) {
+        if ((rc = comm_isend(c, grads, n, 0, TAG_GRADS, &reqs[0])) < 0 ||
+            (rc = comm_irecv(c, params, n, 0, TAG_WEIGHTS, &reqs[1])) < 0) {
+            park_all(c, 2, reqs);
+            return rc;
+        }
+        return comm_waitall(c, 2, reqs);
+    }
+    MPI_Request *many = malloc(sizeof(MPI_Request) * (size_t)(R - 1));
+    if (many == NULL) {
+        return comm_fail(c, MPI_ERR_NO_MEM, "malloc (central's requests)");
+    }
+    for (int r = 1; r < R; r++) many[r - 1] = MPI_REQUEST_NULL;
+    for (int r = 1; r < R && rc == 0; r++) {
+        rc = comm_irecv(c, s->scratch + (long)(r - 1) * n, n, r, TAG_GRADS, &many[r - 1]);
+    }
+    rc = rc < 0 ? (park_all(c, R - 1, many), rc) : comm_waitall(c, R - 1, many);
+    if (rc == 0) {
+        for (int r = 1; r < R; r++) {
+            const float *g = s->scratch + (long)(r - 1) * n;
+            for (long i = 0; i < n; i++) grads[i] += g[i];
+        }
+        scale(grads, n, R);
+        sgd_step(&s->sgd, params, grads, momentum, started, n);
+        for (int r = 1; r < R && rc == 0; r++) {
+            rc = comm_isend(c, params, n, r, TAG_WEIGHTS, &many[r - 1]);
+        }
+        rc = rc < 0 ? (park_all(c, R - 1, many), rc) : comm_waitall(c, R - 1, many);
+    }
+    free(many);
+    return rc;
+}
+
+// ps worker: push each server its gradient shard, pull its weight shard.
+static long shard_lo(const Strategy *s, int j) {
+    const long n = s->n, S = s->cfg.servers;
+    return j * (n / S) + (j < n % S ? j : n % S);
+}
+
+static int ps_push_pull(Strategy *s, float *params, const float *grads) {
+    Comm *c = &s->comm;
+    const int S = s->cfg.servers;
+    MPI_Request *reqs = malloc(sizeof(MPI_Request) * (size_t)(2 * S));
+    if (reqs == NULL) {
+        return comm_fail(c, MPI_ERR_NO_MEM, "malloc (ps requests)");
+    }
+    int rc = 0;
+    for (int j = 0; j < 2 * S; j++) reqs[j] = MPI_REQUEST_NULL;
+    for (int j = 0; j < S && rc == 0; j++) {
+        long lo = shard_lo(s, j), len = shard_lo(s, j + 1) - lo;
+        if ((rc = comm_isend(c, grads + lo, len, s->workers + j, TAG_GRADS, &reqs[2 * j])) == 0) {
+            rc = comm_irecv(c, params + lo, len, s->workers + j, TAG_WEIGHTS, &reqs[2 * j + 1]);
+        }
+    }
+    rc = rc < 0 ? (park_all(c, 2 * S, reqs), rc) : comm_waitall(c, 2 * S, reqs);
+    free(reqs);
+    return rc;
+}
+
+int sync_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
+    (void)step;
+    int rc = 0;
+    switch (s->cfg.kind) {
+        case STRATEGY_CENTRAL: return s->comm.size > 1 ? central_step(s, params, grads, momentum, started) : (
+            sgd_step(&s->sgd, params, grads, momentum, started, s->n), 0);
+        case STRATEGY_PS: return ps_push_pull(s, params, grads);
+        case STRATEGY_RING: rc = comm_ring_allreduce_sum(&s->comm, grads, s->n, s->scratch); break;
+        default: rc = comm_allreduce_sum(&s->comm, grads, s->n); break;
+    }
+    if (rc < 0) {
+        return rc;
+    }
+    if (s->comm.size > 1) scale(grads, s->n, s->comm.size);
+    sgd_step(&s->sgd, params, grads, momentum, started, s->n);
+    return 0;
+}
+
+// ps server: one step: every worker's gradient shard, their mean, the update of this shard, and the
+// new weights to every worker.
+int ps_serve(Strategy *s, float *params, float *momentum, int *started, long step) {
+    (void)step;
+    Comm *c = &s->comm;
+    const int W = s->workers;
+    const long lo = s->shard_lo, len = s->shard_hi - s->shard_lo;
+    MPI_Request *reqs = malloc(sizeof(MPI_Request) * (size_t)W);
+    if (reqs == NULL) {
+        return comm_fail(c, MPI_ERR_NO_MEM, "malloc (ps server requests)");
+    }
+    int rc = 0;
+    for (int w = 0; w < W; w++) reqs[w] = MPI_REQUEST_NULL;
+    for (int w = 0; w < W && rc == 0; w++) {
+        rc = comm_irecv(c, s->scratch + (long)w * len, len, w, TAG_GRADS, &reqs[w]);
+    }
+    rc = rc < 0 ? (park_all(c, W, reqs), rc) : comm_waitall(c, W, reqs);
+    if (rc == 0) {
+        float *sum = s->scratch;  // worker 0's shard, then the others added in worker order
+        for (int w = 1; w < W; w++) {
+            const float *g = s->scratch + (long)w * len;
+            for (long i = 0; i < len; i++) sum[i] += g[i];
+        }
+        if (W > 1) scale(sum, len, W);
+        sgd_step(&s->sgd, params + lo, sum, momentum + lo, started, len);
+        for (int w = 0; w < W && rc == 0; w++) {
+            rc = comm_isend(c, params + lo, len, w, TAG_WEIGHTS, &reqs[w]);
+        }
+        rc = rc < 0 ? (park_all(c, W, reqs), rc) : comm_waitall(c, W, reqs);
+    }
+    free(reqs);
+    return rc;
+}
+
+// The workers hold every shard after each pull; rank 0 (a worker) tells the servers.
+int ps_weights(Strategy *s, const float *params, float *out) {
+    for (long i = 0; i < s->n; i++) out[i] = params[i];
+    return comm_bcast(&s->comm, out, s->n, 0);
+}
+
+// The momentum lives on the servers, a shard each: gather it, then give every rank the whole.
+int ps_state(Strategy *s, float *momentum_out, int *started_out) {
+    Comm *c = &s->comm;
+    const int S = s->cfg.servers;
+    int rc = 0;
+    if (c->rank == 0 || strategy_is_server(s)) {
+        MPI_Request *reqs = malloc(sizeof(MPI_Request) * (size_t)S);
+        if (reqs == NULL) {
+            return comm_fail(c, MPI_ERR_NO_MEM, "malloc (ps state)");
+        }
+        int posts = c->rank == 0 ? S : 1;
+        for (int j = 0; j < posts; j++) reqs[j] = MPI_REQUEST_NULL;
+        for (int j = 0; j < posts && rc == 0; j++) {
+            int server = c->rank == 0 ? j : c->rank - s->workers;
+            long lo = shard_lo(s, server), len = shard_lo(s, server + 1) - lo;
+            rc = c->rank == 0 ? comm_irecv(c, momentum_out + lo, len, s->workers + server, TAG_STATE, &reqs[j])
+                              : comm_isend(c, momentum_out + lo, len, 0, TAG_STATE, &reqs[j]);
+        }
+        rc = rc < 0 ? (park_all(c, posts, reqs), rc) : comm_waitall(c, posts, reqs);
+        free(reqs);
+    }
+    if (rc == 0) rc = comm_bcast(c, momentum_out, s->n, 0);
+    if (rc == 0) rc = comm_allreduce_max_int(c, started_out);
+    return rc;
+}
