@@ -3,6 +3,11 @@
     mpiexec -n 2 python -m pydist.train --model lenet5 --epochs 5
     python -m pydist.train --model mlp --hidden 256 128 --epochs 3          # one process
     mpiexec -n 2 python -m pydist.train --checkpoint run.ckpt --resume      # continue a run
+    mpiexec -n 4 python -m pydist.train --strategy ps --servers 1           # another way to cooperate
+
+--strategy: allreduce (default), ring, central, ps [--servers S], average [--period K --warmup W
+--momentum-placement local|average|reset], easgd [--period K --beta B]; an option the strategy does not
+take is an error. --slow-rank r --slow-ms t makes rank r sleep t ms per step (a straggler).
 
 --batch-size is per rank (the global batch is R times it). Rank 0 prints a progress bar and one line
 per epoch, appends the metrics to --metrics (JSON lines) and, when matplotlib is installed, draws
@@ -15,7 +20,7 @@ import sys
 import time
 
 from . import distributed as dist
-from .engine import DEFAULT_DATA_DIR, Trainer, lenet5, load_fashion_mnist, mlp
+from .engine import DEFAULT_DATA_DIR, STRATEGIES, Trainer, lenet5, load_fashion_mnist, mlp
 
 
 def parse_args(argv=None):
@@ -37,7 +42,22 @@ def parse_args(argv=None):
     ap.add_argument("--plot", default="curves.png", help="PNG of the curves, if matplotlib is installed ('' for none)")
     ap.add_argument("--blas-threads", type=int, default=None, help="OpenBLAS threads per rank (default 1)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar and epoch lines")
+    st = ap.add_argument_group("strategy (how the ranks cooperate; README \"Strategies\")")
+    st.add_argument("--strategy", choices=tuple(STRATEGIES), default="allreduce")
+    st.add_argument("--servers", type=int, default=None, help="ps: dedicated server ranks (default 1)")
+    st.add_argument("--period", type=int, default=None, help="average, easgd: steps between exchanges (default 4)")
+    st.add_argument("--warmup", type=int, default=None, help="average: synchronous steps first (default 0)")
+    st.add_argument("--momentum-placement", choices=("local", "average", "reset"), default=None,
+                    help="average: momentum at an averaging step (default local)")
+    st.add_argument("--beta", type=float, default=None, help="easgd: moving rate, alpha = beta / workers (default 0.9)")
+    st.add_argument("--slow-rank", type=int, default=None, help="this rank sleeps --slow-ms per step (a straggler)")
+    st.add_argument("--slow-ms", type=int, default=None)
     args = ap.parse_args(argv)
+    for name in ("servers", "period", "warmup", "momentum_placement", "beta"):
+        if getattr(args, name) is not None and name not in STRATEGIES[args.strategy]:
+            ap.error(f"--{name.replace('_', '-')} does not apply to --strategy {args.strategy}")
+    if (args.slow_rank is None) != (args.slow_ms is None):
+        ap.error("--slow-rank and --slow-ms go together")
     if args.epochs < 0 or args.batch_size < 1:
         ap.error("--epochs must be >= 0 and --batch-size >= 1")
     if args.resume and not args.checkpoint:
@@ -101,7 +121,9 @@ def main(argv=None):
     (images, labels), test = load_fashion_mnist(args.data)
     trainer = Trainer(model, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
                       nesterov=args.nesterov, batch_size=args.batch_size, seed=args.seed,
-                      blas_threads=args.blas_threads)
+                      blas_threads=args.blas_threads, strategy=args.strategy, servers=args.servers,
+                      period=args.period, warmup=args.warmup, momentum_placement=args.momentum_placement,
+                      beta=args.beta, slow_rank=args.slow_rank, slow_ms=args.slow_ms)
     if args.resume and os.path.exists(args.checkpoint):
         trainer.load(args.checkpoint)
         if rank == 0:
@@ -109,7 +131,8 @@ def main(argv=None):
     elif rank == 0 and args.metrics and os.path.exists(args.metrics):
         os.remove(args.metrics)  # a fresh run starts a fresh file; a resumed one appends
     if rank == 0 and not args.no_progress:
-        print(f"{model.name}: {model.num_params} parameters, {world} rank(s) x batch {args.batch_size}, "
+        print(f"{model.name}: {model.num_params} parameters, strategy {args.strategy}, {world} rank(s) "
+              f"({trainer.workers} computing) x batch {args.batch_size}, "
               f"{len(labels)} training and {len(test[1])} test examples, "
               f"{trainer.steps_per_epoch(len(labels))} steps per epoch", flush=True)
     started = time.perf_counter()

@@ -135,6 +135,9 @@ int strategy_state(Strategy *s, const float *params, const float *momentum, int 
     *started_out = started;
     switch (s->cfg.kind) {
         case STRATEGY_PS: return ps_state(s, momentum_out, started_out);
+        case STRATEGY_CENTRAL:  // rank 0 alone keeps the optimizer state
+            if ((rc = comm_bcast(&s->comm, momentum_out, s->n, 0)) < 0) return rc;
+            return comm_allreduce_max_int(&s->comm, started_out);
         case STRATEGY_AVERAGE:
         case STRATEGY_EASGD:  // the workers' momenta differ: save their mean, as the weights' mean
             if ((rc = comm_allreduce_sum(&s->comm, momentum_out, s->n)) < 0) return rc;

@@ -1,0 +1,88 @@
+"""Strategy options at world size 1: each strategy takes its own options and refuses the others', a
+group too small for a strategy is a clear error, the straggler sleep is real, and the command line
+says the same."""
+import numpy as np
+import pytest
+
+from pydist import train
+from pydist.engine import STRATEGIES, Trainer, mlp
+
+
+def tiny(**kw):
+    return Trainer(mlp((4,), input_shape=(1, 4, 4)), batch_size=2, **kw)
+
+
+def data(n=16):
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((n, 16)).astype(np.float32), rng.integers(0, 10, n).astype(np.int32)
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_every_strategy_trains_alone_where_it_can(strategy):
+    x, y = data()
+    if strategy == "ps":   # a server and a worker need two ranks
+        with pytest.raises(ValueError, match="needs more ranks than servers"):
+            tiny(strategy=strategy)
+        return
+    t = tiny(strategy=strategy)
+    before = t.params.copy()
+    out = t.train_steps(x, y, 0, 0, 4)
+    assert out[2] == 4 and out[5] == 0 and out[6] == 0      # 4 steps, nothing sent alone
+    assert not np.array_equal(before, t.params)
+    assert np.array_equal(t.weights(), t.params) or strategy == "easgd"
+
+
+@pytest.mark.parametrize("strategy,option,value", [
+    ("allreduce", "period", 2), ("ring", "servers", 1), ("central", "beta", 0.5), ("ps", "period", 3),
+    ("average", "beta", 0.5), ("average", "servers", 1), ("easgd", "warmup", 1),
+    ("easgd", "momentum_placement", "reset"), ("allreduce", "momentum_placement", "local")])
+def test_an_option_the_strategy_does_not_take_is_an_error(strategy, option, value):
+    with pytest.raises(ValueError, match=f"does not take `{option}`"):
+        tiny(strategy=strategy, **{option: value})
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(strategy="sgd"), "`strategy` must be one of"), (dict(strategy=None), "`strategy` must be one of"),
+    (dict(strategy="average", period=0), "`period` must be an int >= 1"),
+    (dict(strategy="average", period=2.0), "`period` must be an int"),
+    (dict(strategy="average", warmup=-1), "`warmup` must be an int >= 0"),
+    (dict(strategy="ps", servers=0), "`servers` must be an int >= 1"),
+    (dict(strategy="average", momentum_placement="global"), "`momentum_placement` must be one of"),
+    (dict(strategy="easgd", beta=1.5), r"`beta` must be a number in \[0, 1\]"),
+    (dict(strategy="easgd", beta=float("nan")), r"`beta` must be a number in \[0, 1\]"),
+    (dict(slow_rank=0), "go together"), (dict(slow_rank=1, slow_ms=5), "`slow_rank` must be an int in"),
+    (dict(slow_rank=0, slow_ms=-5), "`slow_ms` must be an int in")])
+def test_bad_strategy_options_are_value_errors(kw, match):
+    with pytest.raises(ValueError, match=match):
+        tiny(**kw)
+
+
+def test_ps_servers_beyond_the_parameters_is_an_error_in_c():
+    # the group check comes first at world size 1; the engine's own message for the shard count
+    t = tiny()
+    with pytest.raises(ValueError, match="needs more ranks"):
+        t.engine.set_strategy(-1, "ps", 10**6, 0, 0, 0, 0.0, 0, *t.sgd)
+    with pytest.raises(ValueError, match="unknown strategy"):
+        t.engine.set_strategy(-1, "nope", 0, 0, 0, 0, 0.0, 0, *t.sgd)
+
+
+def test_slow_rank_sleeps_each_step_in_compute_time():
+    x, y = data()
+    out = tiny(slow_rank=0, slow_ms=30).train_steps(x, y, 0, 0, 3)
+    assert out[3] >= 3 * 0.030      # a lower bound: the sleep is part of the step's compute time
+
+
+@pytest.mark.parametrize("argv,error", [
+    (["--strategy", "allreduce", "--period", "3"], "--period does not apply to --strategy allreduce"),
+    (["--strategy", "ps", "--beta", "0.5"], "--beta does not apply to --strategy ps"),
+    (["--slow-rank", "1"], "--slow-rank and --slow-ms go together"),
+    (["--strategy", "gossip"], "invalid choice")])
+def test_command_line_refuses_options_of_other_strategies(argv, error, capsys):
+    with pytest.raises(SystemExit):
+        train.parse_args(argv)
+    assert error in capsys.readouterr().err
+
+
+def test_command_line_passes_strategy_options():
+    a = train.parse_args(["--strategy", "average", "--period", "8", "--warmup", "2", "--momentum-placement", "reset"])
+    assert (a.strategy, a.period, a.warmup, a.momentum_placement) == ("average", 8, 2, "reset")
