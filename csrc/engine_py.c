@@ -524,8 +524,8 @@ static PyObject *engine_set_strategy(EngineObject *e, PyObject *const *args, Py_
 
 // train_steps(images, labels, perm, step_begin, step_end, batch, group, lr, momentum, dampening,
 //             weight_decay, nesterov) -> (loss_sum, correct, steps, t_comp, t_sync, bytes_sent, messages)
-// group: the group set_strategy() was given; or, with no strategy set, a pydist group handle (the
-// gradients are all-reduced on it) or -1 to train alone (rank 0 of 1, no communication).
+// group: the group set_strategy() was given (its strategy runs), another pydist group handle (the
+// gradients are all-reduced on it, as without a strategy) or -1 to train alone (no communication).
 static PyObject *engine_train_steps(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
     const char *fn = "Engine.train_steps";
     long begin, end, batch, group;
@@ -551,16 +551,11 @@ static PyObject *engine_train_steps(EngineObject *e, PyObject *const *args, Py_s
                      "step_end < 2**31; got [%ld, %ld)", fn, begin, end);
         return NULL;
     }
-    // The strategy: the engine's own, or for this call only today's all-reduce on the group.
+    // The strategy: the engine's own on its group, or for this call only today's all-reduce on another
+    // group; -1 trains alone.
     Strategy once, *st = &e->strategy;
-    int temporary = 0;
-    if (e->has_strategy) {
-        if (group != e->strategy_group) {
-            PyErr_Format(PyExc_ValueError, "%s(): `group` must be %ld, the group set_strategy() was given; got %ld",
-                         fn, e->strategy_group, group);
-            return NULL;
-        }
-    } else if (group >= 0) {
+    int temporary = 0, own = e->has_strategy && group == e->strategy_group;
+    if (!own && group >= 0) {
         MPI_Comm *comm = pd_group_comm(group, fn);
         if (comm == NULL) {
             return NULL;
@@ -573,11 +568,11 @@ static PyObject *engine_train_steps(EngineObject *e, PyObject *const *args, Py_s
             return NULL;
         }
         st = &once, temporary = 1;
-    } else if (group != -1) {
+    } else if (group < -1) {
         PyErr_Format(PyExc_ValueError, "%s(): `group` must be a group handle or -1 (alone); got %ld", fn, group);
         return NULL;
     }
-    const int alone = !e->has_strategy && !temporary;
+    const int alone = !own && !temporary;
     TrainConfig c = {0, 1, (int)batch, sgd, {NULL, NULL, NULL, NULL}, e->global_step, e->slow_ms};
     if (!alone) {
         st->sgd = sgd;
