@@ -188,6 +188,8 @@ STRATEGIES = {
     "easgd": {"period": 4, "beta": 0.9},   # elastic averaging toward a center every period
 }
 _PLACEMENTS = ("local", "average", "reset")   # csrc/strategies/strategy.h MomentumPlacement
+# The weights each strategy evaluates and checkpoints (Trainer.weights()).
+EVALUATES = {"average": "the workers' average", "easgd": "the center"}
 
 
 def _strategy_options(strategy, given):
@@ -430,6 +432,7 @@ class Trainer:
             ran = max(steps - first, 1)
             record = {
                 "epoch": self.epoch, "step": self.step, "world_size": self.world, "strategy": self.strategy,
+                "evaluated": EVALUATES.get(self.strategy, "the replica"),
                 "workers": self.workers, "batch_per_rank": self.batch_size,
                 "train_loss": loss_sum / max(nsteps, 1),
                 "train_accuracy": correct / max(nsteps * self.batch_size, 1),

@@ -20,7 +20,7 @@ import sys
 import time
 
 from . import distributed as dist
-from .engine import DEFAULT_DATA_DIR, STRATEGIES, Trainer, lenet5, load_fashion_mnist, mlp
+from .engine import DEFAULT_DATA_DIR, EVALUATES, STRATEGIES, Trainer, lenet5, load_fashion_mnist, mlp
 
 
 def parse_args(argv=None):
@@ -131,7 +131,8 @@ def main(argv=None):
     elif rank == 0 and args.metrics and os.path.exists(args.metrics):
         os.remove(args.metrics)  # a fresh run starts a fresh file; a resumed one appends
     if rank == 0 and not args.no_progress:
-        print(f"{model.name}: {model.num_params} parameters, strategy {args.strategy}, {world} rank(s) "
+        print(f"{model.name}: {model.num_params} parameters, strategy {args.strategy} (evaluating "
+              f"{EVALUATES.get(args.strategy, 'the replica')}), {world} rank(s) "
               f"({trainer.workers} computing) x batch {args.batch_size}, "
               f"{len(labels)} training and {len(test[1])} test examples, "
               f"{trainer.steps_per_epoch(len(labels))} steps per epoch", flush=True)
