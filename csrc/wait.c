@@ -25,6 +25,7 @@
 
 int pd_wait_mode = PD_WAIT_POLL;
 int pd_wait_serialized = 0;
+void (*pd_wait_hook)(void) = NULL;
 
 // Tests before the loop starts yielding: enough to catch a reply that is microseconds away without
 // a syscall, short enough that an oversubscribed peer gets the core back quickly.
@@ -93,6 +94,9 @@ int pd_wait(MPI_Request *req, MPI_Status *status, const PdWaitSpec *spec) {
         }
         if (done) {
             return 0;
+        }
+        if (pd_wait_hook != NULL) {
+            pd_wait_hook();   // never raises: what it moves along records its own errors
         }
         if (PyErr_CheckSignals() < 0 || (spec->check != NULL && spec->check(spec->check_ctx, start) < 0)) {
             return -1;
