@@ -254,6 +254,9 @@ PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         }
         nargs = 4;
+    } else if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "%s() takes 4 or 5 arguments (%zd given)", fn, nargs);
+        return NULL;
     }
     MPI_Comm *comm = group_and_async(args, nargs, 4, fn, &group, &async_op);
     if (comm == NULL || pd_arg_long(args[1], fn, "op", &op) < 0 ||
