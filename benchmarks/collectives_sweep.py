@@ -19,7 +19,11 @@ What is timed, float32, SIZE being the whole buffer as nccl-tests counts it (R r
     broadcast       SIZE bytes from rank 0           dist.broadcast               / comm.Bcast
     all_to_all      SIZE in, SIZE out                dist.all_to_all_single       / comm.Alltoall
 
-All three measure the same way (collectives_raw.c's header): warm-up calls, a barrier, N timed calls,
+The all_reduce table has a fourth column, ring: pydist's own ring (all_reduce(algorithm="ring")), and
+its summary says from which size up the ring is at least as fast as MPI's all-reduce (pydist's MPI
+path and raw C), or that it never is in the measured range.
+
+All of them measure the same way (collectives_raw.c's header): warm-up calls, a barrier, N timed calls,
 the slowest rank's elapsed time (an all-reduce with MAX) divided by N. Bandwidth follows nccl-tests:
 algbw = SIZE / time, busbw = algbw * factor, factor 2(R-1)/R for all_reduce, (R-1)/R for all_gather,
 reduce_scatter and all_to_all, 1 for broadcast.
@@ -43,7 +47,8 @@ BINARY = os.path.join(HERE, ".build", "collectives_raw")
 MPICC = shutil.which("mpicc.mpich") or shutil.which("mpicc")
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
-PROGRAMS = ("c", "pydist", "mpi4py")
+PROGRAMS = ("c", "pydist", "mpi4py", "ring")   # ring: pydist's all_reduce(algorithm="ring")
+RING_OPS = ("all_reduce",)                      # what the ring program runs
 QUICK_SIZES = [4, 4 << 10, 1 << 20]
 SMALL_BYTES = 4 << 10  # "small messages" of the goal: up to 4 KiB
 MIN_ITERS = 3          # even 64 MiB gets a few timed calls, so one hiccup is not the whole answer
@@ -78,6 +83,11 @@ def pydist_calls(in_, out, chunk):
     }
 
 
+def ring_calls(in_, out, chunk):
+    import pydist as dist
+    return {"all_reduce": lambda: dist.all_reduce(in_, algorithm="ring")}
+
+
 def mpi4py_calls(in_, out, chunk):
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
@@ -92,11 +102,11 @@ def mpi4py_calls(in_, out, chunk):
 
 def worker(program, plan):
     import numpy as np
-    if program == "pydist":
+    if program in ("pydist", "ring"):
         import pydist as dist
         dist.init_process_group(backend="mpi")
         rank, ranks = dist.get_rank(), dist.get_world_size()
-        calls = pydist_calls
+        calls = pydist_calls if program == "pydist" else ring_calls
         barrier, slowest = dist.barrier, lambda a: dist.all_reduce(a, op=dist.ReduceOp.MAX)
     else:
         from mpi4py import MPI
@@ -112,7 +122,7 @@ def worker(program, plan):
     elapsed = np.zeros(1, dtype=np.float64)
     if rank == 0:
         wait = "MPI_Wait" if os.environ.get("PYDIST_WAIT", "").lower() == "mpi" else "poll"
-        print(f"# {program} worker: ranks={ranks} dtype=float32" + (f" wait={wait}" if program == "pydist" else ""))
+        print(f"# {program} worker: ranks={ranks} dtype=float32" + (f" wait={wait}" if program != "mpi4py" else ""))
         print("# result <op> <bytes> <iters> <us per call, slowest rank>", flush=True)
     for op, nbytes, iters in plan:
         count = nbytes // 4
@@ -127,7 +137,7 @@ def worker(program, plan):
         slowest(elapsed)
         if rank == 0:
             print(f"result {op} {nbytes} {iters} {elapsed[0] / iters * 1e6:.4f}", flush=True)
-    if program == "pydist":
+    if program in ("pydist", "ring"):
         dist.destroy_process_group()
 
 
@@ -177,8 +187,8 @@ def human(nbytes):
 
 def print_table(op, ranks, items, med, programs):
     factor = bus_factor(op, ranks)
-    names = {"c": "C", "pydist": "pydist", "mpi4py": "mpi4py"}
-    cols = [p for p in PROGRAMS if p in programs]
+    names = {"c": "C", "pydist": "pydist", "mpi4py": "mpi4py", "ring": "ring"}
+    cols = [p for p in PROGRAMS if p in programs and (p != "ring" or op in RING_OPS)]
     head = f"{'size':>8} | " + " ".join(f"{names[p] + ' us':>10}" for p in cols) + " | " + \
         " ".join(f"{names[p][:6] + ' bus':>10}" for p in cols)
     extra = []
@@ -220,32 +230,54 @@ def summary(op, ranks, items, med, programs):
         worst = min(items, key=lambda b: med["mpi4py"][(op, b)] / py[(op, b)])
         lines.append(f"time mpi4py/pydist: min {med['mpi4py'][(op, worst)] / py[(op, worst)]:.3f} at "
                      f"{human(worst)} (goal >= 1: pydist never slower)")
+    if "ring" in programs and op in RING_OPS:
+        lines.append(ring_crossing(op, items, med))
     print(f"{op}, {ranks} ranks: " + "; ".join(lines))
+
+
+def ring_crossing(op, items, med):
+    """Where the ring's curve crosses MPI's: the smallest size from which the ring is at least as fast
+    at every larger measured size, against pydist's MPI path and against raw C."""
+    parts = []
+    for base in ("pydist", "c"):
+        if base not in med:
+            continue
+        fast = [b for b in items if med["ring"][(op, b)] <= med[base][(op, b)]]
+        start = next((b for b in items if all(c in fast for c in items if c >= b)), None)
+        name = "pydist MPI" if base == "pydist" else "raw C MPI"
+        ratio = med[base][(op, items[-1])] / med["ring"][(op, items[-1])]
+        parts.append(f"ring at least as fast as {name} from {human(start)} up" if start is not None else
+                     f"ring never at least as fast as {name} from any size up")
+        parts[-1] += f" ({name}/ring time at {human(items[-1])}: {ratio:.3f})"
+    return "; ".join(parts)
 
 
 def sweep(args, ranks, sizes, programs):
     items_of = {op: sorted({item_bytes(op, b, ranks) for b in sizes}) for op in args.ops}
     cells = [(op, b) for op in args.ops for b in items_of[op]]
+    cells_of = {p: [c for c in cells if p != "ring" or c[0] in RING_OPS] for p in programs}
+    programs = [p for p in programs if cells_of[p]]
     # Calibrate each program on its own: at 4 ranks on 2 cores blocking MPI takes milliseconds where
     # pydist takes microseconds, and one shared count would make one side run for minutes or be noise.
     plans = {}
     for p in programs:
-        probe_plan = [(op, b, iters_for(PROBE_SECONDS, 2e-6 + b / 1e9, PROBE_MAX_ITERS)) for op, b in cells]
+        probe_plan = [(op, b, iters_for(PROBE_SECONDS, 2e-6 + b / 1e9, PROBE_MAX_ITERS)) for op, b in cells_of[p]]
         probe = run_job(p, ranks, probe_plan, args.timeout, args.raw_flags.split())
         # A larger message never takes less time, so a probe slowed by a passing hiccup is capped by
         # the next larger size's time; otherwise one bad probe leaves that size with few iterations.
-        for op in args.ops:
+        for op in {op for op, _ in cells_of[p]}:
             sz = items_of[op]
             for small, large in reversed(list(zip(sz, sz[1:]))):
                 probe[(op, small)] = min(probe[(op, small)], probe[(op, large)])
-        plans[p] = [(op, b, iters_for(args.target_seconds, probe[(op, b)] * 1e-6, MAX_ITERS)) for op, b in cells]
+        plans[p] = [(op, b, iters_for(args.target_seconds, probe[(op, b)] * 1e-6, MAX_ITERS))
+                    for op, b in cells_of[p]]
     runs = {p: [] for p in programs}
     for rep in range(args.repeats):
         for p in programs:
             runs[p].append(run_job(p, ranks, plans[p], args.timeout, args.raw_flags.split()))
         print(f"# {ranks} ranks: repeat {rep + 1}/{args.repeats} done ({time.monotonic() - args.started:.0f} s)",
               file=sys.stderr, flush=True)
-    med = {p: {c: statistics.median(r[c] for r in runs[p]) for c in cells} for p in programs}
+    med = {p: {c: statistics.median(r[c] for r in runs[p]) for c in cells_of[p]} for p in programs}
     for op in args.ops:
         print_table(op, ranks, items_of[op], med, programs)
     print()
@@ -259,7 +291,8 @@ def main():
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes (default 2 4)")
     ap.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS), help="collectives (default all)")
     ap.add_argument("--programs", nargs="+", choices=PROGRAMS, default=list(PROGRAMS),
-                    help="what to run beside each other (default c pydist mpi4py; pydist always runs)")
+                    help="what to run beside each other (default c pydist mpi4py ring; pydist always "
+                         "runs; ring: all_reduce(algorithm=\"ring\"), in the all_reduce table only)")
     ap.add_argument("--min-bytes", type=int, default=4, help="smallest message (default 4)")
     ap.add_argument("--max-bytes", type=int, default=64 << 20, help="largest message (default 64 MiB)")
     ap.add_argument("--factor", type=int, default=4, help="size step of the sweep (default 4)")

@@ -11,6 +11,9 @@
  * at displacements from the lowest array (pd_buflist_get); only reduce_scatter's list form copies,
  * because MPI reductions need one contiguous input.
  *
+ * all_reduce(algorithm="ring") runs our own ring (csrc/algorithms/ring.c) instead of MPI's, on the
+ * group's private communicator with a tag of its own (pd_group_algo_comm), one step at a time.
+ *
  * pd_validate_only (PYDIST_DEBUG=DETAIL) makes every collective of the calling thread return right
  * after its argument checks, so that debug.py can raise local argument errors before its cross-rank
  * comparison. It is thread-local: another thread's collective must not silently become a no-op.
@@ -135,16 +138,126 @@ done:
     return ret;
 }
 
-// _C.all_reduce(tensor, op, group, async_op) -> None | Work. In place.
+// all_reduce's `algorithm` (pydist maps the names): MPI's own, or our ring (csrc/algorithms/ring.h).
+enum { ALGORITHM_MPI = 0, ALGORITHM_RING = 1 };
+
+static void scratch_free(PyObject *capsule) {
+    PyMem_RawFree(PyCapsule_GetPointer(capsule, "pydist.ring_scratch"));
+}
+
+// `bytes` of scratch owned by a capsule, so that a parked step's receive buffer outlives this call.
+static PyObject *scratch_new(size_t bytes, void **data) {
+    void *p = PyMem_RawMalloc(bytes > 0 ? bytes : 1);
+    if (p == NULL) {
+        return PyErr_NoMemory();
+    }
+    PyObject *capsule = PyCapsule_New(p, "pydist.ring_scratch", scratch_free);
+    if (capsule == NULL) {
+        PyMem_RawFree(p);
+        return NULL;
+    }
+    *data = p;
+    return capsule;
+}
+
+// The ring all-reduce of buf (validated) on the group's private communicator. Blocking: each step is
+// waited for the pydist way (pd_op_wait_or_park: timeouts, Ctrl-C, departed ranks), and a step given
+// up is parked with the array and the scratch. Async: a Work that moves the steps along (work.c).
+static PyObject *all_reduce_ring(PyObject *tensor, PdBuf *buf, long op, MPI_Op mop, long group, int async_op) {
+    PyObject *ret = NULL, *scratch = NULL, *keep = NULL, *list = NULL;
+    RingAllreduce *ring = NULL;
+    MPI_Request req = MPI_REQUEST_NULL;
+    void *tmp = NULL;
+    int tag, rc, size = pd_group_size(group);
+    MPI_Comm *comm = pd_group_algo_comm(group, "all_reduce", &tag);
+    if (comm == NULL) {
+        return NULL;
+    }
+    size_t extent = (size_t)PyArray_ITEMSIZE(buf->arr);
+    if ((scratch = scratch_new((size_t)ring_scratch_elements(buf->count, size) * extent, &tmp)) == NULL ||
+        (keep = PyTuple_Pack(2, (PyObject *)buf->arr, scratch)) == NULL) {
+        goto done;
+    }
+    if ((ring = PyMem_RawMalloc(sizeof *ring)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if ((rc = ring_init(ring, buf->data, buf->count, buf->dtype->mpi, mop, *comm, tag, tmp, NULL)) != MPI_SUCCESS) {
+        pd_raise_mpi(rc, "MPI_Comm_size");
+        goto done;
+    }
+    PdOp pop = pd_op("all_reduce (ring)", group, PD_PEER_ALL);
+    if ((rc = ring_post(ring, &req)) != MPI_SUCCESS) {
+        pd_raise_mpi(rc, "MPI_Isendrecv_c");
+        goto done;
+    }
+    if (async_op) {
+        if ((list = PyList_New(1)) == NULL) {
+            pd_park(req, Py_NewRef(keep), 0);   // nobody can own the step now: keep its memory alive
+            goto done;
+        }
+        PyList_SET_ITEM(list, 0, Py_NewRef(tensor));
+        PdWorkObject *w = pd_ring_work_new(req, &pop, keep, list, ring);   // takes ring, parks on failure
+        ring = NULL;
+        if (w != NULL && op == PD_OP_AVG) {
+            w->avg_divisor = size;
+            w->avg_dtype = buf->dtype;
+            w->avg_buf = buf->data;
+            w->avg_count = buf->count;
+        }
+        ret = (PyObject *)w;
+        goto done;
+    }
+    while (req != MPI_REQUEST_NULL) {
+        if (pd_op_wait_or_park(&req, MPI_STATUS_IGNORE, &pop, keep, 0) < 0) {
+            goto done;
+        }
+        if ((rc = pd_ring_complete_step(ring)) != MPI_SUCCESS) {
+            pd_raise_mpi(rc, "MPI_Reduce_local_c");
+            goto done;
+        }
+        if ((rc = ring_post(ring, &req)) != MPI_SUCCESS) {
+            pd_raise_mpi(rc, "MPI_Isendrecv_c");
+            goto done;
+        }
+    }
+    if (op == PD_OP_AVG) {
+        pd_divide_inplace(buf->data, buf->count, buf->dtype, size);
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    PyMem_RawFree(ring);
+    Py_XDECREF(list);
+    Py_XDECREF(keep);
+    Py_XDECREF(scratch);
+    return ret;
+}
+
+// _C.all_reduce(tensor, op, group, async_op[, algorithm]) -> None | Work. In place. algorithm: 0 MPI's
+// MPI_Iallreduce (the default), 1 our ring.
 PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     const char *fn = "all_reduce";
-    long op, group;
+    long op, group, algorithm = ALGORITHM_MPI;
     int async_op;
     PdBuf buf = {0};
     MPI_Op mop;
     MPI_Request req = MPI_REQUEST_NULL;
     PyObject *ret = NULL;
+    if (nargs == 5) {
+        if (pd_arg_long(args[4], fn, "algorithm", &algorithm) < 0) {
+            return NULL;
+        }
+        if (algorithm != ALGORITHM_MPI && algorithm != ALGORITHM_RING) {
+            PyErr_Format(PyExc_ValueError, "all_reduce(): `algorithm` must be 0 (MPI) or 1 (ring); got %ld",
+                         algorithm);
+            return NULL;
+        }
+        nargs = 4;
+    } else if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "%s() takes 4 or 5 arguments (%zd given)", fn, nargs);
+        return NULL;
+    }
     MPI_Comm *comm = group_and_async(args, nargs, 4, fn, &group, &async_op);
     if (comm == NULL || pd_arg_long(args[1], fn, "op", &op) < 0 ||
         pd_buf_get(args[0], fn, "tensor", 1, &buf) < 0) {
@@ -155,6 +268,10 @@ PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
         ret = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (algorithm == ALGORITHM_RING) {
+        ret = all_reduce_ring(args[0], &buf, op, mop, group, async_op);
         goto done;
     }
     int rc = MPI_Iallreduce_c(MPI_IN_PLACE, buf.data, buf.count, buf.dtype->mpi, mop, *comm, &req);

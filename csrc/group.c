@@ -25,7 +25,17 @@ typedef struct {
     int *world_ranks;    // [size]: the world rank of each group rank
     int *group_ranks;    // [world size]: the group rank of each world rank, -1 if not a member
     char broken[256];    // non-empty: a collective timed out and the group must not be used again
+    // pydist's own algorithms (the ring) talk on a private dup of `comm`, made on the group's first
+    // ring call, so their messages never match the user's point-to-point traffic on the group.
+    int algo_state;          // ALGO_NONE, ALGO_DUPPING (algo_dup pending) or ALGO_READY
+    int algo_dup_waiting;    // a thread is waiting for algo_dup
+    MPI_Comm algo_comm;      // ALGO_READY: the private communicator
+    MPI_Request algo_dup;    // ALGO_DUPPING: the MPI_Comm_idup
+    MPI_Comm *algo_dup_out;  // ALGO_DUPPING: where it writes the new handle (heap: it may outlive the slot)
+    unsigned long algo_seq;  // rings started on this group: the next one's tag (mod the tag bound)
 } GroupSlot;
+
+enum { ALGO_NONE = 0, ALGO_DUPPING = 1, ALGO_READY = 2 };
 
 static GroupSlot groups[PD_MAX_GROUPS];
 int pd_initialized = 0;
@@ -34,6 +44,7 @@ int pd_initialized = 0;
 static int thread_level = -1;          // MPI's provided level; -1 before MPI_Init
 static double default_timeout = -1.0;  // seconds, < 0: none
 static char init_failure[300];         // non-empty: an init timed out and left MPI unusable for us
+static int tag_ub = 32767;             // MPI_TAG_UB (the standard's minimum until init reads it)
 
 // A rank whose exit notice arrived is given this long before the waits that need it fail: the normal
 // race at the end of a job, where a rank that finished the last collective first announces its exit
@@ -125,10 +136,124 @@ int pd_group_peer(long handle, long global_rank, const char *fn, const char *arg
 // ---------------------------------------------------------------------------------------------------
 // Slots
 
+// ---------------------------------------------------------------------------------------------------
+// The private communicator of pydist's own algorithms
+
+// A dup still pending when its group goes: parked, with a capsule owning the cell MPI writes the new
+// handle into, which frees that communicator once the dup has completed (pd_parked_drain).
+static void dup_cell_free(PyObject *capsule) {
+    MPI_Comm *cell = PyCapsule_GetPointer(capsule, "pydist.dup_cell");
+    int fin = 1;
+    MPI_Finalized(&fin);
+    if (cell != NULL && !fin && *cell != MPI_COMM_NULL) {
+        MPI_Comm_free(cell);
+    }
+    PyMem_RawFree(cell);
+}
+
+// Before a slot's communicators go: rings in flight on it are abandoned (their step parked), a pending
+// dup is parked, a finished one freed. GIL held.
+static void algo_release(int slot) {
+    GroupSlot *g = &groups[slot];
+    pd_ring_works_abandon(slot, g->generation);
+    if (g->algo_state == ALGO_DUPPING) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyObject *keep = PyCapsule_New(g->algo_dup_out, "pydist.dup_cell", dup_cell_free);
+        if (keep == NULL) {
+            PyErr_Clear();   // out of memory: the cell is leaked on purpose, MPI may still write it
+        }
+        pd_park(g->algo_dup, keep, 0);
+        PyErr_Restore(type, value, tb);
+    } else if (g->algo_state == ALGO_READY) {
+        MPI_Comm_free(&g->algo_comm);
+    }
+    g->algo_state = ALGO_NONE;
+    g->algo_dup = MPI_REQUEST_NULL;
+    g->algo_dup_out = NULL;
+    g->algo_comm = MPI_COMM_NULL;
+    g->algo_seq = 0;
+}
+
+MPI_Comm *pd_group_algo_comm(long handle, const char *fn, int *tag) {
+    GroupSlot *g = &groups[handle];
+    int rc;
+    if (g->algo_state == ALGO_NONE) {
+        // Every member makes its group's first ring call at the same point of its collective sequence,
+        // so every member starts this dup there too.
+        MPI_Comm *cell = PyMem_RawMalloc(sizeof *cell);
+        if (cell == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        *cell = MPI_COMM_NULL;
+        if ((rc = MPI_Comm_idup(g->comm, cell, &g->algo_dup)) != MPI_SUCCESS) {
+            PyMem_RawFree(cell);
+            pd_raise_mpi(rc, "MPI_Comm_idup");
+            return NULL;
+        }
+        g->algo_dup_out = cell;
+        g->algo_state = ALGO_DUPPING;
+    }
+    if (g->algo_state == ALGO_DUPPING) {
+        if (g->algo_dup_waiting) {
+            PyErr_Format(pd_DistError, "%s(): another thread is setting up this group's ring communicator; "
+                         "collectives on one group must not be called from two threads at once", fn);
+            return NULL;
+        }
+        // A wait given up (Ctrl-C, timeout) leaves the dup pending here: the next call waits on for it.
+        PdOp op = pd_op(fn, handle, PD_PEER_ALL);
+        unsigned generation = g->generation;
+        g->algo_dup_waiting = 1;
+        rc = pd_op_wait(&g->algo_dup, MPI_STATUS_IGNORE, &op, default_timeout, 1);
+        if (g->generation != generation) {
+            // another thread destroyed the group meanwhile (it parked the dup)
+            if (rc == 0) {
+                PyErr_Format(PyExc_ValueError, "%s(): `group` was destroyed while this call waited", fn);
+            }
+            return NULL;
+        }
+        g->algo_dup_waiting = 0;
+        if (rc < 0) {
+            if (g->algo_dup == MPI_REQUEST_NULL) {   // completed with an error: start again next time
+                PyMem_RawFree(g->algo_dup_out);
+                g->algo_dup_out = NULL;
+                g->algo_state = ALGO_NONE;
+            }
+            return NULL;
+        }
+        g->algo_comm = *g->algo_dup_out;
+        PyMem_RawFree(g->algo_dup_out);
+        g->algo_dup_out = NULL;
+        g->algo_state = ALGO_READY;
+        if ((rc = MPI_Comm_set_errhandler(g->algo_comm, MPI_ERRORS_RETURN)) != MPI_SUCCESS) {
+            MPI_Comm_free(&g->algo_comm);
+            g->algo_state = ALGO_NONE;
+            pd_raise_mpi(rc, "MPI_Comm_set_errhandler");
+            return NULL;
+        }
+    }
+    // Rings in flight at once on one group must not match each other's messages: each has its own tag.
+    *tag = (int)(g->algo_seq++ % ((unsigned long)tag_ub + 1));
+    return &g->algo_comm;
+}
+
+// Before every pending request is drained (destroy, finalize): nothing of ours may stay unparked.
+static void algo_release_all(void) {
+    for (int i = 0; i < PD_MAX_GROUPS; i++) {
+        if (groups[i].in_use) {
+            algo_release(i);
+        }
+    }
+}
+
 // Frees here and on the error paths of init and new_group ignore MPI's return code: there is nothing
 // left to undo, and the error being raised (if any) is the one the caller needs to see.
 static void slot_free(int slot) {
     GroupSlot *g = &groups[slot];
+    if (g->in_use) {
+        algo_release(slot);
+    }
     if (g->in_use && g->comm != MPI_COMM_NULL) {
         MPI_Comm_free(&g->comm);
     }
@@ -202,6 +327,12 @@ static int slot_set(int slot, MPI_Comm comm) {
     g->comm = comm;
     g->in_use = 1;
     g->broken[0] = 0;
+    g->algo_state = ALGO_NONE;
+    g->algo_dup_waiting = 0;
+    g->algo_comm = MPI_COMM_NULL;
+    g->algo_dup = MPI_REQUEST_NULL;
+    g->algo_dup_out = NULL;
+    g->algo_seq = 0;
     return 0;
 error:
     PyMem_RawFree(world_ranks);
@@ -476,6 +607,10 @@ PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         pending_ctl = MPI_COMM_NULL;
         ctl_made = 1;
     }
+    int *ub = NULL, has_ub = 0;
+    if (MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &has_ub) == MPI_SUCCESS && has_ub && *ub > 0) {
+        tag_ub = *ub;
+    }
     default_timeout = timeout;
     pd_initialized = 1;
     return Py_BuildValue("iii", groups[0].rank, groups[0].size, thread_level);
@@ -490,6 +625,7 @@ PyObject *pd_destroy(PyObject *self, PyObject *unused) {
                         "been initialized");
         return NULL;
     }
+    algo_release_all();
     pd_parked_drain();
     free_groups();
     pd_initialized = 0;
@@ -504,6 +640,7 @@ PyObject *pd_finalize(PyObject *self, PyObject *unused) {
     MPI_Initialized(&init);
     MPI_Finalized(&fin);
     if (init && !fin) {
+        algo_release_all();
         if (pd_liveness_announce() < 0 || pd_parked_drain() > 0) {
             // A collective some rank never joined is still pending (or the wait for the others to
             // exit was interrupted): MPI_Finalize would wait forever. Leave without it; the launcher
@@ -687,13 +824,14 @@ PyObject *pd_destroy_group(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Py_RETURN_NONE;
 }
 
-// _C.live_groups() -> number of communicators this rank holds (for leak tests).
+// _C.live_groups() -> number of communicators this rank holds, private ones included (for leak tests).
 PyObject *pd_live_groups(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
     long n = 0;
     for (int i = 0; i < PD_MAX_GROUPS; i++) {
         n += groups[i].in_use && groups[i].comm != MPI_COMM_NULL;
+        n += groups[i].in_use && groups[i].algo_state == ALGO_READY;   // the ring's private dup
     }
     return PyLong_FromLong(n);
 }

@@ -21,6 +21,8 @@
 
 #include <mpi.h>
 
+#include "algorithms/ring.h"
+
 #if !defined(MPI_VERSION) || MPI_VERSION < 4
 #error "pydist needs an MPI 4 library (large-count calls); Debian/Ubuntu: apt-get install mpich libmpich-dev"
 #endif
@@ -135,6 +137,10 @@ typedef struct {
 // error, DistBackendError) and returns -1 with the request still pending.
 int pd_wait(MPI_Request *req, MPI_Status *status, const PdWaitSpec *spec);
 
+// Called with the GIL held once per wait slice (about 2 ms) of every pd_wait, to move along what no
+// thread is waiting for (work.c's rings in flight). NULL: nothing.
+extern void (*pd_wait_hook)(void);
+
 // Raise DistTimeoutError "<what> timed out after <waited> s (timeout <timeout> s): <why>"; returns -1.
 int pd_raise_timeout(const char *what, double waited, double timeout, const char *why);
 
@@ -196,6 +202,10 @@ int pd_op_wait(MPI_Request *req, MPI_Status *status, const PdOp *op, double time
 // (the objects owning its memory; a new reference is taken). GIL held.
 int pd_op_wait_or_park(MPI_Request *req, MPI_Status *status, const PdOp *op, PyObject *keep, int cancellable);
 
+// The communicator of pydist's own algorithms on a group pd_group_comm accepted (a private dup, made
+// on the first call and waited for here), and the tag of this call's messages (the group's sequence
+// number of such calls). Every member must make these calls in the same order. NULL with an exception.
+MPI_Comm *pd_group_algo_comm(long handle, const char *fn, int *tag);
 // ---------------------------------------------------------------------------------------------------
 // Work handles (work.c): async_op=True, isend/irecv.
 
@@ -213,6 +223,7 @@ typedef struct {
     void *avg_buf;
     MPI_Count avg_count;
     PyObject *error;       // exception raised by a failed completion, re-raised by later wait()s
+    RingAllreduce *ring;   // our ring all-reduce: `req` is its posted step; NULL for MPI's operations
 } PdWorkObject;
 
 extern PyTypeObject *pd_WorkType;
@@ -221,7 +232,18 @@ int pd_work_type_init(PyObject *module);
 // result() (new reference taken, may be NULL for an empty list). is_recv: a point-to-point receive.
 // On failure the request is parked with `keep`, so its memory stays alive, and NULL is returned.
 PdWorkObject *pd_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObject *result, int is_recv);
-
+// A Work for a ring all-reduce whose first step is posted in `req` (takes `ring`, a PyMem_RawMalloc'd
+// state; `keep` owns the array and the ring's scratch). Until the ring completes, the list of rings in
+// flight holds a reference to the Work, and every wait slice of pydist moves it along: rings started in
+// the same order everywhere complete whatever order they are waited in, and one dropped unwaited still
+// completes. On failure the step is parked with `keep`, and NULL is returned.
+PdWorkObject *pd_ring_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObject *result,
+                               RingAllreduce *ring);
+// One ring step's local work (ring_complete), with the GIL released around a large reduction.
+int pd_ring_complete_step(RingAllreduce *r);
+// Give up the rings in flight on `group` (its communicators are going): each posted step is parked
+// with its arrays, and the Work fails with DistError. GIL held.
+void pd_ring_works_abandon(long group, unsigned generation);
 // ---------------------------------------------------------------------------------------------------
 // The training engine (engine_py.c over csrc/engine/)
 

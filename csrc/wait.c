@@ -15,6 +15,9 @@
  * at once. Every other MPI call of ours runs with the GIL held, so the loop then tests with the GIL
  * held too and releases it only to yield: the GIL is the lock that serialises our MPI calls.
  *
+ * The loop also calls pd_wait_hook (GIL held) when it starts and after every slice: our own ring
+ * all-reduces in flight are sequences of steps that only we can post, and every wait moves them along.
+ *
  * A wait that is given up (signal, timeout, check) leaves its request pending, and MPI may still
  * write into the caller's memory. Such requests are parked with a reference to their owners until MPI
  * is done with them, so that memory can never be freed under MPI.
@@ -25,6 +28,7 @@
 
 int pd_wait_mode = PD_WAIT_POLL;
 int pd_wait_serialized = 0;
+void (*pd_wait_hook)(void) = NULL;
 
 // Tests before the loop starts yielding: enough to catch a reply that is microseconds away without
 // a syscall, short enough that an oversubscribed peer gets the core back quickly.
@@ -72,6 +76,9 @@ static int test_for_a_slice(MPI_Request *req, MPI_Status *status, int *done) {
 
 int pd_wait(MPI_Request *req, MPI_Status *status, const PdWaitSpec *spec) {
     int done = 0, rc;
+    if (pd_wait_hook != NULL) {
+        pd_wait_hook();   // once per wait, however short, and then once per slice
+    }
     rc = MPI_Test(req, &done, status);
     if (rc != MPI_SUCCESS) {
         return pd_raise_mpi_int(rc, spec->what);
@@ -93,6 +100,9 @@ int pd_wait(MPI_Request *req, MPI_Status *status, const PdWaitSpec *spec) {
         }
         if (done) {
             return 0;
+        }
+        if (pd_wait_hook != NULL) {
+            pd_wait_hook();   // never raises: what it moves along records its own errors
         }
         if (PyErr_CheckSignals() < 0 || (spec->check != NULL && spec->check(spec->check_ctx, start) < 0)) {
             return -1;

@@ -13,6 +13,13 @@
  * One thread at a time waits on a request (`waiting`): a second thread's wait() polls until the first
  * is done, and is_completed() answers False meanwhile rather than test a request another thread is
  * testing without the GIL.
+ *
+ * A ring all-reduce (algorithm="ring") is a sequence of steps, each one send/receive pair, and the next
+ * step is ours to post when one completes: MPI cannot move it along for us as it does its own
+ * collectives. A rank waiting for ring B may hold up a neighbour that waits for ring A first, so every
+ * ring in flight is on one list that every wait slice of pydist (pd_wait_hook) and every is_completed()
+ * moves along with MPI_Test. The list holds a reference to the Work: one dropped unwaited keeps its
+ * arrays and still completes, as MPI's own collectives do.
  */
 #include "pydist.h"
 
@@ -27,6 +34,7 @@ PdWorkObject *pd_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObj
         if (w != NULL) {
             w->req = MPI_REQUEST_NULL;   // nothing filled in yet: dealloc must not look at it
             w->keep = w->result = w->error = NULL;
+            w->ring = NULL;
             Py_DECREF(w);
         }
         pd_park(req, Py_XNewRef(keep), is_recv);  // nobody can own the request now: keep its memory alive
@@ -44,6 +52,7 @@ PdWorkObject *pd_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObj
     w->avg_buf = NULL;
     w->avg_count = 0;
     w->error = NULL;
+    w->ring = NULL;
     PyObject_GC_Track(w);
     return w;
 }
@@ -66,6 +75,181 @@ static void work_fail(PdWorkObject *w) {
     Py_XSETREF(w->error, value ? Py_NewRef(value) : Py_NewRef(Py_None));
     PyErr_Restore(type, value, tb);
     Py_CLEAR(w->keep);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Rings in flight
+
+// The ring Works not yet complete, each holding a reference. GIL held whenever touched.
+static PdWorkObject **inflight = NULL;
+static Py_ssize_t n_inflight = 0, cap_inflight = 0;
+
+static int inflight_reserve(void) {
+    if (n_inflight < cap_inflight) {
+        return 0;
+    }
+    Py_ssize_t cap = cap_inflight ? 2 * cap_inflight : 16;
+    PdWorkObject **grown = PyMem_RawRealloc(inflight, sizeof(*grown) * (size_t)cap);
+    if (grown == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    inflight = grown;
+    cap_inflight = cap;
+    return 0;
+}
+
+// The ring is over (complete, failed or abandoned): off the list. The caller holds its own reference.
+static void ring_end(PdWorkObject *w) {
+    PyMem_RawFree(w->ring);
+    w->ring = NULL;
+    for (Py_ssize_t i = 0; i < n_inflight; i++) {
+        if (inflight[i] == w) {
+            inflight[i] = inflight[--n_inflight];
+            Py_DECREF(w);
+            break;
+        }
+    }
+    if (n_inflight == 0) {
+        PyMem_RawFree(inflight);
+        inflight = NULL;
+        cap_inflight = 0;
+    }
+}
+
+int pd_ring_complete_step(RingAllreduce *r) {
+    // Only reduce-scatter steps compute; release the GIL when that is more than a moment's work.
+    MPI_Count longest = r->n / r->size + 1;
+    if (pd_wait_serialized || !r->posted || r->step >= r->size - 1 || longest * r->extent < (1 << 16)) {
+        return ring_complete(r);
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ring_complete(r);
+    Py_END_ALLOW_THREADS
+    return rc;
+}
+
+// w's posted step has completed: reduce what arrived and post the next step (w->req stays NULL when
+// there is none). Returns 0, or -1 with DistBackendError raised and the ring ended. The caller holds a
+// reference and has set w->waiting.
+static int ring_advance(PdWorkObject *w) {
+    const char *call = "MPI_Reduce_local_c";
+    int rc = pd_ring_complete_step(w->ring);
+    if (rc == MPI_SUCCESS) {
+        call = "MPI_Isendrecv_c";
+        rc = ring_post(w->ring, &w->req);
+    }
+    if (rc != MPI_SUCCESS) {
+        w->req = MPI_REQUEST_NULL;
+        ring_end(w);
+        pd_raise_mpi(rc, call);
+        return -1;
+    }
+    if (w->req == MPI_REQUEST_NULL) {
+        ring_end(w);
+    }
+    return 0;
+}
+
+// Move w along as far as MPI_Test allows, without waiting. Returns 1 when complete, 0 while pending,
+// -1 when it failed (recorded in w, and raised).
+static int ring_test(PdWorkObject *w) {
+    while (w->req != MPI_REQUEST_NULL) {
+        int done = 0;
+        int rc = MPI_Test(&w->req, &done, &w->status);
+        if (rc != MPI_SUCCESS) {
+            w->req = MPI_REQUEST_NULL;
+            ring_end(w);
+            pd_raise_mpi(rc, w->op.what);
+            work_fail(w);
+            return -1;
+        }
+        if (!done) {
+            return 0;
+        }
+        if (ring_advance(w) < 0) {
+            work_fail(w);
+            return -1;
+        }
+    }
+    work_complete(w);
+    return 1;
+}
+
+// pd_wait_hook: every ring in flight that no thread is waiting for, moved along. Never raises.
+static void ring_progress(void) {
+    if (n_inflight == 0) {
+        return;
+    }
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    // Backwards: a ring that ends is swapped with the last entry, which has been seen already.
+    for (Py_ssize_t i = n_inflight - 1; i >= 0; i--) {
+        if (i >= n_inflight) {
+            continue;   // the list shrank while a reduction ran without the GIL
+        }
+        PdWorkObject *w = inflight[i];
+        if (w->waiting) {
+            continue;
+        }
+        Py_INCREF(w);
+        w->waiting = 1;
+        if (ring_test(w) < 0) {
+            PyErr_Clear();   // kept in w->error for its wait()
+        }
+        w->waiting = 0;
+        Py_DECREF(w);
+    }
+    PyErr_Restore(type, value, tb);
+}
+
+PdWorkObject *pd_ring_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObject *result,
+                               RingAllreduce *ring) {
+    if (req == MPI_REQUEST_NULL) {   // nothing to send (one rank): complete already
+        PyMem_RawFree(ring);
+        return pd_work_new(req, op, keep, result, 0);
+    }
+    if (inflight_reserve() < 0) {
+        pd_park(req, Py_XNewRef(keep), 0);
+        PyMem_RawFree(ring);
+        return NULL;
+    }
+    PdWorkObject *w = pd_work_new(req, op, keep, result, 0);   // parks the step if it fails
+    if (w == NULL) {
+        PyMem_RawFree(ring);
+        return NULL;
+    }
+    w->ring = ring;
+    inflight[n_inflight++] = (PdWorkObject *)Py_NewRef(w);
+    return w;
+}
+
+void pd_ring_works_abandon(long group, unsigned generation) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    for (Py_ssize_t i = n_inflight - 1; i >= 0; i--) {
+        if (i >= n_inflight) {
+            continue;
+        }
+        PdWorkObject *w = inflight[i];
+        if (w->op.group != group || w->op.generation != generation) {
+            continue;
+        }
+        Py_INCREF(w);
+        if (w->req != MPI_REQUEST_NULL) {
+            pd_park(w->req, w->keep, 0);   // steals keep: MPI may still write into the arrays
+            w->keep = NULL;
+            w->req = MPI_REQUEST_NULL;
+        }
+        ring_end(w);
+        PyErr_Format(pd_DistError, "%s was abandoned: its process group was destroyed before it completed",
+                     w->op.what);
+        work_fail(w);
+        PyErr_Clear();
+        Py_DECREF(w);
+    }
+    PyErr_Restore(type, value, tb);
 }
 
 // Seconds from wait()'s argument: None (the session's timeout), a number, or a timedelta.
@@ -143,15 +327,32 @@ static PyObject *work_wait(PdWorkObject *w, PyObject *const *args, Py_ssize_t na
     if (w->req != MPI_REQUEST_NULL) {
         Py_INCREF(w);   // the wait releases the GIL: stay alive whatever other threads drop
         w->waiting = 1;
-        // Only the session's own timeout breaks a group, not a caller's short poll.
-        int rc = pd_op_wait(&w->req, &w->status, &w->op, timeout, t == NULL || t == Py_None);
-        w->waiting = 0;
-        if (rc < 0 && w->req == MPI_REQUEST_NULL) {
-            work_fail(w);   // MPI completed the request with an error
+        int rc = 0;
+        double start = MPI_Wtime();
+        // One pass for MPI's operations; one per step for a ring, under one deadline.
+        while (w->req != MPI_REQUEST_NULL) {
+            double left = timeout < 0 ? -1.0 : timeout - (MPI_Wtime() - start);
+            // Only the session's own timeout breaks a group, not a caller's short poll.
+            rc = pd_op_wait(&w->req, &w->status, &w->op, timeout < 0 || left > 0 ? left : 0.0,
+                            t == NULL || t == Py_None);
+            if (rc < 0) {
+                if (w->req == MPI_REQUEST_NULL) {   // MPI completed the request with an error
+                    if (w->ring != NULL) {
+                        ring_end(w);
+                    }
+                    work_fail(w);
+                }
+                break;   // a timeout or a signal leaves the request pending and this Work usable
+            }
+            if (w->ring != NULL && (rc = ring_advance(w)) < 0) {
+                work_fail(w);
+                break;
+            }
         }
+        w->waiting = 0;
         Py_DECREF(w);
         if (rc < 0) {
-            return NULL;    // a timeout or a signal leaves the request pending and this Work usable
+            return NULL;
         }
     }
     work_complete(w);
@@ -162,6 +363,10 @@ static PyObject *work_is_completed(PdWorkObject *w, PyObject *unused) {
     (void)unused;
     if (w->waiting) {
         Py_RETURN_FALSE;   // another thread owns the request until its wait returns
+    }
+    ring_progress();   // every ring in flight, this Work's too if it is one
+    if (w->ring != NULL) {
+        Py_RETURN_FALSE;   // still in flight
     }
     if (w->req != MPI_REQUEST_NULL) {
         int done = 0;
@@ -249,6 +454,9 @@ static int work_traverse(PdWorkObject *w, visitproc visit, void *arg) {
 }
 
 static int work_clear(PdWorkObject *w) {
+    // A ring in flight is on the list, which holds a reference: it cannot be here unless abandoned.
+    PyMem_RawFree(w->ring);
+    w->ring = NULL;
     work_let_go(w);   // a pending request keeps its arrays, on the parked list
     Py_CLEAR(w->keep);
     Py_CLEAR(w->result);
@@ -304,5 +512,6 @@ int pd_work_type_init(PyObject *module) {
     if (pd_WorkType == NULL) {
         return -1;
     }
+    pd_wait_hook = ring_progress;
     return PyModule_AddObjectRef(module, "Work", (PyObject *)pd_WorkType);
 }

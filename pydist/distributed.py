@@ -388,7 +388,19 @@ def broadcast(tensor, src, group=None, async_op=False):
     return _C.broadcast(tensor, src, handle, async_op)
 
 
-def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
+_ALGORITHMS = {None: 0, "mpi": 0, "ring": 1}   # all_reduce's `algorithm` -> _C's code
+
+
+def _algorithm_code(algorithm):
+    if not isinstance(algorithm, str):
+        raise TypeError(f"all_reduce(): `algorithm` must be None, \"mpi\" or \"ring\"; got {type(algorithm).__name__}")
+    code = _ALGORITHMS.get(algorithm)
+    if code is None:
+        raise ValueError(f"all_reduce(): `algorithm` must be None, \"mpi\" or \"ring\"; got {algorithm!r}")
+    return code
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm=None):
     """Reduce `tensor` across every rank of `group` with `op`; every rank gets the result in place.
 
     Example (``mpiexec -n 3``, ranks holding 1, 2 and -3)::
@@ -398,16 +410,32 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
         >>> t                                       # on every rank
         array([0.])
 
+    Args:
+        algorithm: ``None`` or ``"mpi"``: MPI's own all-reduce (MPICH picks its algorithm by size).
+            ``"ring"``: pydist's ring (scatter-reduce, then all-gather around the ring of the group's
+            ranks, 2(R-1) steps each moving about n/R elements to the next rank), which sends the
+            least data per rank of any all-reduce (2(R-1)/R of the buffer) but pays R-1 latencies
+            twice: use it for large buffers (see benchmarks/collectives_sweep.py for where it
+            overtakes MPI on a given machine), or to get exactly the same result as the training
+            engine's ring. Every rank ends with bitwise the same array. Every member must pass the
+            same `algorithm`; with ``async_op=True`` the steps advance whenever this rank waits in
+            pydist (any ``wait()``, ``is_completed()`` or blocking call).
+
     Returns:
         None, or a Work when ``async_op=True``.
     """
-    if group is None:
-        return _C.all_reduce(tensor, op, 0, async_op)
-    handle = _group_handle(group, "all_reduce")
+    if algorithm is None:
+        if group is None:
+            return _C.all_reduce(tensor, op, 0, async_op)
+        handle = _group_handle(group, "all_reduce")
+        if handle < 0:
+            return None
+        return _C.all_reduce(tensor, op, handle, async_op)
+    code = _algorithm_code(algorithm)
+    handle = 0 if group is None else _group_handle(group, "all_reduce")
     if handle < 0:
         return None
-    return _C.all_reduce(tensor, op, handle, async_op)
-
+    return _C.all_reduce(tensor, op, handle, async_op, code)
 
 
 def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False):
