@@ -34,7 +34,8 @@ NAMES = sorted(CHECKED)
 # with split sizes, each rank's input legitimately has its own number of rows
 SHAPES_MAY_DIFFER = {"all_to_all_single"}
 MAX_DIMS = 6
-WIDTH = 6 + MAX_DIMS   # name, dtype, ndim, root, op, dims..., (one spare)
+WIDTH = 6 + MAX_DIMS   # name, dtype, ndim, root, op, dims..., algorithm
+ALGORITHMS = (None, "ring")   # all_reduce's algorithm= ("mpi" is None): a ring meets no MPI call and hangs
 
 
 def _fingerprint(name, bound):
@@ -54,6 +55,8 @@ def _fingerprint(name, bound):
         row[3] = int(bound.arguments.get(root_arg, 0))
     if op_arg:
         row[4] = int(bound.arguments.get(op_arg, 0))
+    algorithm = bound.arguments.get("algorithm")
+    row[WIDTH - 1] = ALGORITHMS.index(None if algorithm == "mpi" else algorithm) if "algorithm" in bound.arguments else -1
     return row
 
 
@@ -76,6 +79,8 @@ def _describe(row):
         parts.append(f"{root_arg}={int(row[3])}")
     if op_arg and 0 <= row[4] < len(ReduceOp):
         parts.append(f"op={ReduceOp(int(row[4])).name}")
+    if row[WIDTH - 1] > 0:   # only a non-default algorithm is worth naming
+        parts.append(f"algorithm={ALGORITHMS[int(row[WIDTH - 1])]!r}")
     return f"{name}({', '.join(parts)})"
 
 
@@ -106,7 +111,7 @@ def wrap(fn, group_handle):
             # every rank holds every fingerprint, so every rank raises the same message
             calls = "\n  ".join(f"rank {r}: {_describe(rows[r])}" for r in range(size))
             raise ValueError(f"{name}(): PYDIST_DEBUG=DETAIL: the ranks of the group did not make the same "
-                             f"collective call (operation, dtype, shape, root or op differ):\n  {calls}")
+                             f"collective call (operation, dtype, shape, root, op or algorithm differ):\n  {calls}")
         return fn(*args, **kwargs)
 
     return checked

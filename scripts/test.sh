@@ -67,7 +67,7 @@ LD_PRELOAD=$ASAN_LIB PYTHONPATH=$PWD/build/asan $PY -P -c \
   "import pydist._C as c, sys; assert '/build/asan/' in c.__file__, c.__file__; print('asan build:', c.__file__)"
 LD_PRELOAD=$ASAN_LIB PYTHONPATH=$PWD/build/asan $PY -P -m pytest -q -p no:cacheprovider \
   tests/unit/test_api.py tests/unit/test_errors.py tests/unit/test_float16.py tests/unit/test_gil.py \
-  tests/unit/test_engine.py
+  tests/unit/test_engine.py tests/unit/test_ring_args.py tests/unit/test_strategy_options.py
 LD_PRELOAD=$ASAN_LIB PYTHONPATH=$PWD/build/asan $PY tests/run_mpi.py -n 2 3 --durations 3
 if grep -q "ERROR: AddressSanitizer" "$ASAN_DIR"/asan.* 2>/dev/null; then
   exit 1   # on_exit prints the reports

@@ -130,6 +130,23 @@ def test_detail_mode_reports_what_each_rank_passed(tmp_path):
         assert after == "AFTER [3.0, 3.0]"
 
 
+def test_detail_mode_catches_ranks_choosing_different_all_reduce_algorithms(tmp_path):
+    # Without the check, the ring's point-to-point steps would never meet MPI's all-reduce: a hang.
+    proc, _ = run_job(tmp_path, 2, """
+        dist.init_process_group()
+        try:
+            dist.all_reduce(np.ones(4), algorithm="ring" if dist.get_rank() == 1 else "mpi")
+            report("NO ERROR")
+        except ValueError as e:
+            report(f"ERROR {e}")
+    """, env_extra={"PYDIST_DEBUG": "DETAIL"})
+    assert proc.returncode == 0, proc.stderr
+    for r in range(2):
+        err = reports(tmp_path, r)[0]
+        assert "rank 0: all_reduce(float64 (4,), op=SUM)" in err, err
+        assert "rank 1: all_reduce(float64 (4,), op=SUM, algorithm='ring')" in err, err
+
+
 def _dies(tmp_path, how):
     return run_job(tmp_path, 3, f"""
         dist.init_process_group()
