@@ -26,7 +26,7 @@ static PyMethodDef module_methods[] = {
     FAST("irecv", pd_irecv, "irecv(tensor, src, tag, group) -> Work"),
     FAST("barrier", pd_barrier, "barrier(group, async_op) -> None | Work"),
     FAST("broadcast", pd_broadcast, "broadcast(tensor, src, group, async_op) -> None | Work"),
-    FAST("all_reduce", pd_all_reduce, "all_reduce(tensor, op, group, async_op[, algorithm]) -> None | Work; algorithm 0 MPI, 1 ring"),
+    FAST("all_reduce", pd_all_reduce, "all_reduce(tensor, op, group, async_op[, algorithm 0 MPI, 1 ring]) -> None | Work"),
     FAST("reduce", pd_reduce, "reduce(tensor, dst, op, group, async_op) -> None | Work"),
     FAST("all_gather_into_tensor", pd_all_gather_into_tensor,
          "all_gather_into_tensor(output, input, group, async_op) -> None | Work"),
