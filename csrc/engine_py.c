@@ -898,7 +898,8 @@ static PyMethodDef engine_methods[] = {
      "strategy_restore(): take up loaded params (easgd's center)"},
     METHOD("evaluate", engine_evaluate,
            "evaluate(images, labels, start, end, batch[, weights]) -> (loss_sum, correct)"),
-    METHOD("save", engine_save, "save(path, step, epoch, seed[, params, momentum, momentum_started]): atomic checkpoint"),
+    METHOD("save", engine_save,
+           "save(path, step, epoch, seed[, params, momentum, momentum_started]): atomic checkpoint"),
     METHOD("load", engine_load, "load(path) -> (step, epoch, seed)"),
     {NULL, NULL, 0, NULL},
 };

@@ -56,7 +56,8 @@ def _fingerprint(name, bound):
     if op_arg:
         row[4] = int(bound.arguments.get(op_arg, 0))
     algorithm = bound.arguments.get("algorithm")
-    row[WIDTH - 1] = ALGORITHMS.index(None if algorithm == "mpi" else algorithm) if "algorithm" in bound.arguments else -1
+    if "algorithm" in bound.arguments:
+        row[WIDTH - 1] = ALGORITHMS.index(None if algorithm == "mpi" else algorithm)
     return row
 
 

@@ -312,7 +312,8 @@ class Trainer:
         self.engine.init_params(self.seed)
         self._broadcast_state()
         self.engine.set_strategy(self._handle, strategy, options.get("servers", 0), options.get("period", 0),
-                                 options.get("warmup", 0), _PLACEMENTS.index(options.get("momentum_placement", "local")),
+                                 options.get("warmup", 0),
+                                 _PLACEMENTS.index(options.get("momentum_placement", "local")),
                                  options.get("beta", 0.0), int(slow_ms) if slow_rank == self.rank else 0, *self.sgd)
         self.workers, self.is_server = self.engine.workers, self.engine.is_server
         self.epoch, self.step, self.history = 0, 0, []

@@ -180,12 +180,14 @@ def test_easgd_exchange_conserves_workers_plus_center(data):
     ea.train_steps(x, y, 0, period - 1, period)     # that step, then the exchange
     after, new_center = ea.params.astype(np.float64), ea.weights().astype(np.float64)
     alpha = beta / R
-    parallel_assert(rel(after, local - alpha * (local - center)) < 1e-5, "the worker did not move alpha toward the center")
+    parallel_assert(rel(after, local - alpha * (local - center)) < 1e-5,
+                    "the worker did not move alpha toward the center")
     before_sum, after_sum = local.copy(), after.copy()
     dist.all_reduce(before_sum)
     dist.all_reduce(after_sum)
     parallel_assert(rel(after_sum + new_center, before_sum + center) < 1e-5,
-                    f"the exchange did not conserve workers + center: {rel(after_sum + new_center, before_sum + center):.3g}")
+                    f"the exchange did not conserve workers + center: "
+                    f"{rel(after_sum + new_center, before_sum + center):.3g}")
     parallel_assert(all_same(ea.weights()), "ranks hold different centers")
     if R > 1:
         parallel_assert(rel(new_center, center) > 1e-4, "the center did not move")
