@@ -5,6 +5,7 @@
     python benchmarks/strategies.py --straggler                  # and again with rank 1 sleeping 20 ms a step
     python benchmarks/strategies.py --ranks 2 --slow-rank 1 --slow-ms 50 --strategies allreduce average
     python benchmarks/strategies.py --quick                      # R = 2, a few steps each (smoke test)
+    python benchmarks/strategies.py --straggler --replot         # tables and plots again from the saved JSON
 
 Run it directly, not under mpiexec: it launches one `mpiexec -n R` job of benchmarks/strategy_run.py
 per (scenario, R, strategy) under a hard timeout (oversubscribed when R exceeds the cores: the ranks'
@@ -58,6 +59,8 @@ def parse_args(argv=None):
     ap.add_argument("--quick", action="store_true", help="smoke test: R = 2, 1 epoch of 40 steps, 2k test images")
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "strategies"),
                     help="folder for the PNGs and each run's JSON (default results/strategies)")
+    ap.add_argument("--replot", action="store_true",
+                    help="train nothing: the tables and PNGs again from the JSON a previous run left in --out")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per job (default 60 + 120 per epoch)")
     args = ap.parse_args(argv)
     if (args.slow_rank is None) != (args.slow_ms is None) and not args.straggler:
@@ -157,20 +160,21 @@ def figure(scenario, results, ranks):
     from matplotlib.figure import Figure   # no pyplot: no global state, no GUI backend
 
     name, slow_rank, slow_ms = scenario
-    fig = Figure(figsize=(5 * len(ranks), 4.2))
+    fig = Figure(figsize=(max(6.5, 5 * len(ranks)), 4.6))
     axes = fig.subplots(1, len(ranks), squeeze=False, sharey=True)[0]
     for ax, r in zip(axes, ranks):
         for (strategy, R), result in results.items():
             if R == r:
                 t, _, acc = zip(*result["curve"])
-                ax.plot(t, acc, ".-", color=COLORS[strategy], label=f"{strategy} ({result['workers']} workers)")
+                n = result["workers"]
+                ax.plot(t, acc, ".-", color=COLORS[strategy], label=f"{strategy} ({n} worker{'s' * (n > 1)})")
         ax.axhline(TARGET, color="grey", linestyle=":", linewidth=1)
         ax.set(title=f"R = {r}", xlabel="training seconds (evaluation excluded)", ylim=(0, 1))
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right", fontsize="small")
     axes[0].set_ylabel("test accuracy")
-    fig.suptitle("LeNet-5 / Fashion-MNIST" + ("" if slow_rank is None else
-                                              f", straggler: rank {slow_rank} sleeps {slow_ms} ms per step"))
+    fig.suptitle("LeNet-5 / Fashion-MNIST: test accuracy against training time" + ("" if slow_rank is None else
+                 f"\nstraggler: rank {slow_rank} sleeps {slow_ms} ms per step"))
     fig.tight_layout()
     return fig
 
@@ -201,7 +205,18 @@ def main(argv=None):
                 if note:
                     notes.append(f"{strategy} R={ranks}: {note}")
                 path = os.path.join(args.out, f"{name}-{strategy}-R{ranks}.json")
-                results[(strategy, ranks)] = result = run_job(strategy, ranks, options, args, path)
+                if args.replot:
+                    if not os.path.exists(path):
+                        print(f"  no saved result for {name} {strategy} R={ranks} ({path})", flush=True)
+                        notes.append(f"{strategy} R={ranks}: no saved result")
+                        continue
+                    with open(path) as f:
+                        results[(strategy, ranks)] = result = json.load(f)
+                    if len(result["epochs"]) != args.epochs:
+                        notes.append(f"{strategy} R={ranks}: the saved run has {len(result['epochs'])} epoch(s), "
+                                     f"not {args.epochs}")
+                else:
+                    results[(strategy, ranks)] = result = run_job(strategy, ranks, options, args, path)
                 hit = seconds_to(result, TARGET)
                 print(f"  {name} {strategy} R={ranks}: {result['train_seconds']:.1f} s training, test accuracy "
                       f"{result['final_test_accuracy']:.4f}, {TARGET} at "
