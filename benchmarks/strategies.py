@@ -23,6 +23,7 @@ strategies_straggler.png. The JSON of every run stays in --out.
 """
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -162,6 +163,10 @@ def figure(scenario, results, ranks):
     name, slow_rank, slow_ms = scenario
     fig = Figure(figsize=(max(6.5, 5 * len(ranks)), 4.6))
     axes = fig.subplots(1, len(ranks), squeeze=False, sharey=True)[0]
+    # The y range of the learning after the first evaluation: every run starts from the same weights
+    # (its step-0 point, at chance, lies below), and the strategies differ near the top.
+    later = [acc for result in results.values() for _, _, acc in result["curve"][1:]] or [0.0, 1.0]
+    bottom, top = max(0.0, math.floor((min(later) - 0.05) * 20) / 20), min(1.0, max(later) + 0.02)
     for ax, r in zip(axes, ranks):
         for (strategy, R), result in results.items():
             if R == r:
@@ -169,7 +174,7 @@ def figure(scenario, results, ranks):
                 n = result["workers"]
                 ax.plot(t, acc, ".-", color=COLORS[strategy], label=f"{strategy} ({n} worker{'s' * (n > 1)})")
         ax.axhline(TARGET, color="grey", linestyle=":", linewidth=1)
-        ax.set(title=f"R = {r}", xlabel="training seconds (evaluation excluded)", ylim=(0, 1))
+        ax.set(title=f"R = {r}", xlabel="training seconds (evaluation excluded)", ylim=(bottom, top))
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right", fontsize="small")
     axes[0].set_ylabel("test accuracy")
