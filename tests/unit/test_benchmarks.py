@@ -40,3 +40,29 @@ def test_train_compare_quick():
     for r in rows:
         assert float(r[2]) > 0 and 0.7 < float(r[4]) <= 1.0, r   # samples/s, test accuracy after 1 epoch
     assert "pydist / torch samples/s" in proc.stdout
+
+
+def test_strategies_quick(tmp_path):
+    """Every strategy trains at 2 ranks for a few steps; the table has a row each, the plot is drawn."""
+    proc = subprocess.run([sys.executable, "benchmarks/strategies.py", "--quick", "--out", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = proc.stdout.split("\nnormal (no straggler)")[1]
+    rows = {r[0]: r for r in (line.split() for line in table.splitlines()) if len(r) == 12 and r[1] == "2"}
+    assert sorted(rows) == sorted(("allreduce", "ring", "central", "ps", "average", "easgd")), table
+    for name, r in rows.items():
+        workers, accuracy, samples_per_s = int(r[2]), float(r[4]), float(r[6])
+        assert workers == (1 if name == "ps" else 2), r
+        # 40 steps from the same seed: every strategy is past chance (0.1) and none is done learning
+        assert 0.2 < accuracy < 0.9 and samples_per_s > 0, r
+    assert (tmp_path / "strategies.png").stat().st_size > 0
+
+
+def test_strategies_says_what_it_skips(tmp_path):
+    """A combination that cannot run is named with its reason, never dropped silently (no job runs)."""
+    for argv, reason in ((["--ranks", "1", "--strategies", "ps"], "skipped ps R=1: ps needs at least one worker"),
+                         (["--ranks", "2", "--strategies", "allreduce", "--slow-rank", "2", "--slow-ms", "5"],
+                          "skipped allreduce R=2: no rank 2 to slow at R=2")):
+        proc = subprocess.run([sys.executable, "benchmarks/strategies.py", "--out", str(tmp_path)] + argv, cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0 and reason in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
