@@ -396,6 +396,12 @@ static int sync_wait(MPI_Request *req, void *ctx) {
     return pd_op_wait_or_park(req, MPI_STATUS_IGNORE, &op, (PyObject *)s->engine, 0);
 }
 
+static int sync_waitany(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, void *ctx) {
+    SyncContext *s = ctx;
+    PdOp op = pd_op("the training step's communication", s->group, PD_PEER_ALL);
+    return pd_op_wait_any(n, reqs, first, index, status, &op);
+}
+
 static void sync_park(MPI_Request *req, void *ctx) {
     SyncContext *s = ctx;
     pd_park(*req, Py_NewRef((PyObject *)s->engine), 0);
@@ -408,6 +414,14 @@ static int hook_step(void *ctx, float *params, float *grads, float *momentum, in
 
 static int hook_serve(void *ctx, float *params, float *momentum, int *started, long step) {
     return strategy_serve(ctx, params, momentum, started, step);
+}
+
+static int hook_serve_call(void *ctx, float *params) {
+    return strategy_serve_call(ctx, params);
+}
+
+static int hook_end_call(void *ctx) {
+    return strategy_end_call(ctx);
 }
 
 static double hook_seconds(void *ctx) {
@@ -433,23 +447,25 @@ static PyObject *strategy_error(const Strategy *st, int rc) {
     } while (0)
 
 static Comm comm_for(MPI_Comm comm, int rank, int size) {
-    Comm c = {comm, rank, size, sync_wait, sync_lock, sync_unlock, sync_park, NULL, {0, 0}, 0.0, MPI_SUCCESS, NULL};
+    Comm c = {comm, rank, size, sync_wait, sync_lock, sync_unlock, sync_park, NULL, {0, 0}, 0.0, MPI_SUCCESS, NULL,
+              sync_waitany};
     return c;
 }
 
-// set_strategy(group, name, servers, period, warmup, placement, beta, slow_ms, lr, momentum, dampening,
-//              weight_decay, nesterov): how this engine's train_steps cooperate from now on, on a
+// set_strategy(group, name, servers, period, warmup, placement, beta, slow_ms, window, deterministic, lr,
+//              momentum, dampening, weight_decay, nesterov): how this engine's train_steps cooperate from now on, on a
 // private copy of the group's communicator (so its messages never meet the user's). Collective over
 // the group. group -1: alone.
 static PyObject *engine_set_strategy(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
     const char *fn = "Engine.set_strategy";
-    long group, servers, period, warmup, placement, slow_ms;
+    long group, servers, period, warmup, placement, slow_ms, window, deterministic;
     double beta;
     SgdConfig sgd;
-    if (pd_check_nargs(nargs, 13, fn) < 0 || pd_arg_long(args[0], fn, "group", &group) < 0 ||
+    if (pd_check_nargs(nargs, 15, fn) < 0 || pd_arg_long(args[0], fn, "group", &group) < 0 ||
         pd_arg_long(args[2], fn, "servers", &servers) < 0 || pd_arg_long(args[3], fn, "period", &period) < 0 ||
         pd_arg_long(args[4], fn, "warmup", &warmup) < 0 || pd_arg_long(args[5], fn, "placement", &placement) < 0 ||
-        pd_arg_long(args[7], fn, "slow_ms", &slow_ms) < 0 || sgd_args(args + 8, fn, &sgd) < 0) {
+        pd_arg_long(args[7], fn, "slow_ms", &slow_ms) < 0 || pd_arg_long(args[8], fn, "window", &window) < 0 ||
+        pd_arg_long(args[9], fn, "deterministic", &deterministic) < 0 || sgd_args(args + 10, fn, &sgd) < 0) {
         return NULL;
     }
     if (!PyUnicode_Check(args[1])) {
@@ -471,9 +487,9 @@ static PyObject *engine_set_strategy(EngineObject *e, PyObject *const *args, Py_
     }
     if (servers < 0 || servers > INT32_MAX || period < 0 || period > INT32_MAX || warmup < 0 || warmup > INT32_MAX ||
         placement < MOMENTUM_LOCAL || placement > MOMENTUM_RESET || slow_ms < 0 || slow_ms > 3600000 ||
-        !(beta >= 0.0 && beta <= 1.0)) {
-        PyErr_Format(PyExc_ValueError, "%s(): need servers, period, warmup >= 0, placement in [0, 2], slow_ms in "
-                     "[0, 3600000] and 0 <= beta <= 1", fn);
+        !(beta >= 0.0 && beta <= 1.0) || window < 0 || window > INT32_MAX || deterministic < 0 || deterministic > 1) {
+        PyErr_Format(PyExc_ValueError, "%s(): need servers, period, warmup, window >= 0, placement in [0, 2], "
+                     "slow_ms in [0, 3600000], 0 <= beta <= 1 and deterministic 0 or 1", fn);
         return NULL;
     }
     MPI_Comm *gcomm = NULL;
@@ -506,7 +522,7 @@ static PyObject *engine_set_strategy(EngineObject *e, PyObject *const *args, Py_
         }
     }
     StrategyConfig cfg = {(StrategyKind)kind, (int)servers, (int)period, (int)warmup, (MomentumPlacement)placement,
-                          (float)beta};
+                          (float)beta, (int)window, (int)deterministic};
     char err[512];
     if (strategy_create(&e->strategy, &cfg, &sgd, comm_for(e->strategy_comm, rank, size), e->model.num_params,
                         e->model.params, err, sizeof err) < 0) {
@@ -523,7 +539,9 @@ static PyObject *engine_set_strategy(EngineObject *e, PyObject *const *args, Py_
 }
 
 // train_steps(images, labels, perm, step_begin, step_end, batch, group, lr, momentum, dampening,
-//             weight_decay, nesterov) -> (loss_sum, correct, steps, t_comp, t_sync, bytes_sent, messages)
+//             weight_decay, nesterov) -> (loss_sum, correct, steps, t_comp, t_sync, bytes_sent, messages,
+//             pushes, staleness_sum, staleness_max, exchanges); the last four: the asynchronous
+//             strategies' (a server's pushes served and their staleness, a worker's exchanges).
 // group: the group set_strategy() was given (its strategy runs), another pydist group handle (the
 // gradients are all-reduced on it, as without a strategy) or -1 to train alone (no communication).
 static PyObject *engine_train_steps(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
@@ -560,7 +578,7 @@ static PyObject *engine_train_steps(EngineObject *e, PyObject *const *args, Py_s
         if (comm == NULL) {
             return NULL;
         }
-        StrategyConfig cfg = {STRATEGY_ALLREDUCE, 0, 0, 0, MOMENTUM_LOCAL, 0.0f};
+        StrategyConfig cfg = {STRATEGY_ALLREDUCE, 0, 0, 0, MOMENTUM_LOCAL, 0.0f, 0, 0};
         char err[256];
         if (strategy_create(&once, &cfg, &sgd, comm_for(*comm, pd_group_rank(group), pd_group_size(group)),
                             e->model.num_params, e->model.params, err, sizeof err) < 0) {
@@ -573,11 +591,13 @@ static PyObject *engine_train_steps(EngineObject *e, PyObject *const *args, Py_s
         return NULL;
     }
     const int alone = !own && !temporary;
-    TrainConfig c = {0, 1, (int)batch, sgd, {NULL, NULL, NULL, NULL}, e->global_step, e->slow_ms};
+    TrainConfig c = {0, 1, (int)batch, sgd, {NULL, NULL, NULL, NULL, NULL, NULL}, e->global_step, e->slow_ms};
     if (!alone) {
         st->sgd = sgd;
         c.rank = strategy_worker_rank(st), c.world = st->workers;
-        c.hooks = (StepHooks){hook_step, strategy_is_server(st) ? hook_serve : NULL, hook_seconds, st};
+        const int server = strategy_is_server(st), async = strategy_is_async(st->cfg.kind);
+        c.hooks = (StepHooks){hook_step, server && !async ? hook_serve : NULL, hook_seconds,
+                              server && async ? hook_serve_call : NULL, !server && async ? hook_end_call : NULL, st};
     }
     // Step s reads perm[(s * world + rank) * batch ...] up to end * world * batch, compared by division
     // so that it cannot overflow; the indices then fit an int (perm has at most ds.n < 2^31 entries).
@@ -603,6 +623,8 @@ static PyObject *engine_train_steps(EngineObject *e, PyObject *const *args, Py_s
     StepStats stats = {0};
     SyncContext sync = {e, group, NULL};
     CommCount before = st->comm.count;
+    AsyncStats async_before = st->stats;
+    st->stats.staleness_max = 0;   // the call's own maximum
     st->comm.ctx = &sync;
     sync.released = PyEval_SaveThread();
     int rc = train_steps(&e->model, &c, e->momentum, &e->momentum_started, &ds, (const int *)p, (int)begin,
@@ -614,8 +636,10 @@ static PyObject *engine_train_steps(EngineObject *e, PyObject *const *args, Py_s
         goto done;
     }
     e->global_step += end - begin;
-    ret = Py_BuildValue("(dliddLL)", stats.loss_sum, stats.correct, stats.steps, stats.t_comp, stats.t_sync,
-                        st->comm.count.bytes_sent - before.bytes_sent, st->comm.count.messages - before.messages);
+    ret = Py_BuildValue("(dliddLLLLLL)", stats.loss_sum, stats.correct, stats.steps, stats.t_comp, stats.t_sync,
+                        st->comm.count.bytes_sent - before.bytes_sent, st->comm.count.messages - before.messages,
+                        st->stats.pushes - async_before.pushes, st->stats.staleness_sum - async_before.staleness_sum,
+                        st->stats.staleness_max, st->stats.exchanges - async_before.exchanges);
 done:
     if (temporary) {
         strategy_free(&once);

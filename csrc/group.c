@@ -411,6 +411,11 @@ int pd_op_wait(MPI_Request *req, MPI_Status *status, const PdOp *op, double time
     return -1;
 }
 
+int pd_op_wait_any(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, const PdOp *op) {
+    PdWaitSpec spec = {op->what, default_timeout, departed_check, (void *)op};
+    return pd_wait_any(n, reqs, first, index, status, &spec);
+}
+
 // A blocking receive that was given up must not stay posted: it would take the next message its peer
 // sends, meant for a later receive. Cancel it; if the message had already arrived, the receive has
 // completed after all (1: keep the result). Returns 0 when cancelled, 1 when completed, -1 when MPI

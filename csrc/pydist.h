@@ -136,6 +136,10 @@ typedef struct {
 // otherwise raises (KeyboardInterrupt or another signal's exception, DistTimeoutError, the check's
 // error, DistBackendError) and returns -1 with the request still pending.
 int pd_wait(MPI_Request *req, MPI_Status *status, const PdWaitSpec *spec);
+// The same for whichever of reqs[0..n) completes first, testing from reqs[first] round the array (so a
+// caller that moves `first` past the last one served is fair to all); null requests are skipped.
+// *index: the one that completed (-1 when every request is null: returns 0 at once).
+int pd_wait_any(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, const PdWaitSpec *spec);
 
 // Called with the GIL held once per wait slice (about 2 ms) of every pd_wait, to move along what no
 // thread is waiting for (work.c's rings in flight). NULL: nothing.
@@ -201,6 +205,9 @@ int pd_op_wait(MPI_Request *req, MPI_Status *status, const PdOp *op, double time
 // A blocking call's wait, with the session's timeout: if it fails, the request is parked with `keep`
 // (the objects owning its memory; a new reference is taken). GIL held.
 int pd_op_wait_or_park(MPI_Request *req, MPI_Status *status, const PdOp *op, PyObject *keep, int cancellable);
+// pd_wait_any with the session's timeout and the departed-rank check; nothing is parked (the caller
+// owns the requests and parks what it gives up).
+int pd_op_wait_any(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, const PdOp *op);
 
 // The communicator of pydist's own algorithms on a group pd_group_comm accepted (a private dup, made
 // on the first call and waited for here), and the tag of this call's messages (the group's sequence

@@ -39,13 +39,30 @@ void (*pd_wait_hook)(void) = NULL;
 // ---------------------------------------------------------------------------------------------------
 // The wait
 
+// Test reqs[first], reqs[first + 1], ... (wrapping) once each; the first complete one sets *index. Null
+// requests are skipped (a wait on one request never passes a null one).
+static int test_round(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, int *done) {
+    for (int k = 0; k < n; k++) {
+        int i = first + k < n ? first + k : first + k - n;
+        if (reqs[i] == MPI_REQUEST_NULL) {
+            continue;
+        }
+        int rc = MPI_Test(&reqs[i], done, status);
+        if (rc != MPI_SUCCESS || *done) {
+            *index = i;
+            return rc;
+        }
+    }
+    return MPI_SUCCESS;
+}
+
 // One slice of tests, with the GIL released (or, serialized, released only around each yield).
-static int test_for_a_slice(MPI_Request *req, MPI_Status *status, int *done) {
+static int test_for_a_slice(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, int *done) {
     int rc = MPI_SUCCESS;
     double slice_end = MPI_Wtime() + SLICE_SECONDS;
     if (pd_wait_serialized) {
         for (long tests = 1; !*done; tests++) {
-            rc = MPI_Test(req, done, status);
+            rc = test_round(n, reqs, first, index, status, done);
             if (rc != MPI_SUCCESS || *done || ((tests & 31) == 0 && MPI_Wtime() > slice_end)) {
                 break;
             }
@@ -59,7 +76,7 @@ static int test_for_a_slice(MPI_Request *req, MPI_Status *status, int *done) {
     }
     Py_BEGIN_ALLOW_THREADS
     for (long tests = 1; !*done; tests++) {
-        rc = MPI_Test(req, done, status);
+        rc = test_round(n, reqs, first, index, status, done);
         if (rc != MPI_SUCCESS) {
             break;
         }
@@ -75,26 +92,42 @@ static int test_for_a_slice(MPI_Request *req, MPI_Status *status, int *done) {
 }
 
 int pd_wait(MPI_Request *req, MPI_Status *status, const PdWaitSpec *spec) {
+    int index;
+    return pd_wait_any(1, req, 0, &index, status, spec);
+}
+
+int pd_wait_any(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, const PdWaitSpec *spec) {
     int done = 0, rc;
+    *index = -1;
     if (pd_wait_hook != NULL) {
         pd_wait_hook();   // once per wait, however short, and then once per slice
     }
-    rc = MPI_Test(req, &done, status);
+    int live = 0;
+    for (int i = 0; i < n; i++) live += reqs[i] != MPI_REQUEST_NULL;
+    if (n == 1 && live == 0) {
+        live = 1;         // a single null request completes at once, as MPI_Wait says
+    }
+    if (live == 0) {
+        return 0;         // nothing to wait for: *index stays -1, as MPI_Waitany's MPI_UNDEFINED
+    }
+    rc = n == 1 ? MPI_Test(reqs, &done, status) : test_round(n, reqs, first, index, status, &done);
     if (rc != MPI_SUCCESS) {
         return pd_raise_mpi_int(rc, spec->what);
     }
     if (done) {
+        *index = n == 1 ? 0 : *index;
         return 0;
     }
-    if (pd_wait_mode == PD_WAIT_MPI && spec->timeout < 0 && !pd_wait_serialized) {
+    if (n == 1 && pd_wait_mode == PD_WAIT_MPI && spec->timeout < 0 && !pd_wait_serialized) {
         Py_BEGIN_ALLOW_THREADS
-        rc = MPI_Wait(req, status);
+        rc = MPI_Wait(reqs, status);
         Py_END_ALLOW_THREADS
+        *index = 0;
         return rc == MPI_SUCCESS ? 0 : pd_raise_mpi_int(rc, spec->what);
     }
     double start = MPI_Wtime();
     for (;;) {
-        rc = test_for_a_slice(req, status, &done);
+        rc = test_for_a_slice(n, reqs, first, index, status, &done);
         if (rc != MPI_SUCCESS) {
             return pd_raise_mpi_int(rc, spec->what);
         }

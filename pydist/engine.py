@@ -186,10 +186,17 @@ STRATEGIES = {
     "ps": {"servers": 1},   # the last `servers` ranks each own a shard of the weights and momentum
     "average": {"period": 4, "warmup": 0, "momentum_placement": "local"},   # local SGD, averaged every period
     "easgd": {"period": 4, "beta": 0.9},   # elastic averaging toward a center every period
+    # Asynchronous (csrc/strategies/async.c): the last `servers` ranks hold the center, a shard each;
+    # workers exchange with them every `window` steps and never wait for one another.
+    "downpour": {"servers": 1, "window": 5, "deterministic": False},   # push the window's update, pull
+    "adag": {"servers": 1, "window": 5, "deterministic": False},       # the same, the update / window
+    "aeasgd": {"servers": 1, "window": 5, "beta": 0.9, "deterministic": False},   # asynchronous elastic
+    "dynsgd": {"servers": 1, "window": 5, "deterministic": False},     # each push / (staleness + 1)
 }
+ASYNC = ("downpour", "adag", "aeasgd", "dynsgd")
 _PLACEMENTS = ("local", "average", "reset")   # csrc/strategies/strategy.h MomentumPlacement
 # The weights each strategy evaluates and checkpoints (Trainer.weights()).
-EVALUATES = {"average": "the workers' average", "easgd": "the center"}
+EVALUATES = {"average": "the workers' average", "easgd": "the center", **{k: "the center" for k in ASYNC}}
 
 
 def _strategy_options(strategy, given):
@@ -206,7 +213,7 @@ def _strategy_options(strategy, given):
             raise ValueError(f"Trainer: strategy {strategy!r} does not take `{name}` (only {', '.join(takers)} "
                              f"do{'es' if len(takers) == 1 else ''})")
         options[name] = value
-    for name in ("servers", "period", "warmup"):
+    for name in ("servers", "period", "warmup", "window"):
         if name in options:
             v, least = options[name], 0 if name == "warmup" else 1
             if not isinstance(v, numbers.Integral) or isinstance(v, bool) or not least <= v < 2**31:
@@ -220,6 +227,10 @@ def _strategy_options(strategy, given):
         if not isinstance(b, numbers.Real) or isinstance(b, bool) or not 0 <= b <= 1:
             raise ValueError(f"Trainer: `beta` must be a number in [0, 1]; got {b!r}")
         options["beta"] = float(b)
+    if "deterministic" in options:
+        if not isinstance(options["deterministic"], (bool, np.bool_)):
+            raise ValueError(f"Trainer: `deterministic` must be a bool; got {options['deterministic']!r}")
+        options["deterministic"] = bool(options["deterministic"])
     return options
 
 
@@ -265,13 +276,16 @@ class Trainer:
 
     `strategy` says how the ranks cooperate (see STRATEGIES and the README's "Strategies"):
     "allreduce" (default), "ring", "central", "ps" (`servers`), "average" (`period`, `warmup`,
-    `momentum_placement`), "easgd" (`period`, `beta`). An option the strategy does not take is a
-    ValueError. `slow_rank`/`slow_ms` make one rank sleep `slow_ms` ms per step (a straggler).
+    `momentum_placement`), "easgd" (`period`, `beta`); asynchronous, with `servers`, `window` and
+    `deterministic` (serve the workers in a fixed round-robin: bitwise repeatable): "downpour", "adag",
+    "aeasgd" (also `beta`; with momentum its workers use Nesterov's, EAMSGD), "dynsgd". An option the
+    strategy does not take is a ValueError. `slow_rank`/`slow_ms` make one rank sleep `slow_ms` ms per step (a straggler).
     """
 
     def __init__(self, model, lr=0.02, momentum=0.9, weight_decay=0.0, dampening=0.0, nesterov=False,
                  batch_size=64, seed=0, group=None, blas_threads=None, strategy="allreduce", servers=None,
-                 period=None, warmup=None, momentum_placement=None, beta=None, slow_rank=None, slow_ms=None):
+                 period=None, warmup=None, momentum_placement=None, beta=None, window=None, deterministic=None,
+                 slow_rank=None, slow_ms=None):
         if not isinstance(model, Model):
             raise TypeError(f"Trainer: `model` must be a pydist.engine.Model, got {type(model).__name__}")
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
@@ -288,7 +302,8 @@ class Trainer:
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Trainer: nesterov needs momentum > 0 and dampening 0 (as torch.optim.SGD)")
         options = _strategy_options(strategy, dict(servers=servers, period=period, warmup=warmup,
-                                                   momentum_placement=momentum_placement, beta=beta))
+                                                   momentum_placement=momentum_placement, beta=beta,
+                                                   window=window, deterministic=deterministic))
         if (slow_rank is None) != (slow_ms is None):
             raise ValueError("Trainer: `slow_rank` and `slow_ms` go together (one rank sleeps slow_ms per step)")
         self.model, self.batch_size, self.seed = model, batch_size, int(seed)
@@ -314,7 +329,8 @@ class Trainer:
         self.engine.set_strategy(self._handle, strategy, options.get("servers", 0), options.get("period", 0),
                                  options.get("warmup", 0),
                                  _PLACEMENTS.index(options.get("momentum_placement", "local")),
-                                 options.get("beta", 0.0), int(slow_ms) if slow_rank == self.rank else 0, *self.sgd)
+                                 options.get("beta", 0.0), int(slow_ms) if slow_rank == self.rank else 0,
+                                 options.get("window", 0), int(options.get("deterministic", False)), *self.sgd)
         self.workers, self.is_server = self.engine.workers, self.engine.is_server
         self.epoch, self.step, self.history = 0, 0, []
 
@@ -334,7 +350,7 @@ class Trainer:
 
     def weights(self):
         """The weights that count, as a new array on every rank: the replica, the workers' average
-        ("average") or the center ("easgd"). Collective."""
+        ("average") or the center ("easgd" and the asynchronous strategies). Collective."""
         return self.engine.strategy_weights()
 
     def _sum(self, values):
@@ -409,7 +425,9 @@ class Trainer:
             perm = _C.epoch_permutation(len(labels), self.seed, self.epoch)
             first = self.step - self.epoch * steps  # > 0 after resuming mid-epoch
             bar = _Progress(steps, f"epoch {self.epoch + 1}/{epochs}", progress and self.rank == 0, first)
-            totals = np.zeros(7)  # loss_sum, correct, steps, t_comp, t_sync, bytes_sent, messages
+            # loss_sum, correct, steps, t_comp, t_sync, bytes_sent, messages, pushes, staleness_sum,
+            # staleness_max, exchanges (Engine.train_steps)
+            totals = np.zeros(11)
             started = time.perf_counter()
             at = first
             while at < steps:
@@ -418,6 +436,7 @@ class Trainer:
                 out = self.engine.train_steps(images, labels, perm, at, end, self.batch_size, self._handle,
                                               *self.sgd)
                 totals += out
+                totals[9] = max(totals[9] - out[9], out[9])   # a maximum, not a sum
                 self.step += end - at
                 bar.update(end - at, out[0] / max(out[2], 1))
                 at = end
@@ -426,8 +445,8 @@ class Trainer:
             self.epoch += 1
             if self.is_server:
                 totals[3:5] = 0   # Tcomp/Tsync are the workers' step times
-            loss_sum, correct, nsteps, t_comp, t_sync, sent, messages = self._sum(totals)
-            most = totals[5:6].copy()
+            loss_sum, correct, nsteps, t_comp, t_sync, sent, messages, pushes, stale_sum, _, _ = self._sum(totals)
+            most = totals[[5, 9]].copy()   # the busiest rank's bytes, the stalest push
             if self.world > 1:
                 dist.all_reduce(most, op=dist.ReduceOp.MAX, group=self.group)
             ran = max(steps - first, 1)
@@ -443,6 +462,13 @@ class Trainer:
                 "messages_per_step": messages / self.world / ran,
                 "epoch_s": seconds,
             }
+            if self.strategy in ASYNC:
+                servers = self.world - self.workers
+                record.update(
+                    staleness_mean=stale_sum / max(pushes, 1), staleness_max=int(most[1]),
+                    pushes_per_worker=pushes / servers / self.workers,
+                    # the workers' time spent exchanging with the servers (or waiting for them)
+                    wait_share=t_sync / max(t_comp + t_sync, 1e-12))
             if test is not None:
                 ev = self.evaluate(*test)
                 record.update(test_loss=ev["loss"], test_accuracy=ev["accuracy"])
@@ -514,4 +540,7 @@ def _epoch_line(r):
     test = f", test loss {r['test_loss']:.4f}, test accuracy {r['test_accuracy']:.4f}" if "test_loss" in r else ""
     return (f"epoch {r['epoch']}: train loss {r['train_loss']:.4f}{test}, {r['samples_per_s']:.0f} samples/s, "
             f"Tcomp {r['t_comp_ms']:.2f} ms, Tsync {r['t_sync_ms']:.2f} ms, "
-            f"{r['bytes_per_step'] / 1024:.0f} KiB in {r['messages_per_step']:.1f} messages per step per rank")
+            f"{r['bytes_per_step'] / 1024:.0f} KiB in {r['messages_per_step']:.1f} messages per step per rank" + (
+                f", staleness mean {r['staleness_mean']:.2f} max {r['staleness_max']}, "
+                f"{r['pushes_per_worker']:.0f} pushes per worker, {100 * r['wait_share']:.0f}% waiting"
+                if "staleness_mean" in r else ""))

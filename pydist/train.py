@@ -6,7 +6,8 @@
     mpiexec -n 4 python -m pydist.train --strategy ps --servers 1           # another way to cooperate
 
 --strategy: allreduce (default), ring, central, ps [--servers S], average [--period K --warmup W
---momentum-placement local|average|reset], easgd [--period K --beta B]; an option the strategy does not
+--momentum-placement local|average|reset], easgd [--period K --beta B]; asynchronous, with [--servers S
+--window W --deterministic]: downpour, adag, aeasgd [--beta B], dynsgd. An option the strategy does not
 take is an error. --slow-rank r --slow-ms t makes rank r sleep t ms per step (a straggler).
 
 --batch-size is per rank (the global batch is R times it). Rank 0 prints a progress bar and one line
@@ -44,16 +45,22 @@ def parse_args(argv=None):
     ap.add_argument("--no-progress", action="store_true", help="no progress bar and epoch lines")
     st = ap.add_argument_group("strategy (how the ranks cooperate; README \"Strategies\")")
     st.add_argument("--strategy", choices=tuple(STRATEGIES), default="allreduce")
-    st.add_argument("--servers", type=int, default=None, help="ps: dedicated server ranks (default 1)")
+    st.add_argument("--servers", type=int, default=None,
+                    help="ps and the asynchronous strategies: dedicated server ranks (default 1)")
     st.add_argument("--period", type=int, default=None, help="average, easgd: steps between exchanges (default 4)")
     st.add_argument("--warmup", type=int, default=None, help="average: synchronous steps first (default 0)")
     st.add_argument("--momentum-placement", choices=("local", "average", "reset"), default=None,
                     help="average: momentum at an averaging step (default local)")
-    st.add_argument("--beta", type=float, default=None, help="easgd: moving rate, alpha = beta / workers (default 0.9)")
+    st.add_argument("--beta", type=float, default=None,
+                    help="easgd, aeasgd: moving rate, alpha = beta / workers (default 0.9)")
+    st.add_argument("--window", type=int, default=None,
+                    help="downpour, adag, aeasgd, dynsgd: a worker's steps between exchanges (default 5)")
+    st.add_argument("--deterministic", action="store_true", default=None,
+                    help="asynchronous: servers serve workers in a fixed round-robin (a bitwise repeatable run)")
     st.add_argument("--slow-rank", type=int, default=None, help="this rank sleeps --slow-ms per step (a straggler)")
     st.add_argument("--slow-ms", type=int, default=None)
     args = ap.parse_args(argv)
-    for name in ("servers", "period", "warmup", "momentum_placement", "beta"):
+    for name in ("servers", "period", "warmup", "momentum_placement", "beta", "window", "deterministic"):
         if getattr(args, name) is not None and name not in STRATEGIES[args.strategy]:
             ap.error(f"--{name.replace('_', '-')} does not apply to --strategy {args.strategy}")
     if (args.slow_rank is None) != (args.slow_ms is None):
@@ -123,7 +130,8 @@ def main(argv=None):
                       nesterov=args.nesterov, batch_size=args.batch_size, seed=args.seed,
                       blas_threads=args.blas_threads, strategy=args.strategy, servers=args.servers,
                       period=args.period, warmup=args.warmup, momentum_placement=args.momentum_placement,
-                      beta=args.beta, slow_rank=args.slow_rank, slow_ms=args.slow_ms)
+                      beta=args.beta, window=args.window, deterministic=args.deterministic,
+                      slow_rank=args.slow_rank, slow_ms=args.slow_ms)
     if args.resume and os.path.exists(args.checkpoint):
         trainer.load(args.checkpoint)
         if rank == 0:

@@ -21,6 +21,12 @@ static void sleep_ms(int ms) {
 int train_steps(Model *m, const TrainConfig *c, float *momentum, int *momentum_started, const Dataset *ds,
                 const int *perm, int step_begin, int step_end, float *x, int32_t *y, StepStats *stats) {
     const StepHooks *h = &c->hooks;
+    if (h->serve_call != NULL) {
+        double t0 = now();
+        int rc = h->serve_call(h->ctx, m->params);
+        stats->t_sync += now() - t0;   // a server only communicates
+        return rc;
+    }
     for (int step = step_begin; step < step_end; step++) {
         const long number = c->number + (step - step_begin);
         double t0 = now(), s0 = h->sync_seconds ? h->sync_seconds(h->ctx) : 0.0;
@@ -48,6 +54,12 @@ int train_steps(Model *m, const TrainConfig *c, float *momentum, int *momentum_s
         double sync = (h->sync_seconds ? h->sync_seconds(h->ctx) : 0.0) - s0;
         stats->t_sync += sync;
         stats->t_comp += now() - t0 - sync;
+    }
+    if (h->end_call != NULL) {
+        double t0 = now();
+        int rc = h->end_call(h->ctx);
+        stats->t_sync += now() - t0;
+        return rc;
     }
     return 0;
 }

@@ -30,6 +30,10 @@ typedef struct {
     // On a rank that computes no gradients (a parameter server): serve the step instead.
     int (*serve)(void *ctx, float *params, float *momentum, int *started, long step);
     double (*sync_seconds)(void *ctx);  // the strategy's communication time so far
+    // Asynchronous servers serve a whole call at once instead of step by step (serve is then NULL),
+    // and workers end each call with end_call. NULL: not used.
+    int (*serve_call)(void *ctx, float *params);
+    int (*end_call)(void *ctx);
     void *ctx;
 } StepHooks;
 

@@ -18,8 +18,19 @@ int ps_state(Strategy *s, float *momentum_out, int *started_out);
 int average_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step);
 int average_weights(Strategy *s, const float *params, float *out);
 int easgd_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step);
+// async.c
+int async_create(Strategy *s);
+void async_free(Strategy *s);
+int async_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step);
+int async_end_call(Strategy *s);
+int async_serve_call(Strategy *s, float *params);
+int async_state(Strategy *s, float *momentum_out, int *started_out);
+void async_restore(Strategy *s, const float *params);
 
-static const char *const NAMES[STRATEGY_KINDS] = {"allreduce", "ring", "central", "ps", "average", "easgd"};
+static const char *const NAMES[STRATEGY_KINDS] = {"allreduce", "ring", "central", "ps", "average", "easgd",
+                                                   "downpour", "adag", "aeasgd", "dynsgd"};
+
+enum { TAG_CENTER = 4 };   // sync.c uses 1-3, async.c 5-7
 
 int strategy_kind_of(const char *name) {
     for (int k = 0; k < STRATEGY_KINDS; k++) {
@@ -40,19 +51,29 @@ static double now(void) {
 
 int strategy_create(Strategy *s, const StrategyConfig *cfg, const SgdConfig *sgd, Comm comm, long n,
                     const float *params, char *err, size_t errlen) {
-    *s = (Strategy){*cfg, *sgd, comm, n, comm.size, 0, 0, NULL, NULL, 0};
+    *s = (Strategy){.cfg = *cfg, .sgd = *sgd, .comm = comm, .n = n, .workers = comm.size};
     const int R = comm.size;
-    if (cfg->kind == STRATEGY_PS) {
+    if (strategy_has_servers(cfg->kind)) {
         if (cfg->servers < 1 || cfg->servers >= R) {
-            snprintf(err, errlen, "strategy 'ps' with %d server(s) needs more ranks than servers (at least one "
-                     "worker); the group has %d", cfg->servers, R);
+            snprintf(err, errlen, "strategy '%s' with %d server(s) needs more ranks than servers (at least one "
+                     "worker); the group has %d", NAMES[cfg->kind], cfg->servers, R);
             return -1;
         }
         if (cfg->servers > n) {
-            snprintf(err, errlen, "strategy 'ps': %d servers but only %ld parameters to shard", cfg->servers, n);
+            snprintf(err, errlen, "strategy '%s': %d servers but only %ld parameters to shard", NAMES[cfg->kind],
+                     cfg->servers, n);
             return -1;
         }
         s->workers = R - cfg->servers;
+        if (strategy_is_server(s)) {
+            int j = comm.rank - s->workers;
+            s->shard_lo = shard_lo(n, cfg->servers, j);
+            s->shard_hi = shard_lo(n, cfg->servers, j + 1);
+        }
+    }
+    if (strategy_is_async(cfg->kind) && cfg->window < 1) {
+        snprintf(err, errlen, "strategy '%s': the window must be >= 1; got %d", NAMES[cfg->kind], cfg->window);
+        return -1;
     }
     if ((cfg->kind == STRATEGY_AVERAGE || cfg->kind == STRATEGY_EASGD) && cfg->period < 1) {
         snprintf(err, errlen, "strategy '%s': the period must be >= 1; got %d", NAMES[cfg->kind], cfg->period);
@@ -63,12 +84,7 @@ int strategy_create(Strategy *s, const StrategyConfig *cfg, const SgdConfig *sgd
         case STRATEGY_RING: scratch = (long)ring_scratch_elements(n, R); break;
         case STRATEGY_CENTRAL: scratch = comm.rank == 0 ? (long)(R - 1) * n : 0; break;
         case STRATEGY_PS:
-            if (strategy_is_server(s)) {
-                int j = comm.rank - s->workers, S = cfg->servers;
-                s->shard_lo = j * (n / S) + (j < n % S ? j : n % S);
-                s->shard_hi = s->shard_lo + n / S + (j < n % S ? 1 : 0);
-                scratch = (long)s->workers * (s->shard_hi - s->shard_lo);
-            }
+            scratch = strategy_is_server(s) ? (long)s->workers * (s->shard_hi - s->shard_lo) : 0;
             break;
         case STRATEGY_AVERAGE: scratch = n; break;
         case STRATEGY_EASGD: scratch = n; break;
@@ -79,14 +95,13 @@ int strategy_create(Strategy *s, const StrategyConfig *cfg, const SgdConfig *sgd
     if (cfg->kind == STRATEGY_EASGD) {
         s->center = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
     }
-    if (s->scratch == NULL || (cfg->kind == STRATEGY_EASGD && s->center == NULL)) {
+    if (s->scratch == NULL || (cfg->kind == STRATEGY_EASGD && s->center == NULL) ||
+        (strategy_is_async(cfg->kind) && async_create(s) < 0)) {
         strategy_free(s);
         snprintf(err, errlen, "out of memory for strategy '%s' on %ld parameters", NAMES[cfg->kind], n);
         return -1;
     }
-    if (s->center != NULL) {
-        memcpy(s->center, params, sizeof(float) * (size_t)n);
-    }
+    strategy_restore(s, params);
     return 0;
 }
 
@@ -94,10 +109,19 @@ void strategy_free(Strategy *s) {
     free(s->scratch);
     free(s->center);
     s->scratch = s->center = NULL;
+    async_free(s);
+}
+
+int strategy_is_async(StrategyKind kind) {
+    return kind == STRATEGY_DOWNPOUR || kind == STRATEGY_ADAG || kind == STRATEGY_AEASGD || kind == STRATEGY_DYNSGD;
+}
+
+int strategy_has_servers(StrategyKind kind) {
+    return kind == STRATEGY_PS || strategy_is_async(kind);
 }
 
 int strategy_is_server(const Strategy *s) {
-    return s->cfg.kind == STRATEGY_PS && s->comm.rank >= s->workers;
+    return strategy_has_servers(s->cfg.kind) && s->comm.rank >= s->workers;
 }
 
 int strategy_worker_rank(const Strategy *s) {
@@ -108,8 +132,18 @@ int strategy_step(Strategy *s, float *params, float *grads, float *momentum, int
     switch (s->cfg.kind) {
         case STRATEGY_AVERAGE: return average_step(s, params, grads, momentum, started, step);
         case STRATEGY_EASGD: return easgd_step(s, params, grads, momentum, started, step);
-        default: return sync_step(s, params, grads, momentum, started, step);
+        default:
+            if (strategy_is_async(s->cfg.kind)) return async_step(s, params, grads, momentum, started, step);
+            return sync_step(s, params, grads, momentum, started, step);
     }
+}
+
+int strategy_end_call(Strategy *s) {
+    return strategy_is_async(s->cfg.kind) && !strategy_is_server(s) ? async_end_call(s) : 0;
+}
+
+int strategy_serve_call(Strategy *s, float *params) {
+    return async_serve_call(s, params);
 }
 
 int strategy_serve(Strategy *s, float *params, float *momentum, int *started, long step) {
@@ -121,6 +155,11 @@ int strategy_weights(Strategy *s, const float *params, float *out) {
         case STRATEGY_PS: return ps_weights(s, params, out);
         case STRATEGY_AVERAGE: return average_weights(s, params, out);
         case STRATEGY_EASGD: memcpy(out, s->center, sizeof(float) * (size_t)s->n); return 0;
+        case STRATEGY_DOWNPOUR:
+        case STRATEGY_ADAG:
+        case STRATEGY_AEASGD:
+        case STRATEGY_DYNSGD:  // the center, a shard on each server
+            return comm_gather_shards(&s->comm, params, out, s->n, s->cfg.servers, TAG_CENTER);
         default: memcpy(out, params, sizeof(float) * (size_t)s->n); return 0;  // every rank holds the same
     }
 }
@@ -143,13 +182,17 @@ int strategy_state(Strategy *s, const float *params, const float *momentum, int 
             if ((rc = comm_allreduce_sum(&s->comm, momentum_out, s->n)) < 0) return rc;
             for (long i = 0; i < s->n; i++) momentum_out[i] /= (float)s->comm.size;
             return comm_allreduce_max_int(&s->comm, started_out);
-        default: return 0;
+        default:
+            return strategy_is_async(s->cfg.kind) ? async_state(s, momentum_out, started_out) : 0;
     }
 }
 
 void strategy_restore(Strategy *s, const float *params) {
     if (s->center != NULL) {
         memcpy(s->center, params, sizeof(float) * (size_t)s->n);
+    }
+    if (strategy_is_async(s->cfg.kind)) {
+        async_restore(s, params);
     }
 }
 
@@ -183,6 +226,50 @@ int comm_waitall(Comm *c, int n, MPI_Request *reqs) {
         }
     }
     return 0;
+}
+
+int comm_waitany(Comm *c, int n, MPI_Request *reqs, int first, int *index, MPI_Status *status) {
+    double t0 = now();
+    c->lock(c->ctx);
+    int rc = c->waitany(n, reqs, first, index, status, c->ctx);
+    c->unlock(c->ctx);
+    c->seconds += now() - t0;
+    return rc;
+}
+
+void comm_park_all(Comm *c, int n, MPI_Request *reqs) {
+    c->lock(c->ctx);
+    for (int i = 0; i < n; i++) {
+        if (reqs[i] != MPI_REQUEST_NULL) c->park(&reqs[i], c->ctx);
+    }
+    c->unlock(c->ctx);
+}
+
+long shard_lo(long n, int servers, int j) {
+    return j * (n / servers) + (j < n % servers ? j : n % servers);
+}
+
+// Rank 0 (a worker) receives each server's shard of src, then broadcasts the whole.
+int comm_gather_shards(Comm *c, const float *src, float *out, long n, int servers, int tag) {
+    const int W = c->size - servers;
+    int rc = 0;
+    if (c->rank == 0 || c->rank >= W) {
+        MPI_Request *reqs = malloc(sizeof(MPI_Request) * (size_t)servers);
+        if (reqs == NULL) {
+            return comm_fail(c, MPI_ERR_NO_MEM, "malloc (gathering shards)");
+        }
+        int posts = c->rank == 0 ? servers : 1;
+        for (int j = 0; j < posts; j++) reqs[j] = MPI_REQUEST_NULL;
+        for (int j = 0; j < posts && rc == 0; j++) {
+            int server = c->rank == 0 ? j : c->rank - W;
+            long lo = shard_lo(n, servers, server), len = shard_lo(n, servers, server + 1) - lo;
+            rc = c->rank == 0 ? comm_irecv(c, out + lo, len, W + server, tag, &reqs[j])
+                              : comm_isend(c, src + lo, len, 0, tag, &reqs[j]);
+        }
+        rc = rc < 0 ? (comm_park_all(c, posts, reqs), rc) : comm_waitall(c, posts, reqs);
+        free(reqs);
+    }
+    return rc == 0 ? comm_bcast(c, out, n, 0) : rc;
 }
 
 int comm_isend(Comm *c, const float *buf, long n, int dst, int tag, MPI_Request *req) {

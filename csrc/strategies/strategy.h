@@ -9,8 +9,8 @@
  * MPI yes, Python.h no: every wait goes through the function the caller passes in (pydist's wait loop),
  * and every MPI call is made between lock() and unlock() (the caller's GIL, which serialises MPI).
  *
- * sync.c: allreduce, ring, central, ps. averaging.c: average, easgd. strategy.c: the table, and the
- * counted communication every strategy uses.
+ * sync.c: allreduce, ring, central, ps. averaging.c: average, easgd. async.c: downpour, adag, aeasgd,
+ * dynsgd (a server loop). strategy.c: the table, and the counted communication every strategy uses.
  */
 #ifndef PYDIST_STRATEGIES_STRATEGY_H
 #define PYDIST_STRATEGIES_STRATEGY_H
@@ -24,6 +24,7 @@
 
 typedef enum {
     STRATEGY_ALLREDUCE, STRATEGY_RING, STRATEGY_CENTRAL, STRATEGY_PS, STRATEGY_AVERAGE, STRATEGY_EASGD,
+    STRATEGY_DOWNPOUR, STRATEGY_ADAG, STRATEGY_AEASGD, STRATEGY_DYNSGD,
     STRATEGY_KINDS
 } StrategyKind;
 
@@ -31,11 +32,13 @@ typedef enum { MOMENTUM_LOCAL, MOMENTUM_AVERAGE, MOMENTUM_RESET } MomentumPlacem
 
 typedef struct {
     StrategyKind kind;
-    int servers;                   // ps: dedicated ranks, the last `servers` of the group
+    int servers;                   // ps and the asynchronous ones: dedicated ranks, the last `servers`
     int period;                    // average, easgd: steps between exchanges
     int warmup;                    // average: steps of synchronous SGD first
     MomentumPlacement placement;   // average: what happens to momentum at an averaging step
-    float beta;                    // easgd: moving rate; alpha = beta / workers
+    float beta;                    // easgd, aeasgd: moving rate; alpha = beta / workers
+    int window;                    // asynchronous: a worker's steps between exchanges
+    int deterministic;             // asynchronous: servers serve in a fixed round-robin (repeatable)
 } StrategyConfig;
 
 // The communicator and how to wait on it, with what was sent counted where it is sent.
@@ -52,7 +55,18 @@ typedef struct {
     double seconds;           // wall time inside communication (Tsync)
     int mpi_rc;               // the last MPI call that failed, for the caller to raise
     const char *mpi_call;
+    // Wait for whichever of reqs[0..n) completes first, testing from reqs[first] round the array; the
+    // same contract as wait (nothing parked on failure). *index: which one (-1: all were null).
+    int (*waitany)(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, void *ctx);
 } Comm;
+
+// What the asynchronous servers saw (summed over this rank's calls; a worker's stay 0 but exchanges).
+typedef struct {
+    long long pushes;          // server: exchanges served
+    long long staleness_sum;   // server: its updates between each push's pull and the push, summed
+    long long staleness_max;
+    long long exchanges;       // worker: exchanges made (one per server each)
+} AsyncStats;
 
 typedef struct {
     StrategyConfig cfg;
@@ -64,6 +78,12 @@ typedef struct {
     float *center;            // easgd: the center variable, the same on every rank
     float *scratch;           // per strategy: a ring segment, received gradients, a sum
     long scratch_len;
+    // asynchronous: a worker's weights at its last pull (base); a server's replies in flight, one per
+    // worker, its requests (W receives, then W reply sends) and its update count at each worker's pull
+    float *base, *replies;
+    MPI_Request *reqs;
+    long long *pulled_at, updates;
+    AsyncStats stats;
 } Strategy;
 
 // Names as the command line spells them ("allreduce", ...); -1 for an unknown name.
@@ -77,6 +97,9 @@ int strategy_create(Strategy *s, const StrategyConfig *cfg, const SgdConfig *sgd
 void strategy_free(Strategy *s);
 
 int strategy_is_server(const Strategy *s);
+// ps and the asynchronous strategies put servers last; the asynchronous ones serve a whole call at once.
+int strategy_has_servers(StrategyKind kind);
+int strategy_is_async(StrategyKind kind);
 // This rank's place among the workers (data shards are split over workers only).
 int strategy_worker_rank(const Strategy *s);
 
@@ -84,6 +107,10 @@ int strategy_worker_rank(const Strategy *s);
 // call failed (comm.mpi_rc / comm.mpi_call say which).
 int strategy_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step);
 int strategy_serve(Strategy *s, float *params, float *momentum, int *started, long step);
+// Asynchronous: a worker's last message of a train_steps call (DONE to every server), and a server's
+// whole call (until every worker's DONE).
+int strategy_end_call(Strategy *s);
+int strategy_serve_call(Strategy *s, float *params);
 // Collective: the weights that count, into out[n] on every rank.
 int strategy_weights(Strategy *s, const float *params, float *out);
 // Collective: what to save, into params_out/momentum_out on every rank (and *started).
@@ -96,8 +123,13 @@ void strategy_restore(Strategy *s, const float *params);
 int comm_fail(Comm *c, int rc, const char *call);
 int comm_wait(Comm *c, MPI_Request *req);
 int comm_waitall(Comm *c, int n, MPI_Request *reqs);
+int comm_waitany(Comm *c, int n, MPI_Request *reqs, int first, int *index, MPI_Status *status);
+void comm_park_all(Comm *c, int n, MPI_Request *reqs);
 int comm_isend(Comm *c, const float *buf, long n, int dst, int tag, MPI_Request *req);
 int comm_irecv(Comm *c, float *buf, long n, int src, int tag, MPI_Request *req);
+// Shards [shard_lo(j), shard_lo(j+1)) of src on the servers (the last S ranks) into out[n] on every rank.
+int comm_gather_shards(Comm *c, const float *src, float *out, long n, int servers, int tag);
+long shard_lo(long n, int servers, int j);
 // Sum buf[0..n) over the ranks in place: MPI's all-reduce (counted as a ring sends: 2(R-1)/R of the
 // buffer in 2(R-1) messages; MPICH may choose another algorithm), or our ring (counted exactly).
 int comm_allreduce_sum(Comm *c, float *buf, long n);

@@ -15,14 +15,6 @@
 
 enum { TAG_GRADS = 1, TAG_WEIGHTS = 2, TAG_STATE = 3 };
 
-static void park_all(Comm *c, int n, MPI_Request *reqs) {
-    c->lock(c->ctx);
-    for (int i = 0; i < n; i++) {
-        if (reqs[i] != MPI_REQUEST_NULL) c->park(&reqs[i], c->ctx);
-    }
-    c->unlock(c->ctx);
-}
-
 static void scale(float *buf, long n, int by) {
     const float f = 1.0f / (float)by;
     for (long i = 0; i < n; i++) buf[i] *= f;
@@ -38,7 +30,7 @@ static int central_step(Strategy *s, float *params, float *grads, float *momentu
     if (c->rank != 0) {
         if ((rc = comm_isend(c, grads, n, 0, TAG_GRADS, &reqs[0])) < 0 ||
             (rc = comm_irecv(c, params, n, 0, TAG_WEIGHTS, &reqs[1])) < 0) {
-            park_all(c, 2, reqs);
+            comm_park_all(c, 2, reqs);
             return rc;
         }
         return comm_waitall(c, 2, reqs);
@@ -51,7 +43,7 @@ static int central_step(Strategy *s, float *params, float *grads, float *momentu
     for (int r = 1; r < R && rc == 0; r++) {
         rc = comm_irecv(c, s->scratch + (long)(r - 1) * n, n, r, TAG_GRADS, &many[r - 1]);
     }
-    rc = rc < 0 ? (park_all(c, R - 1, many), rc) : comm_waitall(c, R - 1, many);
+    rc = rc < 0 ? (comm_park_all(c, R - 1, many), rc) : comm_waitall(c, R - 1, many);
     if (rc == 0) {
         for (int r = 1; r < R; r++) {
             const float *g = s->scratch + (long)(r - 1) * n;
@@ -62,18 +54,13 @@ static int central_step(Strategy *s, float *params, float *grads, float *momentu
         for (int r = 1; r < R && rc == 0; r++) {
             rc = comm_isend(c, params, n, r, TAG_WEIGHTS, &many[r - 1]);
         }
-        rc = rc < 0 ? (park_all(c, R - 1, many), rc) : comm_waitall(c, R - 1, many);
+        rc = rc < 0 ? (comm_park_all(c, R - 1, many), rc) : comm_waitall(c, R - 1, many);
     }
     free(many);
     return rc;
 }
 
 // ps worker: push each server its gradient shard, pull its weight shard.
-static long shard_lo(const Strategy *s, int j) {
-    const long n = s->n, S = s->cfg.servers;
-    return j * (n / S) + (j < n % S ? j : n % S);
-}
-
 static int ps_push_pull(Strategy *s, float *params, const float *grads) {
     Comm *c = &s->comm;
     const int S = s->cfg.servers;
@@ -84,12 +71,12 @@ static int ps_push_pull(Strategy *s, float *params, const float *grads) {
     int rc = 0;
     for (int j = 0; j < 2 * S; j++) reqs[j] = MPI_REQUEST_NULL;
     for (int j = 0; j < S && rc == 0; j++) {
-        long lo = shard_lo(s, j), len = shard_lo(s, j + 1) - lo;
+        long lo = shard_lo(s->n, S, j), len = shard_lo(s->n, S, j + 1) - lo;
         if ((rc = comm_isend(c, grads + lo, len, s->workers + j, TAG_GRADS, &reqs[2 * j])) == 0) {
             rc = comm_irecv(c, params + lo, len, s->workers + j, TAG_WEIGHTS, &reqs[2 * j + 1]);
         }
     }
-    rc = rc < 0 ? (park_all(c, 2 * S, reqs), rc) : comm_waitall(c, 2 * S, reqs);
+    rc = rc < 0 ? (comm_park_all(c, 2 * S, reqs), rc) : comm_waitall(c, 2 * S, reqs);
     free(reqs);
     return rc;
 }
@@ -128,7 +115,7 @@ int ps_serve(Strategy *s, float *params, float *momentum, int *started, long ste
     for (int w = 0; w < W && rc == 0; w++) {
         rc = comm_irecv(c, s->scratch + (long)w * len, len, w, TAG_GRADS, &reqs[w]);
     }
-    rc = rc < 0 ? (park_all(c, W, reqs), rc) : comm_waitall(c, W, reqs);
+    rc = rc < 0 ? (comm_park_all(c, W, reqs), rc) : comm_waitall(c, W, reqs);
     if (rc == 0) {
         float *sum = s->scratch;  // worker 0's shard, then the others added in worker order
         for (int w = 1; w < W; w++) {
@@ -140,7 +127,7 @@ int ps_serve(Strategy *s, float *params, float *momentum, int *started, long ste
         for (int w = 0; w < W && rc == 0; w++) {
             rc = comm_isend(c, params + lo, len, w, TAG_WEIGHTS, &reqs[w]);
         }
-        rc = rc < 0 ? (park_all(c, W, reqs), rc) : comm_waitall(c, W, reqs);
+        rc = rc < 0 ? (comm_park_all(c, W, reqs), rc) : comm_waitall(c, W, reqs);
     }
     free(reqs);
     return rc;
@@ -152,28 +139,9 @@ int ps_weights(Strategy *s, const float *params, float *out) {
     return comm_bcast(&s->comm, out, s->n, 0);
 }
 
-// The momentum lives on the servers, a shard each: gather it, then give every rank the whole.
+// The momentum lives on the servers, a shard each: gather it to every rank.
 int ps_state(Strategy *s, float *momentum_out, int *started_out) {
-    Comm *c = &s->comm;
-    const int S = s->cfg.servers;
-    int rc = 0;
-    if (c->rank == 0 || strategy_is_server(s)) {
-        MPI_Request *reqs = malloc(sizeof(MPI_Request) * (size_t)S);
-        if (reqs == NULL) {
-            return comm_fail(c, MPI_ERR_NO_MEM, "malloc (ps state)");
-        }
-        int posts = c->rank == 0 ? S : 1;
-        for (int j = 0; j < posts; j++) reqs[j] = MPI_REQUEST_NULL;
-        for (int j = 0; j < posts && rc == 0; j++) {
-            int server = c->rank == 0 ? j : c->rank - s->workers;
-            long lo = shard_lo(s, server), len = shard_lo(s, server + 1) - lo;
-            rc = c->rank == 0 ? comm_irecv(c, momentum_out + lo, len, s->workers + server, TAG_STATE, &reqs[j])
-                              : comm_isend(c, momentum_out + lo, len, 0, TAG_STATE, &reqs[j]);
-        }
-        rc = rc < 0 ? (park_all(c, posts, reqs), rc) : comm_waitall(c, posts, reqs);
-        free(reqs);
-    }
-    if (rc == 0) rc = comm_bcast(c, momentum_out, s->n, 0);
-    if (rc == 0) rc = comm_allreduce_max_int(c, started_out);
+    int rc = comm_gather_shards(&s->comm, momentum_out, momentum_out, s->n, s->cfg.servers, TAG_STATE);
+    if (rc == 0) rc = comm_allreduce_max_int(&s->comm, started_out);
     return rc;
 }

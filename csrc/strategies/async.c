@@ -1,0 +1,231 @@
+/*
+ * async.c: the asynchronous strategies. The last S ranks are servers, each owning a contiguous shard
+ * of the center variable (kept in its own engine's params); the R - S workers train on their own and,
+ * every `window` steps, exchange with every server (one message each way per server):
+ *   downpour  push the update accumulated over the window (weights now - weights at the last pull),
+ *             which the server adds to the center; pull the center;
+ *   adag      the same, the server adding the accumulated update divided by the window (Hermans'
+ *             accumulated gradient normalisation);
+ *   dynsgd    the same, the server dividing each push by its staleness + 1 (its updates since this
+ *             worker's last pull + 1);
+ *   aeasgd    elastic averaging: the worker sends its weights, the server computes e = alpha (worker -
+ *             center) against its center now, adds e and replies e; the worker moves by -e. With
+ *             momentum the workers step with Nesterov momentum (EAMSGD).
+ * Each train_steps call ends with a DONE from every worker to every server, and a server serves the
+ * whole call until every worker's DONE: between calls nothing is posted, so evaluation, checkpoints
+ * and MPI_Finalize never meet a pending request.
+ * A server pre-posts one receive per worker and serves whichever completes first, looking from the
+ * worker after the last one it served (fair: no worker starves another, unlike MPI_ANY_SOURCE), or,
+ * deterministic, in a fixed round-robin over the workers still running (a run is bitwise repeatable).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "strategy.h"
+
+enum { TAG_EXCHANGE = 5, TAG_REPLY = 6, TAG_DONE = 7 };
+
+int async_create(Strategy *s) {
+    const long n = s->n;
+    if (strategy_is_server(s)) {
+        const long W = s->workers, len = s->shard_hi - s->shard_lo;
+        s->replies = malloc(sizeof(float) * (size_t)(W * len > 0 ? W * len : 1));
+        s->reqs = malloc(sizeof(MPI_Request) * (size_t)(2 * W));
+        s->pulled_at = calloc((size_t)W, sizeof(long long));
+        free(s->scratch);     // the receive buffers, one shard per worker
+        s->scratch = malloc(sizeof(float) * (size_t)(W * len > 0 ? W * len : 1));
+        s->scratch_len = W * len;
+        if (s->reqs != NULL) {
+            for (long i = 0; i < 2 * W; i++) s->reqs[i] = MPI_REQUEST_NULL;
+        }
+        return s->replies && s->reqs && s->pulled_at && s->scratch ? 0 : -1;
+    }
+    s->base = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    s->reqs = malloc(sizeof(MPI_Request) * (size_t)(2 * s->cfg.servers));
+    free(s->scratch);         // the message: the accumulated update, or aeasgd's reply e
+    s->scratch = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    s->scratch_len = n;
+    return s->base && s->reqs && s->scratch ? 0 : -1;
+}
+
+void async_free(Strategy *s) {
+    free(s->base);
+    free(s->replies);
+    free(s->reqs);
+    free(s->pulled_at);
+    s->base = s->replies = NULL;
+    s->reqs = NULL;
+    s->pulled_at = NULL;
+}
+
+// Every rank holds the same weights (the initial ones, or a checkpoint's center): the center and the
+// workers' last pull.
+void async_restore(Strategy *s, const float *params) {
+    if (s->base != NULL) {
+        memcpy(s->base, params, sizeof(float) * (size_t)s->n);
+    }
+    s->updates = 0;
+    if (s->pulled_at != NULL) {
+        memset(s->pulled_at, 0, sizeof(long long) * (size_t)s->workers);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The worker
+
+// One exchange with every server: the message out (the accumulated update, or aeasgd's weights), the
+// reply in (the center shard into params, or aeasgd's e into scratch).
+static int exchange(Strategy *s, float *params) {
+    Comm *c = &s->comm;
+    const int S = s->cfg.servers, elastic = s->cfg.kind == STRATEGY_AEASGD;
+    const long n = s->n;
+    if (!elastic) {
+        for (long i = 0; i < n; i++) s->scratch[i] = params[i] - s->base[i];
+    }
+    const float *out = elastic ? params : s->scratch;
+    float *in = elastic ? s->scratch : params;
+    int rc = 0;
+    for (int j = 0; j < 2 * S; j++) s->reqs[j] = MPI_REQUEST_NULL;
+    for (int j = 0; j < S && rc == 0; j++) {
+        long lo = shard_lo(n, S, j), len = shard_lo(n, S, j + 1) - lo;
+        if ((rc = comm_isend(c, out + lo, len, s->workers + j, TAG_EXCHANGE, &s->reqs[2 * j])) == 0) {
+            rc = comm_irecv(c, in + lo, len, s->workers + j, TAG_REPLY, &s->reqs[2 * j + 1]);
+        }
+    }
+    rc = rc < 0 ? (comm_park_all(c, 2 * S, s->reqs), rc) : comm_waitall(c, 2 * S, s->reqs);
+    if (rc < 0) {
+        return rc;
+    }
+    if (elastic) {
+        for (long i = 0; i < n; i++) params[i] -= s->scratch[i];
+    } else {
+        memcpy(s->base, params, sizeof(float) * (size_t)n);
+    }
+    s->stats.exchanges++;
+    return 0;
+}
+
+// A worker's step: a local SGD step, and an exchange after every window-th step of the run.
+int async_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
+    SgdConfig sgd = s->sgd;
+    if (s->cfg.kind == STRATEGY_AEASGD && sgd.momentum > 0.0f) {
+        sgd.nesterov = 1;   // EAMSGD
+    }
+    sgd_step(&sgd, params, grads, momentum, started, s->n);
+    return (step + 1) % s->cfg.window == 0 ? exchange(s, params) : 0;
+}
+
+// The call's last message: DONE (empty) to every server.
+int async_end_call(Strategy *s) {
+    Comm *c = &s->comm;
+    const int S = s->cfg.servers;
+    int rc = 0;
+    for (int j = 0; j < S; j++) s->reqs[j] = MPI_REQUEST_NULL;
+    for (int j = 0; j < S && rc == 0; j++) {
+        rc = comm_isend(c, s->scratch, 0, s->workers + j, TAG_DONE, &s->reqs[j]);
+        c->count.messages--;   // not an exchange: counted apart from the training's messages
+    }
+    return rc < 0 ? (comm_park_all(c, S, s->reqs), rc) : comm_waitall(c, S, s->reqs);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The server
+
+// Apply worker w's message (in) to the center shard; the reply (the shard, or e) into out.
+static void apply(Strategy *s, float *center, const float *in, float *out, long len, long long staleness) {
+    switch (s->cfg.kind) {
+        case STRATEGY_AEASGD: {
+            const float alpha = s->cfg.beta / (float)s->workers;
+            for (long i = 0; i < len; i++) {
+                out[i] = alpha * (in[i] - center[i]);
+                center[i] += out[i];
+            }
+            return;
+        }
+        case STRATEGY_ADAG: {
+            const float f = 1.0f / (float)s->cfg.window;
+            for (long i = 0; i < len; i++) center[i] += in[i] * f;
+            break;
+        }
+        case STRATEGY_DYNSGD: {
+            const float f = 1.0f / (float)(staleness + 1);
+            for (long i = 0; i < len; i++) center[i] += in[i] * f;
+            break;
+        }
+        default:
+            for (long i = 0; i < len; i++) center[i] += in[i];
+            break;
+    }
+    memcpy(out, center, sizeof(float) * (size_t)len);
+}
+
+// The next worker still running after w, round the ring (w itself when it is the only one).
+static int next_running(const int *done, int W, int w) {
+    for (int k = 1; k <= W; k++) {
+        int v = (w + k) % W;
+        if (!done[v]) return v;
+    }
+    return w;
+}
+
+// Serve one train_steps call: every worker's exchanges until every worker's DONE.
+int async_serve_call(Strategy *s, float *params) {
+    Comm *c = &s->comm;
+    const int W = s->workers;
+    const long len = s->shard_hi - s->shard_lo;
+    float *center = params + s->shard_lo;
+    MPI_Request *recvs = s->reqs, *sends = s->reqs + W;
+    int *done = calloc((size_t)W, sizeof(int));
+    if (done == NULL) {
+        return comm_fail(c, MPI_ERR_NO_MEM, "malloc (the server's workers)");
+    }
+    int rc = 0, running = W, w = 0;
+    for (int v = 0; v < W && rc == 0; v++) {
+        rc = comm_irecv(c, s->scratch + (long)v * len, len, v, MPI_ANY_TAG, &recvs[v]);
+    }
+    while (rc == 0 && running > 0) {
+        MPI_Status status;
+        int got = -1;
+        // deterministic: wait for worker w itself; otherwise whichever arrives first, looking from w
+        rc = s->cfg.deterministic ? comm_waitany(c, 1, &recvs[w], 0, &got, &status)
+                                  : comm_waitany(c, W, recvs, w, &got, &status);
+        if (rc < 0) {
+            break;
+        }
+        if (!s->cfg.deterministic) w = got;
+        if (status.MPI_TAG == TAG_DONE) {
+            done[w] = 1;
+            running--;
+        } else {
+            float *in = s->scratch + (long)w * len, *out = s->replies + (long)w * len;
+            if ((rc = comm_wait(c, &sends[w])) < 0) {   // the last reply to w has left (w sent again)
+                break;
+            }
+            long long staleness = s->updates - s->pulled_at[w];
+            apply(s, center, in, out, len, staleness);
+            s->updates++;
+            s->pulled_at[w] = s->updates;
+            s->stats.pushes++;
+            s->stats.staleness_sum += staleness;
+            if (staleness > s->stats.staleness_max) s->stats.staleness_max = staleness;
+            if ((rc = comm_isend(c, out, len, w, TAG_REPLY, &sends[w])) == 0) {
+                rc = comm_irecv(c, in, len, w, MPI_ANY_TAG, &recvs[w]);
+            }
+        }
+        w = next_running(done, W, w);
+    }
+    rc = rc < 0 ? (comm_park_all(c, 2 * W, s->reqs), rc) : comm_waitall(c, W, sends);
+    free(done);
+    return rc;
+}
+
+// What a checkpoint saves besides the center: the workers' mean momentum (the servers keep none).
+int async_state(Strategy *s, float *momentum_out, int *started_out) {
+    if (strategy_is_server(s)) {
+        memset(momentum_out, 0, sizeof(float) * (size_t)s->n);
+        *started_out = 0;
+    }
+    int rc = comm_allreduce_sum(&s->comm, momentum_out, s->n);
+    for (long i = 0; i < s->n && rc == 0; i++) momentum_out[i] /= (float)s->workers;
+    return rc == 0 ? comm_allreduce_max_int(&s->comm, started_out) : rc;
+}
