@@ -396,10 +396,11 @@ static int sync_wait(MPI_Request *req, void *ctx) {
     return pd_op_wait_or_park(req, MPI_STATUS_IGNORE, &op, (PyObject *)s->engine, 0);
 }
 
-static int sync_waitany(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, void *ctx) {
+static int sync_waitany(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, double since,
+                        void *ctx) {
     SyncContext *s = ctx;
     PdOp op = pd_op("the training step's communication", s->group, PD_PEER_ALL);
-    return pd_op_wait_any(n, reqs, first, index, status, &op);
+    return pd_op_wait_any(n, reqs, first, index, status, &op, since);
 }
 
 static void sync_park(MPI_Request *req, void *ctx) {

@@ -386,20 +386,24 @@ static int departed_check(void *ctx, double wait_started) {
         return 0;
     }
     double now = MPI_Wtime();
+    int first = -1;   // of the ranks past their grace, the one that left first (the cause, not a consequence)
     for (int w = 0; w < groups[0].size; w++) {
         double left = pd_liveness_left(w);
         if (left == 0.0 || now - (left > wait_started ? left : wait_started) < GRACE_SECONDS || !op_needs(op, w)) {
             continue;
         }
-        PyErr_Format(pd_DistError, "%s cannot complete: rank %d has exited (its script ended or called "
-                     "sys.exit) while this rank was waiting for it", op->what, w);
-        return -1;
+        if (first < 0 || left < pd_liveness_left(first)) first = w;
     }
-    return 0;
+    if (first < 0) {
+        return 0;
+    }
+    PyErr_Format(pd_DistError, "%s cannot complete: rank %d has exited (its script ended or called sys.exit) "
+                 "while this rank was waiting for it", op->what, first);
+    return -1;
 }
 
 int pd_op_wait(MPI_Request *req, MPI_Status *status, const PdOp *op, double timeout, int timeout_breaks) {
-    PdWaitSpec spec = {op->what, timeout, departed_check, (void *)op};
+    PdWaitSpec spec = {op->what, timeout, departed_check, (void *)op, 0.0};
     if (pd_wait(req, status, &spec) == 0) {
         return 0;
     }
@@ -411,8 +415,9 @@ int pd_op_wait(MPI_Request *req, MPI_Status *status, const PdOp *op, double time
     return -1;
 }
 
-int pd_op_wait_any(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, const PdOp *op) {
-    PdWaitSpec spec = {op->what, default_timeout, departed_check, (void *)op};
+int pd_op_wait_any(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, const PdOp *op,
+                   double since) {
+    PdWaitSpec spec = {op->what, default_timeout, departed_check, (void *)op, since};
     return pd_wait_any(n, reqs, first, index, status, &spec);
 }
 
@@ -579,7 +584,7 @@ PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     double start = MPI_Wtime();
     for (int i = 0; i < 2; i++) {
         double left = timeout < 0 ? -1.0 : timeout - (MPI_Wtime() - start);
-        PdWaitSpec spec = {"init_process_group", left < 0 && timeout >= 0 ? 0.0 : left, NULL, NULL};
+        PdWaitSpec spec = {"init_process_group", left < 0 && timeout >= 0 ? 0.0 : left, NULL, NULL, 0.0};
         if (reqs[i] != MPI_REQUEST_NULL && pd_wait(&reqs[i], MPI_STATUS_IGNORE, &spec) < 0) {
             // Another rank never arrived (or Ctrl-C). The dups stay pending, parked, and may complete
             // whenever that rank comes; the ranks no longer agree on what comes next, so pydist refuses

@@ -103,7 +103,7 @@ int pd_liveness_announce(void) {
         }
     }
     MPI_Request req = MPI_REQUEST_NULL;
-    PdWaitSpec spec = {"exit", -1.0, NULL, NULL};
+    PdWaitSpec spec = {"exit", -1.0, NULL, NULL, 0.0};
     if (rc != MPI_SUCCESS || (rc = MPI_Ibarrier(ctl, &req)) != MPI_SUCCESS ||
         pd_wait(&req, MPI_STATUS_IGNORE, &spec) < 0) {
         PyErr_Clear();

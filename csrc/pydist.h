@@ -130,6 +130,7 @@ typedef struct {
     // returns -1 with an exception set to give the wait up. NULL: none.
     int (*check)(void *ctx, double wait_started);
     void *check_ctx;
+    double check_since;    // > 0: the check's start instead of the wait's (a loop of many short waits)
 } PdWaitSpec;
 
 // Wait for `req` with the GIL held on entry and exit; released while waiting. Returns 0 when complete,
@@ -205,9 +206,11 @@ int pd_op_wait(MPI_Request *req, MPI_Status *status, const PdOp *op, double time
 // A blocking call's wait, with the session's timeout: if it fails, the request is parked with `keep`
 // (the objects owning its memory; a new reference is taken). GIL held.
 int pd_op_wait_or_park(MPI_Request *req, MPI_Status *status, const PdOp *op, PyObject *keep, int cancellable);
-// pd_wait_any with the session's timeout and the departed-rank check; nothing is parked (the caller
-// owns the requests and parks what it gives up).
-int pd_op_wait_any(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, const PdOp *op);
+// pd_wait_any with the session's timeout and the departed-rank check, which counts a departure's
+// grace from `since` (MPI_Wtime; 0: this wait's start); nothing is parked (the caller owns the
+// requests and parks what it gives up).
+int pd_op_wait_any(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, const PdOp *op,
+                   double since);
 
 // The communicator of pydist's own algorithms on a group pd_group_comm accepted (a private dup, made
 // on the first call and waited for here), and the tag of this call's messages (the group's sequence

@@ -137,7 +137,7 @@ int pd_wait_any(int n, MPI_Request *reqs, int first, int *index, MPI_Status *sta
         if (pd_wait_hook != NULL) {
             pd_wait_hook();   // never raises: what it moves along records its own errors
         }
-        if (PyErr_CheckSignals() < 0 || (spec->check != NULL && spec->check(spec->check_ctx, start) < 0)) {
+        if (PyErr_CheckSignals() < 0 || (spec->check != NULL && spec->check(spec->check_ctx, spec->check_since > 0 ? spec->check_since : start) < 0)) {
             return -1;
         }
         double waited = MPI_Wtime() - start;

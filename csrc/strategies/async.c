@@ -180,6 +180,7 @@ int async_serve_call(Strategy *s, float *params) {
         return comm_fail(c, MPI_ERR_NO_MEM, "malloc (the server's workers)");
     }
     int rc = 0, running = W, w = 0;
+    const double since = comm_now();   // a worker that leaves mid-call is named 2 s later, however busy we are
     for (int v = 0; v < W && rc == 0; v++) {
         rc = comm_irecv(c, s->scratch + (long)v * len, len, v, MPI_ANY_TAG, &recvs[v]);
     }
@@ -187,8 +188,8 @@ int async_serve_call(Strategy *s, float *params) {
         MPI_Status status;
         int got = -1;
         // deterministic: wait for worker w itself; otherwise whichever arrives first, looking from w
-        rc = s->cfg.deterministic ? comm_waitany(c, 1, &recvs[w], 0, &got, &status)
-                                  : comm_waitany(c, W, recvs, w, &got, &status);
+        rc = s->cfg.deterministic ? comm_waitany(c, 1, &recvs[w], 0, &got, &status, since)
+                                  : comm_waitany(c, W, recvs, w, &got, &status, since);
         if (rc < 0) {
             break;
         }

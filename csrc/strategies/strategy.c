@@ -228,10 +228,14 @@ int comm_waitall(Comm *c, int n, MPI_Request *reqs) {
     return 0;
 }
 
-int comm_waitany(Comm *c, int n, MPI_Request *reqs, int first, int *index, MPI_Status *status) {
+double comm_now(void) {
+    return MPI_Wtime();
+}
+
+int comm_waitany(Comm *c, int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, double since) {
     double t0 = now();
     c->lock(c->ctx);
-    int rc = c->waitany(n, reqs, first, index, status, c->ctx);
+    int rc = c->waitany(n, reqs, first, index, status, since, c->ctx);
     c->unlock(c->ctx);
     c->seconds += now() - t0;
     return rc;

@@ -57,7 +57,8 @@ typedef struct {
     const char *mpi_call;
     // Wait for whichever of reqs[0..n) completes first, testing from reqs[first] round the array; the
     // same contract as wait (nothing parked on failure). *index: which one (-1: all were null).
-    int (*waitany)(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, void *ctx);
+    // since: when the caller's loop of waits began (a rank that left is given its grace from then).
+    int (*waitany)(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, double since, void *ctx);
 } Comm;
 
 // What the asynchronous servers saw (summed over this rank's calls; a worker's stay 0 but exchanges).
@@ -123,7 +124,8 @@ void strategy_restore(Strategy *s, const float *params);
 int comm_fail(Comm *c, int rc, const char *call);
 int comm_wait(Comm *c, MPI_Request *req);
 int comm_waitall(Comm *c, int n, MPI_Request *reqs);
-int comm_waitany(Comm *c, int n, MPI_Request *reqs, int first, int *index, MPI_Status *status);
+int comm_waitany(Comm *c, int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, double since);
+double comm_now(void);   // MPI_Wtime's clock
 void comm_park_all(Comm *c, int n, MPI_Request *reqs);
 int comm_isend(Comm *c, const float *buf, long n, int dst, int tag, MPI_Request *req);
 int comm_irecv(Comm *c, float *buf, long n, int src, int tag, MPI_Request *req);

@@ -187,6 +187,34 @@ def test_dead_rank_sigkill(tmp_path):
     assert seconds < DEAD_JOB_ENDS_S and "NOT REACHED" not in proc.stdout
 
 
+def _async_worker_dies(tmp_path, how):
+    return run_job(tmp_path, 3, f"""
+        from pydist.engine import Trainer, mlp, load_fashion_mnist
+        dist.init_process_group()
+        _, (x, y) = load_fashion_mnist()
+        t = Trainer(mlp((15,)), batch_size=8, strategy="downpour", window=2)   # rank 2 serves ranks 0, 1
+        t.train_steps(x, y, 0, 0, 10)
+        if dist.get_rank() == 1:
+            {how}
+        t.train_steps(x, y, 0, 10, 400)
+        print(f"NOT REACHED by rank {{dist.get_rank()}}", flush=True)   # worker 0 may finish: it waits for no one
+    """, timeout=60)
+
+
+def test_async_worker_exits_mid_run(tmp_path):
+    """A worker leaves between calls: the server waiting for its pushes names it, and the job ends."""
+    proc, seconds = _async_worker_dies(tmp_path, "sys.exit(0)")
+    assert proc.returncode != 0
+    assert "rank 1 has exited" in proc.stderr and "training step's communication" in proc.stderr, proc.stderr
+    assert seconds < DEAD_JOB_ENDS_S and "NOT REACHED by rank 2" not in proc.stdout
+
+
+def test_async_worker_killed_mid_run(tmp_path):
+    proc, seconds = _async_worker_dies(tmp_path, "os.kill(os.getpid(), 9)")
+    assert proc.returncode != 0 and "BAD TERMINATION" in proc.stdout + proc.stderr
+    assert seconds < DEAD_JOB_ENDS_S and "NOT REACHED by rank 2" not in proc.stdout
+
+
 def test_ctrl_c_ends_a_job_blocked_in_a_collective(tmp_path):
     """SIGINT to mpiexec while ranks wait in a barrier that rank 2 never joins: the job ends within
     2 seconds."""

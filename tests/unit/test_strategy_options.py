@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from pydist import train
-from pydist.engine import STRATEGIES, Trainer, mlp
+from pydist.engine import ASYNC, STRATEGIES, Trainer, mlp
 
 
 def tiny(**kw):
@@ -20,7 +20,7 @@ def data(n=16):
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
 def test_every_strategy_trains_alone_where_it_can(strategy):
     x, y = data()
-    if strategy == "ps":   # a server and a worker need two ranks
+    if strategy == "ps" or strategy in ASYNC:   # a server and a worker need two ranks
         with pytest.raises(ValueError, match="needs more ranks than servers"):
             tiny(strategy=strategy)
         return
@@ -38,7 +38,9 @@ def test_every_strategy_trains_alone_where_it_can(strategy):
 @pytest.mark.parametrize("strategy,option,value", [
     ("allreduce", "period", 2), ("ring", "servers", 1), ("central", "beta", 0.5), ("ps", "period", 3),
     ("average", "beta", 0.5), ("average", "servers", 1), ("easgd", "warmup", 1),
-    ("easgd", "momentum_placement", "reset"), ("allreduce", "momentum_placement", "local")])
+    ("easgd", "momentum_placement", "reset"), ("allreduce", "momentum_placement", "local"),
+    ("allreduce", "window", 2), ("ps", "deterministic", True), ("easgd", "window", 3), ("downpour", "beta", 0.5),
+    ("adag", "period", 2), ("dynsgd", "momentum_placement", "local"), ("average", "deterministic", False)])
 def test_an_option_the_strategy_does_not_take_is_an_error(strategy, option, value):
     with pytest.raises(ValueError, match=f"does not take `{option}`"):
         tiny(strategy=strategy, **{option: value})
@@ -53,6 +55,11 @@ def test_an_option_the_strategy_does_not_take_is_an_error(strategy, option, valu
     (dict(strategy="average", momentum_placement="global"), "`momentum_placement` must be one of"),
     (dict(strategy="easgd", beta=1.5), r"`beta` must be a number in \[0, 1\]"),
     (dict(strategy="easgd", beta=float("nan")), r"`beta` must be a number in \[0, 1\]"),
+    (dict(strategy="downpour", window=0), "`window` must be an int >= 1"),
+    (dict(strategy="adag", window=2.5), "`window` must be an int"),
+    (dict(strategy="dynsgd", servers=0), "`servers` must be an int >= 1"),
+    (dict(strategy="aeasgd", beta=-0.1), r"`beta` must be a number in \[0, 1\]"),
+    (dict(strategy="aeasgd", deterministic="yes"), "`deterministic` must be a bool"),
     (dict(slow_rank=0), "go together"), (dict(slow_rank=1, slow_ms=5), "`slow_rank` must be an int in"),
     (dict(slow_rank=0, slow_ms=-5), "`slow_ms` must be an int in")])
 def test_bad_strategy_options_are_value_errors(kw, match):
@@ -64,9 +71,13 @@ def test_ps_servers_beyond_the_parameters_is_an_error_in_c():
     # the group check comes first at world size 1; the engine's own message for the shard count
     t = tiny()
     with pytest.raises(ValueError, match="needs more ranks"):
-        t.engine.set_strategy(-1, "ps", 10**6, 0, 0, 0, 0.0, 0, *t.sgd)
+        t.engine.set_strategy(-1, "ps", 10**6, 0, 0, 0, 0.0, 0, 0, 0, *t.sgd)
+    with pytest.raises(ValueError, match="needs more ranks"):
+        t.engine.set_strategy(-1, "downpour", 1, 0, 0, 0, 0.0, 0, 5, 0, *t.sgd)
+    with pytest.raises(ValueError, match="deterministic 0 or 1"):
+        t.engine.set_strategy(-1, "downpour", 1, 0, 0, 0, 0.0, 0, 5, 2, *t.sgd)
     with pytest.raises(ValueError, match="unknown strategy"):
-        t.engine.set_strategy(-1, "nope", 0, 0, 0, 0, 0.0, 0, *t.sgd)
+        t.engine.set_strategy(-1, "nope", 0, 0, 0, 0, 0.0, 0, 0, 0, *t.sgd)
 
 
 def test_slow_rank_sleeps_each_step_in_compute_time():
@@ -79,6 +90,9 @@ def test_slow_rank_sleeps_each_step_in_compute_time():
     (["--strategy", "allreduce", "--period", "3"], "--period does not apply to --strategy allreduce"),
     (["--strategy", "ps", "--beta", "0.5"], "--beta does not apply to --strategy ps"),
     (["--slow-rank", "1"], "--slow-rank and --slow-ms go together"),
+    (["--strategy", "ps", "--window", "3"], "--window does not apply to --strategy ps"),
+    (["--deterministic"], "--deterministic does not apply to --strategy allreduce"),
+    (["--strategy", "downpour", "--period", "3"], "--period does not apply to --strategy downpour"),
     (["--strategy", "gossip"], "invalid choice")])
 def test_command_line_refuses_options_of_other_strategies(argv, error, capsys):
     with pytest.raises(SystemExit):
@@ -89,3 +103,8 @@ def test_command_line_refuses_options_of_other_strategies(argv, error, capsys):
 def test_command_line_passes_strategy_options():
     a = train.parse_args(["--strategy", "average", "--period", "8", "--warmup", "2", "--momentum-placement", "reset"])
     assert (a.strategy, a.period, a.warmup, a.momentum_placement) == ("average", 8, 2, "reset")
+
+
+def test_command_line_passes_async_options():
+    a = train.parse_args(["--strategy", "aeasgd", "--window", "10", "--beta", "0.5", "--deterministic", "--servers", "2"])
+    assert (a.strategy, a.window, a.beta, a.deterministic, a.servers) == ("aeasgd", 10, 0.5, True, 2)
