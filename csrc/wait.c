@@ -9,7 +9,8 @@
  * the GIL back to run Python's signal handlers (Ctrl-C), to run the caller's check (group.c uses it
  * to notice ranks that have exited) and to check the deadline (timeout=), as the lock wait in
  * CPython's Python/thread.c does. PYDIST_WAIT=mpi (or _C.set_wait_mode(1)) switches to a plain
- * MPI_Wait for benchmarks.
+ * MPI_Wait for benchmarks. pd_wait_any is the same loop over several requests, testing them in turn
+ * from a given one (the asynchronous parameter servers wait so for whichever worker speaks first).
  *
  * When MPI gives less than MPI_THREAD_MULTIPLE (pd_wait_serialized), no two threads may be inside MPI
  * at once. Every other MPI call of ours runs with the GIL held, so the loop then tests with the GIL
