@@ -5,16 +5,22 @@
 - One default process group for the whole session (`process_group`, autouse). A test that destroys
   it or re-initialises it with other arguments asks for `restore_group`, which puts back a plain
   `init_process_group(backend="mpi")` afterwards, whatever the test left behind.
+- Ctrl-C reaches Python: a shell without job control starts a background command (`cmd &`, `nohup`)
+  with SIGINT ignored, and then `_thread.interrupt_main()` does nothing, so the tests of Ctrl-C
+  during a wait would wait forever. Python's own handler is put back.
 - A watchdog per test: a library bug that makes a wait never return ends the run with every
   thread's traceback (faulthandler) instead of hanging CI. Tests that exercise a wait which may
   never finish use their own short timeouts, so the watchdog is only the last resort.
 """
 import faulthandler
 import os
+import signal
 
 import pytest
 
 os.environ.setdefault("UCX_ERROR_SIGNALS", "")
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import pydist as dist  # noqa: E402
 from unit_helpers import init_default, reset_group  # noqa: E402
