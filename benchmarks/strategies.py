@@ -19,16 +19,19 @@ global batch at the same W), lr, momentum and epochs. The test accuracy is measu
 images every --eval-every steps against training seconds (evaluation off the clock; what is
 evaluated is the replica, the workers' average for average, the center for easgd and the
 asynchronous strategies); "s to 0.85" is the clock at the first evaluation at or above 0.85, so its
-resolution is --eval-every steps. Every worker runs the same steps between two evaluations, so
-there a fast worker waits for a slow one even in the asynchronous strategies (off the step clock:
-it is not in their wait share).
+resolution is --eval-every steps. Every worker runs the same steps between two evaluations (the
+engine gives each worker its own fixed share of the data), so there a fast worker waits for a slow
+one even in the asynchronous strategies: a straggler sets their pace too, and what they save is the
+wait at every step (their idle share shows what is left).
 
 Per (strategy, W) the table shows R, the final test accuracy, seconds to 0.85, samples/s, Tcomp and
 Tsync per worker step (Tcomp includes a straggler's sleep), KiB sent per step per rank (mean over
 ranks and the busiest rank) and messages per step per rank, over all epochs; for the asynchronous
 strategies also the mean staleness of a push (the server's updates since that worker's last pull)
 and the wait share (Tsync / (Tcomp + Tsync): the workers' step time spent exchanging with the
-servers). strategies.png plots test accuracy against seconds, a panel per W and a line per strategy
+servers), and for every strategy the idle share: the workers' share of the clock spent, after their
+steps between two evaluations, waiting for the slowest rank (a synchronous strategy waits inside
+every step instead, in Tsync). strategies.png plots test accuracy against seconds, a panel per W and a line per strategy
 (dashed: asynchronous); the straggler scenario goes to strategies_straggler.png.
 
 --window-sweep trains --sweep-strategies (downpour and adag) at --sweep-workers (2 and 4) with every
@@ -200,7 +203,9 @@ def summary(result):
     s = {"samples_per_s": samples / sum(e["seconds"] for e in epochs), "t_comp_ms": mean("t_comp_ms"),
          "t_sync_ms": mean("t_sync_ms"), "kib": mean("bytes_per_step") / 1024,
          "max_kib": mean("max_bytes_per_step") / 1024, "messages": mean("messages_per_step"),
-         "staleness": None, "wait_share": None}
+         "staleness": None, "wait_share": None, "idle_share": None}
+    if "idle_share" in epochs[0]:
+        s["idle_share"] = mean("idle_share")
     if "staleness_mean" in epochs[0]:   # an asynchronous strategy
         s.update(staleness=mean("staleness_mean"), wait_share=mean("wait_share"))
     return s
@@ -216,18 +221,20 @@ def print_table(scenario, results, notes, args):
     print(f"\n{name} ({what}); {args.epochs} epoch(s), batch {args.batch_size} per worker, lr {args.lr}; "
           f"s to {TARGET} at the first evaluation reaching it (every {args.eval_every} steps); W workers, "
           f"R ranks (W + {args.servers} server(s) for {', '.join(SERVED)}); asynchronous window {args.window}; "
-          f"stale: mean staleness of a push; wait: the workers' share of step time exchanging")
+          f"stale: mean staleness of a push; wait: the workers' share of step time exchanging; idle: the "
+          f"workers' share of the clock waiting for the slowest rank at the end of each {args.eval_every} steps")
     print(f"{'strategy':<10} {'W':>2} {'R':>2} {'global B':>8} {'test acc':>8} {'s to ' + str(TARGET):>9} "
           f"{'samples/s':>9} {'Tcomp ms':>8} {'Tsync ms':>8} {'KiB/step/rank':>13} {'max KiB':>8} {'msgs/step':>9} "
-          f"{'stale':>6} {'wait %':>6}")
+          f"{'stale':>6} {'wait %':>6} {'idle %':>6}")
     for (strategy, workers), result in sorted(results.items(), key=lambda kv: kv[0][1]):
         s = summary(result)
         stale = "-" if s["staleness"] is None else f"{s['staleness']:.2f}"
         wait = "-" if s["wait_share"] is None else f"{100 * s['wait_share']:.1f}"
+        idle = "-" if s["idle_share"] is None else f"{100 * s['idle_share']:.1f}"
         print(f"{strategy:<10} {workers:>2} {result['world_size']:>2} {result['global_batch']:>8} "
               f"{result['final_test_accuracy']:>8.4f} {seconds_text(seconds_to(result, TARGET)):>9} "
               f"{s['samples_per_s']:>9.0f} {s['t_comp_ms']:>8.2f} {s['t_sync_ms']:>8.2f} {s['kib']:>13.1f} "
-              f"{s['max_kib']:>8.1f} {s['messages']:>9.2f} {stale:>6} {wait:>6}")
+              f"{s['max_kib']:>8.1f} {s['messages']:>9.2f} {stale:>6} {wait:>6} {idle:>6}")
     for line in notes:
         print("  note: " + line)
 
@@ -254,7 +261,7 @@ def figure(scenario, results, workers):
                ylim=(bottom, top))
         ax.grid(alpha=0.3)
         if ax.lines[1:]:   # beyond the target line
-            ax.legend(loc="lower right", fontsize="x-small", ncol=2)
+            ax.legend(loc="best", fontsize="x-small", ncol=2)
     axes[0].set_ylabel("test accuracy")
     straggler = "" if slow_rank is None else f"\nstraggler: rank {slow_rank} sleeps {slow_ms} ms per step"
     fig.suptitle("LeNet-5 / Fashion-MNIST: test accuracy against training time\n"
@@ -354,6 +361,7 @@ def main(argv=None):
                 s = summary(result)
                 stale = "" if s["staleness"] is None else (f", staleness {s['staleness']:.2f}, wait "
                                                            f"{100 * s['wait_share']:.1f}%")
+                stale += "" if s["idle_share"] is None else f", idle {100 * s['idle_share']:.1f}%"
                 print(f"  {name} {strategy} W={workers} R={result['world_size']}: {result['train_seconds']:.1f} s "
                       f"training, test accuracy {result['final_test_accuracy']:.4f}, {TARGET} at "
                       f"{seconds_text(seconds_to(result, TARGET))} s{stale}", flush=True)

@@ -9,10 +9,13 @@ the slowest rank's (the chunk is done when every rank is), then evaluation runs 
 is collective, so the ranks start the next chunk together). Rank 0 writes one JSON object to --out:
 the options, the curve [(training seconds, steps, test accuracy)], one record per epoch with the
 totals of Trainer.fit (samples/s, Tcomp and Tsync per worker step, bytes and messages per step per
-rank) and the final test accuracy. For an asynchronous strategy (the center evaluated) each epoch
-also has, as Trainer.fit computes them, staleness_mean and staleness_max (a push's staleness: the
-server's updates since that worker's last pull), pushes_per_worker (per server) and wait_share (the
-workers' share of their step time spent exchanging with the servers).
+rank), idle_share (the workers' share of the clock spent waiting, after their steps of a chunk, for
+the slowest rank to finish its own: near 0 where every step synchronizes, a straggler's cost to the
+others when the asynchronous strategies run equal steps per worker) and the final test accuracy.
+For an asynchronous strategy (the center evaluated) each epoch also has, as Trainer.fit computes
+them, staleness_mean and staleness_max (a push's staleness: the server's updates since that
+worker's last pull), pushes_per_worker (per server) and wait_share (the workers' share of their step
+time spent exchanging with the servers).
 """
 import argparse
 import json
@@ -82,25 +85,27 @@ def main(argv=None):
         # loss_sum, correct, steps, t_comp, t_sync, bytes_sent, messages, pushes, staleness_sum,
         # staleness_max, exchanges (this rank; Engine.train_steps)
         totals = np.zeros(11)
-        epoch_seconds, at = 0.0, 0
+        epoch_seconds, idle, at = 0.0, 0.0, 0
         while at < steps:
             end = min(steps, at + args.eval_every)
             started = time.perf_counter()
             out = np.asarray(trainer.train_steps(images, labels, epoch, at, end), dtype=np.float64)
             totals += out
             totals[9] = max(totals[9] - out[9], out[9])   # a maximum, not a sum
-            chunk = slowest(time.perf_counter() - started)
+            own = time.perf_counter() - started
+            chunk = slowest(own)
+            idle += chunk - own   # waiting for the slowest rank to finish the chunk's steps
             epoch_seconds += chunk
             clock += chunk
             done += end - at
             at = end
             curve.append(point(clock, done))
         if trainer.is_server:
-            totals[3:5] = 0   # Tcomp/Tsync are the workers' step times
-        summed, most = totals.copy(), totals[[5, 9]].copy()   # the busiest rank's bytes, the stalest push
+            totals[3:5], idle = 0, 0.0   # Tcomp/Tsync/idle are the workers'
+        summed, most = np.append(totals, idle), totals[[5, 9]].copy()   # the busiest rank's bytes, the stalest push
         dist.all_reduce(summed)
         dist.all_reduce(most, op=dist.ReduceOp.MAX)
-        loss_sum, correct, worker_steps, t_comp, t_sync, sent, messages, pushes, stale_sum, _, _ = summed
+        loss_sum, correct, worker_steps, t_comp, t_sync, sent, messages, pushes, stale_sum, _, _, idle = summed
         record = {
             "epoch": epoch + 1, "seconds": epoch_seconds,
             "train_loss": loss_sum / max(worker_steps, 1),
@@ -108,6 +113,7 @@ def main(argv=None):
             "t_comp_ms": t_comp / max(worker_steps, 1) * 1e3, "t_sync_ms": t_sync / max(worker_steps, 1) * 1e3,
             "bytes_per_step": sent / world / steps, "max_bytes_per_step": float(most[0]) / steps,
             "messages_per_step": messages / world / steps,
+            "idle_share": idle / (workers * epoch_seconds),
             "test_accuracy": curve[-1][2],
         }
         if args.strategy in ASYNC:   # as Trainer.fit
