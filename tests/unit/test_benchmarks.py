@@ -43,26 +43,51 @@ def test_train_compare_quick():
 
 
 def test_strategies_quick(tmp_path):
-    """Every strategy trains at 2 ranks for a few steps; the table has a row each, the plot is drawn."""
+    """Every strategy trains with 2 workers for a few steps (ps and the asynchronous ones at 3 ranks);
+    the table has a row each, with staleness and wait share for the asynchronous ones; the window
+    sweep has downpour and adag at windows 1 and 5; both plots are drawn."""
     proc = subprocess.run([sys.executable, "benchmarks/strategies.py", "--quick", "--out", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    table = proc.stdout.split("\nnormal (no straggler)")[1]
-    rows = {r[0]: r for r in (line.split() for line in table.splitlines()) if len(r) == 12 and r[1] == "2"}
-    assert sorted(rows) == sorted(("allreduce", "ring", "central", "ps", "average", "easgd")), table
+    table, sweep = proc.stdout.split("\nnormal (no straggler)")[1].split("\nwindow sweep (no straggler)")
+    rows = {r[0]: r for r in (line.split() for line in table.splitlines()) if len(r) == 15 and r[1] == "2"}
+    served = ("ps", "downpour", "adag", "aeasgd", "dynsgd")
+    assert sorted(rows) == sorted(("allreduce", "ring", "central", "average", "easgd") + served), table
     for name, r in rows.items():
-        workers, accuracy, samples_per_s = int(r[2]), float(r[4]), float(r[6])
-        assert workers == (1 if name == "ps" else 2), r
+        ranks, global_batch, accuracy, samples_per_s = int(r[2]), int(r[3]), float(r[4]), float(r[6])
+        assert ranks == (3 if name in served else 2) and global_batch == 128, r
         # 40 steps from the same seed: every strategy is past chance (0.1) and none is done learning
-        assert 0.2 < accuracy < 0.9 and samples_per_s > 0, r
-    assert (tmp_path / "strategies.png").stat().st_size > 0
+        assert 0.2 < accuracy < 0.9 and samples_per_s > 0 and 0 <= float(r[14]) < 100, r   # idle %
+        if name in served[1:]:
+            # 2 workers, one server: a push finds about the other worker's one push since its pull
+            staleness, wait = float(r[12]), float(r[13])
+            assert 0 < staleness <= 2 and 0 < wait < 100, r
+        else:
+            assert r[12:14] == ["-", "-"], r
+    points = {(r[0], r[3]): float(r[4]) for r in (line.split() for line in sweep.splitlines())
+              if len(r) == 9 and r[1] == "2" and r[2] == "3"}
+    assert sorted(points) == [("adag", "1"), ("adag", "5"), ("downpour", "1"), ("downpour", "5")], sweep
+    # At window 1 adag divides by 1: the same algorithm as downpour, and --quick serves in a fixed order
+    assert points[("adag", "1")] == points[("downpour", "1")], sweep
+    assert points[("adag", "5")] == float(rows["adag"][4]), (sweep, rows["adag"])   # the comparison's run, reused
+    assert "lr 0.02" in sweep
+    for png in ("strategies.png", "strategies_window.png"):
+        assert (tmp_path / png).stat().st_size > 0
 
 
 def test_strategies_says_what_it_skips(tmp_path):
     """A combination that cannot run is named with its reason, never dropped silently (no job runs)."""
-    for argv, reason in ((["--ranks", "1", "--strategies", "ps"], "skipped ps R=1: ps needs at least one worker"),
-                         (["--ranks", "2", "--strategies", "allreduce", "--slow-rank", "2", "--slow-ms", "5"],
-                          "skipped allreduce R=2: no rank 2 to slow at R=2")):
+    for argv, reason in ((["--workers", "1", "--strategies", "allreduce", "--slow-rank", "1", "--slow-ms", "5"],
+                          "skipped allreduce W=1: no rank 1 to slow at R=1"),
+                         (["--workers", "2", "--strategies", "adag", "--slow-rank", "3", "--slow-ms", "5"],
+                          "skipped adag W=2: no rank 3 to slow at R=3")):
         proc = subprocess.run([sys.executable, "benchmarks/strategies.py", "--out", str(tmp_path)] + argv, cwd=ROOT,
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0 and reason in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_strategies_rejects_bad_workers(tmp_path):
+    proc = subprocess.run([sys.executable, "benchmarks/strategies.py", "--workers", "0", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--workers, --sweep-workers and --sweep-windows must be >= 1" in proc.stderr, \
+        proc.stderr
