@@ -417,8 +417,16 @@ static int hook_serve(void *ctx, float *params, float *momentum, int *started, l
     return strategy_serve(ctx, params, momentum, started, step);
 }
 
-static int hook_serve_call(void *ctx, float *params) {
-    return strategy_serve_call(ctx, params);
+static int hook_serve_call(void *ctx, float *params, int first, int last) {
+    return strategy_serve_call(ctx, params, first, last);
+}
+
+static void hook_begin_call(void *ctx, int first, int last) {
+    strategy_begin_call(ctx, first, last);
+}
+
+static int hook_next_batch(void *ctx, long *batch_index) {
+    return strategy_next_batch(ctx, batch_index);
 }
 
 static int hook_end_call(void *ctx) {
@@ -592,13 +600,16 @@ static PyObject *engine_train_steps(EngineObject *e, PyObject *const *args, Py_s
         return NULL;
     }
     const int alone = !own && !temporary;
-    TrainConfig c = {0, 1, (int)batch, sgd, {NULL, NULL, NULL, NULL, NULL, NULL}, e->global_step, e->slow_ms};
+    TrainConfig c = {0, 1, (int)batch, sgd, {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}, e->global_step,
+                     e->slow_ms};
     if (!alone) {
         st->sgd = sgd;
         c.rank = strategy_worker_rank(st), c.world = st->workers;
         const int server = strategy_is_server(st), async = strategy_is_async(st->cfg.kind);
+        const int worker_async = !server && async;
         c.hooks = (StepHooks){hook_step, server && !async ? hook_serve : NULL, hook_seconds,
-                              server && async ? hook_serve_call : NULL, !server && async ? hook_end_call : NULL, st};
+                              server && async ? hook_serve_call : NULL, worker_async ? hook_begin_call : NULL,
+                              worker_async ? hook_next_batch : NULL, worker_async ? hook_end_call : NULL, st};
     }
     // Step s reads perm[(s * world + rank) * batch ...] up to end * world * batch, compared by division
     // so that it cannot overflow; the indices then fit an int (perm has at most ds.n < 2^31 entries).

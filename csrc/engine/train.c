@@ -18,48 +18,77 @@ static void sleep_ms(int ms) {
     }
 }
 
+// One step on the batch at perm[offset ...]: forward, backward, and the strategy's step (alone: SGD).
+static int one_step(Model *m, const TrainConfig *c, float *momentum, int *momentum_started, const Dataset *ds,
+                    const int *perm, int offset, long number, float *x, int32_t *y, StepStats *stats) {
+    const StepHooks *h = &c->hooks;
+    double t0 = now(), s0 = h->sync_seconds ? h->sync_seconds(h->ctx) : 0.0;
+    batch_gather(x, y, ds, perm, offset, c->batch);
+    int correct = 0;
+    stats->loss_sum += model_loss_backward(m, x, y, c->batch, &correct);
+    stats->correct += correct;
+    if (c->slow_ms > 0) {
+        sleep_ms(c->slow_ms);
+    }
+    int rc = 0;
+    if (h->step != NULL) {
+        rc = h->step(h->ctx, m->params, m->grads, momentum, momentum_started, number);
+    } else {
+        sgd_step(&c->sgd, m->params, m->grads, momentum, momentum_started, m->num_params);
+    }
+    if (rc < 0) {
+        return rc;
+    }
+    stats->steps++;
+    double sync = (h->sync_seconds ? h->sync_seconds(h->ctx) : 0.0) - s0;
+    stats->t_sync += sync;
+    stats->t_comp += now() - t0 - sync;
+    return 0;
+}
+
+// Time a call of the asynchronous hooks as communication.
+static int timed(StepStats *stats, int rc, double t0) {
+    stats->t_sync += now() - t0;
+    return rc;
+}
+
 int train_steps(Model *m, const TrainConfig *c, float *momentum, int *momentum_started, const Dataset *ds,
                 const int *perm, int step_begin, int step_end, float *x, int32_t *y, StepStats *stats) {
     const StepHooks *h = &c->hooks;
-    if (h->serve_call != NULL) {
+    if (h->serve_call != NULL) {   // a server only communicates
         double t0 = now();
-        int rc = h->serve_call(h->ctx, m->params);
-        stats->t_sync += now() - t0;   // a server only communicates
-        return rc;
+        return timed(stats, h->serve_call(h->ctx, m->params, step_begin, step_end), t0);
     }
-    for (int step = step_begin; step < step_end; step++) {
-        const long number = c->number + (step - step_begin);
-        double t0 = now(), s0 = h->sync_seconds ? h->sync_seconds(h->ctx) : 0.0;
+    if (h->next_batch != NULL) {
+        // Asynchronous: the batches of steps [step_begin, step_end) go to whichever worker asks first,
+        // so a slow worker takes fewer of them and no one waits for it.
+        long batch_index, taken = 0;
         int rc = 0;
-        if (h->serve != NULL) {
-            rc = h->serve(h->ctx, m->params, momentum, momentum_started, number);
-        } else {
-            batch_gather(x, y, ds, perm, shard_start(step, c->rank, c->world, c->batch), c->batch);
-            int correct = 0;
-            stats->loss_sum += model_loss_backward(m, x, y, c->batch, &correct);
-            stats->correct += correct;
-            if (c->slow_ms > 0) {
-                sleep_ms(c->slow_ms);
-            }
-            if (h->step != NULL) {
-                rc = h->step(h->ctx, m->params, m->grads, momentum, momentum_started, number);
-            } else {
-                sgd_step(&c->sgd, m->params, m->grads, momentum, momentum_started, m->num_params);
-            }
+        h->begin_call(h->ctx, step_begin, step_end);
+        while (rc == 0 && h->next_batch(h->ctx, &batch_index)) {
+            rc = one_step(m, c, momentum, momentum_started, ds, perm, (int)batch_index * c->batch, c->number + taken,
+                          x, y, stats);
+            taken++;
         }
         if (rc < 0) {
             return rc;
         }
-        stats->steps += h->serve == NULL;
-        double sync = (h->sync_seconds ? h->sync_seconds(h->ctx) : 0.0) - s0;
-        stats->t_sync += sync;
-        stats->t_comp += now() - t0 - sync;
-    }
-    if (h->end_call != NULL) {
         double t0 = now();
-        int rc = h->end_call(h->ctx);
-        stats->t_sync += now() - t0;
-        return rc;
+        return timed(stats, h->end_call(h->ctx), t0);
+    }
+    for (int step = step_begin; step < step_end; step++) {
+        const long number = c->number + (step - step_begin);
+        int rc;
+        if (h->serve != NULL) {
+            double t0 = now();
+            rc = timed(stats, h->serve(h->ctx, m->params, momentum, momentum_started, number), t0);
+        } else {
+            rc = one_step(m, c, momentum, momentum_started, ds, perm, shard_start(step, c->rank, c->world, c->batch),
+                          number, x, y, stats);
+        }
+        if (rc < 0) {
+            return rc;
+        }
     }
     return 0;
 }

@@ -30,9 +30,12 @@ typedef struct {
     // On a rank that computes no gradients (a parameter server): serve the step instead.
     int (*serve)(void *ctx, float *params, float *momentum, int *started, long step);
     double (*sync_seconds)(void *ctx);  // the strategy's communication time so far
-    // Asynchronous servers serve a whole call at once instead of step by step (serve is then NULL),
-    // and workers end each call with end_call. NULL: not used.
-    int (*serve_call)(void *ctx, float *params);
+    // Asynchronous: a server serves a whole call of steps [first, last) at once (serve is then NULL);
+    // a worker begins the call, takes batches as next_batch hands them out (the index of a batch of
+    // the epoch's order; 0 when there are no more), then ends the call. NULL: not used.
+    int (*serve_call)(void *ctx, float *params, int first, int last);
+    void (*begin_call)(void *ctx, int first, int last);
+    int (*next_batch)(void *ctx, long *batch_index);
     int (*end_call)(void *ctx);
     void *ctx;
 } StepHooks;

@@ -11,9 +11,13 @@
  *   aeasgd    elastic averaging: the worker sends its weights, the server computes e = alpha (worker -
  *             center) against its center now, adds e and replies e; the worker moves by -e. With
  *             momentum the workers step with Nesterov momentum (EAMSGD).
- * Each train_steps call ends with a DONE from every worker to every server, and a server serves the
- * whole call until every worker's DONE: between calls nothing is posted, so evaluation, checkpoints
- * and MPI_Finalize never meet a pending request.
+ * Work is handed out, not divided: a call's batches (steps x workers of them) go in blocks of `window`
+ * batches, the first block of each worker fixed, every later one granted by server 0 in the reply to
+ * an exchange, to whichever worker asks first. A worker exchanges when its block is done, so a slow
+ * worker takes fewer blocks and nobody waits for it; the epoch still sees every batch once. When no
+ * block is left a worker sends DONE to every server, and a server serves the whole call until every
+ * worker's DONE: between calls nothing is posted, so evaluation, checkpoints and MPI_Finalize never
+ * meet a pending request.
  * A server pre-posts one receive per worker and serves whichever completes first, looking from the
  * worker after the last one it served (fair: no worker starves another, unlike MPI_ANY_SOURCE), or,
  * deterministic, in a fixed round-robin over the workers still running (a run is bitwise repeatable).
@@ -23,29 +27,31 @@
 
 #include "strategy.h"
 
-enum { TAG_EXCHANGE = 5, TAG_REPLY = 6, TAG_DONE = 7 };
+enum { TAG_EXCHANGE = 5, TAG_REPLY = 6, TAG_DONE = 7, TAG_GRANT = 8 };
 
 int async_create(Strategy *s) {
     const long n = s->n;
     if (strategy_is_server(s)) {
         const long W = s->workers, len = s->shard_hi - s->shard_lo;
         s->replies = malloc(sizeof(float) * (size_t)(W * len > 0 ? W * len : 1));
-        s->reqs = malloc(sizeof(MPI_Request) * (size_t)(2 * W));
+        s->reqs = malloc(sizeof(MPI_Request) * (size_t)(3 * W));   // receives, replies, grants
+        s->grants = malloc(sizeof(long long) * (size_t)(2 * W));
         s->pulled_at = calloc((size_t)W, sizeof(long long));
         free(s->scratch);     // the receive buffers, one shard per worker
         s->scratch = malloc(sizeof(float) * (size_t)(W * len > 0 ? W * len : 1));
         s->scratch_len = W * len;
         if (s->reqs != NULL) {
-            for (long i = 0; i < 2 * W; i++) s->reqs[i] = MPI_REQUEST_NULL;
+            for (long i = 0; i < 3 * W; i++) s->reqs[i] = MPI_REQUEST_NULL;
         }
-        return s->replies && s->reqs && s->pulled_at && s->scratch ? 0 : -1;
+        return s->replies && s->reqs && s->grants && s->pulled_at && s->scratch ? 0 : -1;
     }
     s->base = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
-    s->reqs = malloc(sizeof(MPI_Request) * (size_t)(2 * s->cfg.servers));
+    s->reqs = malloc(sizeof(MPI_Request) * (size_t)(2 * s->cfg.servers + 1));   // + server 0's grant
+    s->grants = malloc(sizeof(long long) * 2);
     free(s->scratch);         // the message: the accumulated update, or aeasgd's reply e
     s->scratch = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
     s->scratch_len = n;
-    return s->base && s->reqs && s->scratch ? 0 : -1;
+    return s->base && s->reqs && s->grants && s->scratch ? 0 : -1;
 }
 
 void async_free(Strategy *s) {
@@ -53,9 +59,10 @@ void async_free(Strategy *s) {
     free(s->replies);
     free(s->reqs);
     free(s->pulled_at);
+    free(s->grants);
     s->base = s->replies = NULL;
     s->reqs = NULL;
-    s->pulled_at = NULL;
+    s->pulled_at = s->grants = NULL;
 }
 
 // Every rank holds the same weights (the initial ones, or a checkpoint's center): the center and the
@@ -70,11 +77,47 @@ void async_restore(Strategy *s, const float *params) {
     }
 }
 
+// A grant: [start, end) of the call's batches, two long longs (counted as sent, like every message).
+static int grant_post(Comm *c, long long *grant, int peer, int send, MPI_Request *req) {
+    c->lock(c->ctx);
+    int rc = send ? MPI_Isend(grant, 2, MPI_LONG_LONG, peer, TAG_GRANT, c->comm, req)
+                  : MPI_Irecv(grant, 2, MPI_LONG_LONG, peer, TAG_GRANT, c->comm, req);
+    c->unlock(c->ctx);
+    if (rc != MPI_SUCCESS) {
+        return comm_fail(c, rc, send ? "MPI_Isend (a grant)" : "MPI_Irecv (a grant)");
+    }
+    if (send) {
+        c->count.bytes_sent += 2 * (long long)sizeof(long long);
+        c->count.messages++;
+    }
+    return 0;
+}
+
+// The first block of worker w in a call of batches [first, end): the w-th block of `window`.
+static void first_block(long long first, long long end, long long window, int w, long long *lo, long long *hi) {
+    long long start = first + (long long)w * window;
+    *lo = start < end ? start : end;
+    *hi = start + window < end ? start + window : end;
+}
+
 // ---------------------------------------------------------------------------------------------------
 // The worker
 
+void async_begin_call(Strategy *s, int first, int last) {
+    const long long W = s->workers;
+    first_block(first * W, last * W, s->cfg.window, s->comm.rank, &s->block_pos, &s->block_end);
+}
+
+int async_next_batch(Strategy *s, long *batch_index) {
+    if (s->block_pos >= s->block_end) {
+        return 0;
+    }
+    *batch_index = (long)s->block_pos++;
+    return 1;
+}
+
 // One exchange with every server: the message out (the accumulated update, or aeasgd's weights), the
-// reply in (the center shard into params, or aeasgd's e into scratch).
+// reply in (the center shard into params, or aeasgd's e into scratch), and the next block from server 0.
 static int exchange(Strategy *s, float *params) {
     Comm *c = &s->comm;
     const int S = s->cfg.servers, elastic = s->cfg.kind == STRATEGY_AEASGD;
@@ -84,18 +127,20 @@ static int exchange(Strategy *s, float *params) {
     }
     const float *out = elastic ? params : s->scratch;
     float *in = elastic ? s->scratch : params;
-    int rc = 0;
-    for (int j = 0; j < 2 * S; j++) s->reqs[j] = MPI_REQUEST_NULL;
+    for (int j = 0; j < 2 * S + 1; j++) s->reqs[j] = MPI_REQUEST_NULL;
+    int rc = grant_post(c, s->grants, s->workers, 0, &s->reqs[2 * S]);
     for (int j = 0; j < S && rc == 0; j++) {
         long lo = shard_lo(n, S, j), len = shard_lo(n, S, j + 1) - lo;
         if ((rc = comm_isend(c, out + lo, len, s->workers + j, TAG_EXCHANGE, &s->reqs[2 * j])) == 0) {
             rc = comm_irecv(c, in + lo, len, s->workers + j, TAG_REPLY, &s->reqs[2 * j + 1]);
         }
     }
-    rc = rc < 0 ? (comm_park_all(c, 2 * S, s->reqs), rc) : comm_waitall(c, 2 * S, s->reqs);
+    rc = rc < 0 ? (comm_park_all(c, 2 * S + 1, s->reqs), rc) : comm_waitall(c, 2 * S + 1, s->reqs);
     if (rc < 0) {
         return rc;
     }
+    s->block_pos = s->grants[0];
+    s->block_end = s->grants[1];
     if (elastic) {
         for (long i = 0; i < n; i++) params[i] -= s->scratch[i];
     } else {
@@ -105,14 +150,15 @@ static int exchange(Strategy *s, float *params) {
     return 0;
 }
 
-// A worker's step: a local SGD step, and an exchange after every window-th step of the run.
+// A worker's step: a local SGD step, and an exchange when its block of batches is done.
 int async_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
+    (void)step;
     SgdConfig sgd = s->sgd;
     if (s->cfg.kind == STRATEGY_AEASGD && sgd.momentum > 0.0f) {
         sgd.nesterov = 1;   // EAMSGD
     }
     sgd_step(&sgd, params, grads, momentum, started, s->n);
-    return (step + 1) % s->cfg.window == 0 ? exchange(s, params) : 0;
+    return s->block_pos == s->block_end ? exchange(s, params) : 0;
 }
 
 // The call's last message: DONE (empty) to every server.
@@ -168,13 +214,17 @@ static int next_running(const int *done, int W, int w) {
     return w;
 }
 
-// Serve one train_steps call: every worker's exchanges until every worker's DONE.
-int async_serve_call(Strategy *s, float *params) {
+// Serve one train_steps call of steps [first, last): every worker's exchanges until every worker's
+// DONE; server 0 also grants the next block with each reply.
+int async_serve_call(Strategy *s, float *params, int first, int last) {
     Comm *c = &s->comm;
-    const int W = s->workers;
+    const int W = s->workers, granting = c->rank == W;
     const long len = s->shard_hi - s->shard_lo;
     float *center = params + s->shard_lo;
-    MPI_Request *recvs = s->reqs, *sends = s->reqs + W;
+    MPI_Request *recvs = s->reqs, *sends = s->reqs + W, *grant_sends = s->reqs + 2 * W;
+    long long unused;
+    s->call_end = (long long)last * W;   // the first blocks are fixed: the hand-out starts after them
+    first_block((long long)first * W, s->call_end, s->cfg.window, W, &s->next_block, &unused);
     int *done = calloc((size_t)W, sizeof(int));
     if (done == NULL) {
         return comm_fail(c, MPI_ERR_NO_MEM, "malloc (the server's workers)");
@@ -199,8 +249,8 @@ int async_serve_call(Strategy *s, float *params) {
             running--;
         } else {
             float *in = s->scratch + (long)w * len, *out = s->replies + (long)w * len;
-            if ((rc = comm_wait(c, &sends[w])) < 0) {   // the last reply to w has left (w sent again)
-                break;
+            if ((rc = comm_wait(c, &sends[w])) < 0 || (rc = comm_wait(c, &grant_sends[w])) < 0) {
+                break;   // (the last reply to w has left: w has sent again)
             }
             long long staleness = s->updates - s->pulled_at[w];
             apply(s, center, in, out, len, staleness);
@@ -209,13 +259,20 @@ int async_serve_call(Strategy *s, float *params) {
             s->stats.pushes++;
             s->stats.staleness_sum += staleness;
             if (staleness > s->stats.staleness_max) s->stats.staleness_max = staleness;
-            if ((rc = comm_isend(c, out, len, w, TAG_REPLY, &sends[w])) == 0) {
+            if (granting) {   // the next block: empty once the call's batches are all handed out
+                long long *g = s->grants + 2 * w;
+                g[0] = s->next_block;
+                g[1] = s->next_block + s->cfg.window < s->call_end ? s->next_block + s->cfg.window : s->call_end;
+                s->next_block = g[1];
+                rc = grant_post(c, g, w, 1, &grant_sends[w]);
+            }
+            if (rc == 0 && (rc = comm_isend(c, out, len, w, TAG_REPLY, &sends[w])) == 0) {
                 rc = comm_irecv(c, in, len, w, MPI_ANY_TAG, &recvs[w]);
             }
         }
         w = next_running(done, W, w);
     }
-    rc = rc < 0 ? (comm_park_all(c, 2 * W, s->reqs), rc) : comm_waitall(c, W, sends);
+    rc = rc < 0 ? (comm_park_all(c, 3 * W, s->reqs), rc) : comm_waitall(c, 2 * W, sends);
     free(done);
     return rc;
 }

@@ -22,8 +22,10 @@ int easgd_step(Strategy *s, float *params, float *grads, float *momentum, int *s
 int async_create(Strategy *s);
 void async_free(Strategy *s);
 int async_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step);
+void async_begin_call(Strategy *s, int first, int last);
+int async_next_batch(Strategy *s, long *batch_index);
 int async_end_call(Strategy *s);
-int async_serve_call(Strategy *s, float *params);
+int async_serve_call(Strategy *s, float *params, int first, int last);
 int async_state(Strategy *s, float *momentum_out, int *started_out);
 void async_restore(Strategy *s, const float *params);
 
@@ -138,12 +140,20 @@ int strategy_step(Strategy *s, float *params, float *grads, float *momentum, int
     }
 }
 
-int strategy_end_call(Strategy *s) {
-    return strategy_is_async(s->cfg.kind) && !strategy_is_server(s) ? async_end_call(s) : 0;
+void strategy_begin_call(Strategy *s, int first, int last) {
+    async_begin_call(s, first, last);
 }
 
-int strategy_serve_call(Strategy *s, float *params) {
-    return async_serve_call(s, params);
+int strategy_next_batch(Strategy *s, long *batch_index) {
+    return async_next_batch(s, batch_index);
+}
+
+int strategy_end_call(Strategy *s) {
+    return async_end_call(s);
+}
+
+int strategy_serve_call(Strategy *s, float *params, int first, int last) {
+    return async_serve_call(s, params, first, last);
 }
 
 int strategy_serve(Strategy *s, float *params, float *momentum, int *started, long step) {

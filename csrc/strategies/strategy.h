@@ -84,6 +84,9 @@ typedef struct {
     float *base, *replies;
     MPI_Request *reqs;
     long long *pulled_at, updates;
+    // asynchronous: a worker's block of batches [block_pos, block_end) of this call; server 0 hands
+    // the blocks out (grants: [start, end) per worker, in flight) from next_block up to call_end
+    long long block_pos, block_end, *grants, next_block, call_end;
     AsyncStats stats;
 } Strategy;
 
@@ -108,10 +111,13 @@ int strategy_worker_rank(const Strategy *s);
 // call failed (comm.mpi_rc / comm.mpi_call say which).
 int strategy_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step);
 int strategy_serve(Strategy *s, float *params, float *momentum, int *started, long step);
-// Asynchronous: a worker's last message of a train_steps call (DONE to every server), and a server's
-// whole call (until every worker's DONE).
+// Asynchronous: a worker begins a train_steps call of steps [first, last) (the call's batches are
+// first * workers ... last * workers), takes the next batch it was granted (0: no more), and ends the
+// call (DONE to every server); a server serves the whole call, until every worker's DONE.
+void strategy_begin_call(Strategy *s, int first, int last);
+int strategy_next_batch(Strategy *s, long *batch_index);
 int strategy_end_call(Strategy *s);
-int strategy_serve_call(Strategy *s, float *params);
+int strategy_serve_call(Strategy *s, float *params, int first, int last);
 // Collective: the weights that count, into out[n] on every rank.
 int strategy_weights(Strategy *s, const float *params, float *out);
 // Collective: what to save, into params_out/momentum_out on every rank (and *started).
