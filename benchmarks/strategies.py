@@ -19,10 +19,10 @@ global batch at the same W), lr, momentum and epochs. The test accuracy is measu
 images every --eval-every steps against training seconds (evaluation off the clock; what is
 evaluated is the replica, the workers' average for average, the center for easgd and the
 asynchronous strategies); "s to 0.85" is the clock at the first evaluation at or above 0.85, so its
-resolution is --eval-every steps. Every worker runs the same steps between two evaluations (the
-engine gives each worker its own fixed share of the data), so there a fast worker waits for a slow
-one even in the asynchronous strategies: a straggler sets their pace too, and what they save is the
-wait at every step (their idle share shows what is left).
+resolution is --eval-every steps. Between two evaluations the synchronous strategies give every
+worker the same steps; the asynchronous ones hand the batches out in blocks of a window, so a fast
+worker takes more of them and a straggler holds no one back (their idle share: what is left, at most
+one block of the straggler's at the end of each chunk).
 
 Per (strategy, W) the table shows R, the final test accuracy, seconds to 0.85, samples/s, Tcomp and
 Tsync per worker step (Tcomp includes a straggler's sleep), KiB sent per step per rank (mean over

@@ -10,8 +10,9 @@ is collective, so the ranks start the next chunk together). Rank 0 writes one JS
 the options, the curve [(training seconds, steps, test accuracy)], one record per epoch with the
 totals of Trainer.fit (samples/s, Tcomp and Tsync per worker step, bytes and messages per step per
 rank), idle_share (the workers' share of the clock spent waiting, after their steps of a chunk, for
-the slowest rank to finish its own: near 0 where every step synchronizes, a straggler's cost to the
-others when the asynchronous strategies run equal steps per worker) and the final test accuracy.
+the slowest rank to finish its own: near 0 where every step synchronizes; for the asynchronous
+strategies, which hand the batches out in blocks, at most one block of the slowest worker's at the
+end of each chunk) and the final test accuracy.
 For an asynchronous strategy (the center evaluated) each epoch also has, as Trainer.fit computes
 them, staleness_mean and staleness_max (a push's staleness: the server's updates since that
 worker's last pull), pushes_per_worker (per server) and wait_share (the workers' share of their step
