@@ -59,6 +59,13 @@ def test_timeout_names_the_operation_and_breaks_the_group(tmp_path):
                 dist.barrier()
             except dist.DistError as e:
                 report(f"BROKEN in {time.monotonic() - t:.3f} s: {e}")
+            # A rank that leaves without MPI_Finalize ends the job: wait (through the files, MPI being
+            # broken) until the other has reported too, or on a busy machine its report may be lost.
+            files = [os.path.join(os.environ["JOB_OUT"], f"rank{r}.txt") for r in (0, 2)]
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not all(
+                    os.path.exists(f) and len(open(f).readlines()) >= 2 for f in files):
+                time.sleep(0.05)
         else:
             time.sleep(10)   # longer than the others' bound below; the job ends when they exit
         os._exit(0)   # the broken collectives can never finish: skip the orderly shutdown
