@@ -70,17 +70,26 @@ asan_unit() {
     tests/unit/test_api.py tests/unit/test_errors.py tests/unit/test_float16.py tests/unit/test_gil.py \
     tests/unit/test_engine.py tests/unit/test_ring_args.py tests/unit/test_strategy_options.py
 }
-# LeakSanitizer's own tracer (the thread that stops the others for the leak check at exit) once died
-# of SIGSEGV after every test had passed ("Tracer caught signal 11 ... LeakSanitizer has encountered
-# a fatal error"): its crash, not a finding. Only then, with no memory error reported, run it again.
+# LeakSanitizer's own tracer (the thread that stops the others for the leak check at exit) has died
+# of SIGSEGV in CI after every test had passed ("Tracer caught signal 11 ... LeakSanitizer has
+# encountered a fatal error"), on a busy machine, twice in a row; never here in the foreground. That
+# is the sanitizer's crash, not a finding. Only then, with no memory error reported: once more, and
+# if its tracer crashes again, once more without the exit-time leak check (memory errors are still
+# caught; the multi-rank stage below still checks leaks).
+tracer_crashed() {
+  grep -q "LeakSanitizer has encountered a fatal error" "$ASAN_DIR"/asan.* 2>/dev/null &&
+    ! grep -q "ERROR: AddressSanitizer" "$ASAN_DIR"/asan.* 2>/dev/null
+}
+forget_crash() { rm -f $(grep -l "LeakSanitizer has encountered a fatal error" "$ASAN_DIR"/asan.*); }
 if ! asan_unit; then
-  if grep -q "LeakSanitizer has encountered a fatal error" "$ASAN_DIR"/asan.* 2>/dev/null &&
-     ! grep -q "ERROR: AddressSanitizer" "$ASAN_DIR"/asan.* 2>/dev/null; then
-    echo "asan: LeakSanitizer's tracer crashed at exit (not a finding); the stage once more"
-    rm -f $(grep -l "LeakSanitizer has encountered a fatal error" "$ASAN_DIR"/asan.*)
-    asan_unit
-  else
-    exit 1
+  tracer_crashed || exit 1
+  echo "asan: LeakSanitizer's tracer crashed at exit (not a finding); the stage once more"
+  forget_crash
+  if ! asan_unit; then
+    tracer_crashed || exit 1
+    echo "asan: its tracer crashed again; the stage without the exit-time leak check"
+    forget_crash
+    ASAN_OPTIONS=${ASAN_OPTIONS/detect_leaks=1/detect_leaks=0} asan_unit
   fi
 fi
 LD_PRELOAD=$ASAN_LIB PYTHONPATH=$PWD/build/asan $PY tests/run_mpi.py -n 2 3 --durations 3
