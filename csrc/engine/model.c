@@ -250,31 +250,76 @@ uint64_t model_hash(const Model *m) {
 
 // ---------------------------------------------------------------------------------------------------
 
+void layer_forward(const Layer *L, const float *params, const float *in, float *out, float *cols, int32_t *argmax,
+                   float *scratch, int B) {
+    const float *W = params + L->weight_offset, *b = params + L->bias_offset;
+    long n_out = (long)B * act_size(L->out_c, L->out_h, L->out_w);
+    switch (L->spec.type) {
+    case LAYER_LINEAR:
+        linear_forward(in, W, b, out, B, L->spec.in, L->spec.out);
+        break;
+    case LAYER_CONV2D:
+        conv2d_forward(&L->conv, in, W, b, out, cols, scratch, B);
+        break;
+    case LAYER_MAXPOOL2D:
+        maxpool_forward(in, out, argmax, B * L->in_c, L->in_h, L->in_w, L->spec.kernel);
+        break;
+    case LAYER_RELU:
+        relu_forward(in, out, n_out);
+        break;
+    case LAYER_FLATTEN:
+        memcpy(out, in, sizeof(float) * (size_t)n_out);
+        break;
+    }
+}
+
+void layer_backward(const Layer *L, const float *params, float *dparams, const float *in, const float *out,
+                    const float *dy, float *dx, float *cols, const int32_t *argmax, float *scratch, int B) {
+    const float *W = params + L->weight_offset;
+    float *dW = dparams, *db = dparams + L->weights;
+    long n_in = (long)B * act_size(L->in_c, L->in_h, L->in_w);
+    switch (L->spec.type) {
+    case LAYER_LINEAR:
+        linear_backward(in, W, dy, dW, db, dx, B, L->spec.in, L->spec.out);
+        break;
+    case LAYER_CONV2D:
+        conv2d_backward(&L->conv, cols, W, dy, dW, db, dx, scratch, B);
+        break;
+    case LAYER_MAXPOOL2D:
+        if (dx) maxpool_backward(dy, argmax, dx, B * L->in_c, L->in_h, L->in_w, L->spec.kernel);
+        break;
+    case LAYER_RELU:
+        if (dx) relu_backward(out, dy, dx, n_in);
+        break;
+    case LAYER_FLATTEN:
+        if (dx) memcpy(dx, dy, sizeof(float) * (size_t)n_in);
+        break;
+    }
+}
+
+long layer_output_floats(const Layer *L) {
+    return act_size(L->out_c, L->out_h, L->out_w);
+}
+
+long layer_input_floats(const Layer *L) {
+    return act_size(L->in_c, L->in_h, L->in_w);
+}
+
+double layer_forward_flops(const Layer *L) {
+    double out = (double)layer_output_floats(L);
+    switch (L->spec.type) {
+    case LAYER_LINEAR:
+    case LAYER_CONV2D: return 2.0 * (double)L->weights * (L->spec.type == LAYER_CONV2D ? L->out_h * L->out_w : 1);
+    case LAYER_MAXPOOL2D: return (double)layer_input_floats(L);   // a comparison per input
+    case LAYER_RELU: return out;
+    default: return 0.0;                                           // flatten: a copy
+    }
+}
+
 const float *model_forward(Model *m, const float *x, int B) {
     memcpy(m->act[0], x, sizeof(float) * (size_t)B * act_size(m->in_c, m->in_h, m->in_w));
     for (int i = 0; i < m->num_layers; i++) {
-        const Layer *L = &m->layers[i];
-        const float *in = m->act[i];
-        float *out = m->act[i + 1];
-        const float *W = m->params + L->weight_offset, *b = m->params + L->bias_offset;
-        long n_out = (long)B * act_size(L->out_c, L->out_h, L->out_w);
-        switch (L->spec.type) {
-        case LAYER_LINEAR:
-            linear_forward(in, W, b, out, B, L->spec.in, L->spec.out);
-            break;
-        case LAYER_CONV2D:
-            conv2d_forward(&L->conv, in, W, b, out, m->cols[i], m->scratch, B);
-            break;
-        case LAYER_MAXPOOL2D:
-            maxpool_forward(in, out, m->argmax[i], B * L->in_c, L->in_h, L->in_w, L->spec.kernel);
-            break;
-        case LAYER_RELU:
-            relu_forward(in, out, n_out);
-            break;
-        case LAYER_FLATTEN:
-            memcpy(out, in, sizeof(float) * (size_t)n_out);
-            break;
-        }
+        layer_forward(&m->layers[i], m->params, m->act[i], m->act[i + 1], m->cols[i], m->argmax[i], m->scratch, B);
     }
     return m->act[m->num_layers];
 }
@@ -283,29 +328,9 @@ double model_loss_backward(Model *m, const float *x, const int32_t *labels, int 
     const float *logits = model_forward(m, x, B);
     double loss = log_softmax_nll(logits, labels, m->dact[m->num_layers], B, m->classes, correct);
     for (int i = m->num_layers - 1; i >= 0; i--) {
-        const Layer *L = &m->layers[i];
-        const float *dy = m->dact[i + 1];
         float *dx = i > 0 ? m->dact[i] : NULL;  // nobody needs the input's gradient
-        const float *W = m->params + L->weight_offset;
-        float *dW = m->grads + L->weight_offset, *db = m->grads + L->bias_offset;
-        long n_in = (long)B * act_size(L->in_c, L->in_h, L->in_w);
-        switch (L->spec.type) {
-        case LAYER_LINEAR:
-            linear_backward(m->act[i], W, dy, dW, db, dx, B, L->spec.in, L->spec.out);
-            break;
-        case LAYER_CONV2D:
-            conv2d_backward(&L->conv, m->cols[i], W, dy, dW, db, dx, m->scratch, B);
-            break;
-        case LAYER_MAXPOOL2D:
-            if (dx) maxpool_backward(dy, m->argmax[i], dx, B * L->in_c, L->in_h, L->in_w, L->spec.kernel);
-            break;
-        case LAYER_RELU:
-            if (dx) relu_backward(m->act[i + 1], dy, dx, n_in);
-            break;
-        case LAYER_FLATTEN:
-            if (dx) memcpy(dx, dy, sizeof(float) * (size_t)n_in);
-            break;
-        }
+        layer_backward(&m->layers[i], m->params, m->grads + m->layers[i].weight_offset, m->act[i], m->act[i + 1], m->dact[i + 1], dx, m->cols[i],
+                       m->argmax[i], m->scratch, B);
     }
     return loss;
 }

@@ -59,6 +59,22 @@ const float *model_forward(Model *m, const float *x, int B);
 // d(loss)/d(params). Returns the loss; *correct (may be NULL) counts right answers.
 double model_loss_backward(Model *m, const float *x, const int32_t *labels, int B, int *correct);
 
+// One layer on B examples, as model_forward/model_loss_backward run it: params is the model's flat
+// buffer (the layer reads its own offsets), dparams the layer's own gradient (its weights', then its
+// bias'; the model passes grads + weight_offset); cols (convolution) and argmax
+// (max-pool) are the layer's buffers for these B examples, kept from forward for backward; scratch holds
+// conv_tmp_floats. Backward overwrites the layer's gradients; dx may be NULL (nobody needs it).
+// The pipeline stages (csrc/strategies/pipeline.c) run their layers this way on micro-batches.
+void layer_forward(const Layer *L, const float *params, const float *in, float *out, float *cols, int32_t *argmax,
+                   float *scratch, int B);
+void layer_backward(const Layer *L, const float *params, float *dparams, const float *in, const float *out,
+                    const float *dy, float *dx, float *cols, const int32_t *argmax, float *scratch, int B);
+// Floats per example of a layer's input and output; its forward floating-point operations per
+// example (multiply-adds count 2; what the pipeline balances its stages by).
+long layer_input_floats(const Layer *L);
+long layer_output_floats(const Layer *L);
+double layer_forward_flops(const Layer *L);
+
 const char *layer_type_name(LayerType t);
 
 // Hash of the architecture (layer list and input shape), stored in checkpoints.
