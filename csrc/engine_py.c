@@ -265,6 +265,21 @@ static int set_momentum_started(EngineObject *e, PyObject *v, void *c) {
     return 0;
 }
 
+// Forward floating-point operations per example, per layer (what the pipeline balances its stages by).
+static PyObject *get_layer_flops(EngineObject *e, void *c) {
+    (void)c;
+    PyObject *out = PyList_New(e->model.num_layers);
+    for (int i = 0; out != NULL && i < e->model.num_layers; i++) {
+        PyObject *v = PyFloat_FromDouble(layer_forward_flops(&e->model.layers[i]));
+        if (v == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+    return out;
+}
+
 // (weight_offset, weight_count, bias_offset, bias_count) per layer: where torch's tensors sit.
 static PyObject *get_layout(EngineObject *e, void *c) {
     (void)c;
@@ -433,6 +448,11 @@ static int hook_end_call(void *ctx) {
     return strategy_end_call(ctx);
 }
 
+static int hook_run_step(void *ctx, const Dataset *ds, const int *perm, int offset, int batch, float *params,
+                         float *momentum, int *started, double *loss, int *correct) {
+    return pipeline_run_step(ctx, ds, perm, offset, batch, params, momentum, started, loss, correct);
+}
+
 static double hook_seconds(void *ctx) {
     return ((Strategy *)ctx)->comm.seconds;
 }
@@ -461,20 +481,63 @@ static Comm comm_for(MPI_Comm comm, int rank, int size) {
     return c;
 }
 
-// set_strategy(group, name, servers, period, warmup, placement, beta, slow_ms, window, deterministic, lr,
-//              momentum, dampening, weight_decay, nesterov): how this engine's train_steps cooperate from now on, on a
-// private copy of the group's communicator (so its messages never meet the user's). Collective over
-// the group. group -1: alone.
+// The pipeline's stage boundaries: None (other strategies), or a sequence of stages + 1 ints from 0
+// to the model's layer count, strictly increasing (pipeline.c checks the values). Returns 0 or -1.
+static int split_arg(PyObject *obj, long stages, const char *fn, int *out) {
+    if (obj == Py_None) {
+        return 0;
+    }
+    PyObject *seq = PySequence_Fast(obj, "`split` must be a sequence of ints or None");
+    if (seq == NULL) {
+        return -1;
+    }
+    int rc = 0;
+    if (PySequence_Fast_GET_SIZE(seq) != stages + 1) {
+        PyErr_Format(PyExc_ValueError, "%s(): `split` must hold stages + 1 = %ld boundaries; got %zd", fn, stages + 1,
+                     PySequence_Fast_GET_SIZE(seq));
+        rc = -1;
+    }
+    for (long q = 0; rc == 0 && q <= stages; q++) {
+        long v;
+        if (pd_arg_long(PySequence_Fast_GET_ITEM(seq, q), fn, "split", &v) < 0) {
+            rc = -1;
+        } else if (v < 0 || v > INT32_MAX) {
+            PyErr_Format(PyExc_ValueError, "%s(): `split` holds %ld, not a layer index", fn, v);
+            rc = -1;
+        } else {
+            out[q] = (int)v;
+        }
+    }
+    Py_DECREF(seq);
+    return rc;
+}
+
+// set_strategy(group, name, servers, period, warmup, placement, beta, slow_ms, window, deterministic, stages,
+//              micro_batches, schedule, split, lr, momentum, dampening, weight_decay, nesterov): how this engine's
+// train_steps cooperate from now on, on a private copy of the group's communicator (so its messages never
+// meet the user's). Collective over the group. group -1: alone.
 static PyObject *engine_set_strategy(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
     const char *fn = "Engine.set_strategy";
-    long group, servers, period, warmup, placement, slow_ms, window, deterministic;
+    long group, servers, period, warmup, placement, slow_ms, window, deterministic, stages, micro_batches, schedule;
     double beta;
     SgdConfig sgd;
-    if (pd_check_nargs(nargs, 15, fn) < 0 || pd_arg_long(args[0], fn, "group", &group) < 0 ||
+    if (pd_check_nargs(nargs, 19, fn) < 0 || pd_arg_long(args[0], fn, "group", &group) < 0 ||
         pd_arg_long(args[2], fn, "servers", &servers) < 0 || pd_arg_long(args[3], fn, "period", &period) < 0 ||
         pd_arg_long(args[4], fn, "warmup", &warmup) < 0 || pd_arg_long(args[5], fn, "placement", &placement) < 0 ||
         pd_arg_long(args[7], fn, "slow_ms", &slow_ms) < 0 || pd_arg_long(args[8], fn, "window", &window) < 0 ||
-        pd_arg_long(args[9], fn, "deterministic", &deterministic) < 0 || sgd_args(args + 10, fn, &sgd) < 0) {
+        pd_arg_long(args[9], fn, "deterministic", &deterministic) < 0 ||
+        pd_arg_long(args[10], fn, "stages", &stages) < 0 || pd_arg_long(args[11], fn, "micro_batches", &micro_batches) < 0 ||
+        pd_arg_long(args[12], fn, "schedule", &schedule) < 0 || sgd_args(args + 14, fn, &sgd) < 0) {
+        return NULL;
+    }
+    if (stages < 0 || stages > e->model.num_layers || micro_batches < 0 || micro_batches > INT32_MAX ||
+        schedule < SCHEDULE_GPIPE || schedule > SCHEDULE_1F1B) {
+        PyErr_Format(PyExc_ValueError, "%s(): need 0 <= stages <= %d (the model's layers), micro_batches >= 0 and "
+                     "schedule 0 (gpipe) or 1 (1f1b)", fn, e->model.num_layers);
+        return NULL;
+    }
+    int split[e->model.num_layers + 1];   // stages + 1 <= layers + 1 boundaries
+    if (split_arg(args[13], stages, fn, split) < 0) {
         return NULL;
     }
     if (!PyUnicode_Check(args[1])) {
@@ -531,10 +594,11 @@ static PyObject *engine_set_strategy(EngineObject *e, PyObject *const *args, Py_
         }
     }
     StrategyConfig cfg = {(StrategyKind)kind, (int)servers, (int)period, (int)warmup, (MomentumPlacement)placement,
-                          (float)beta, (int)window, (int)deterministic};
+                          (float)beta, (int)window, (int)deterministic, (int)stages, (int)micro_batches,
+                          (PipelineSchedule)schedule, args[13] == Py_None ? NULL : split};
     char err[512];
-    if (strategy_create(&e->strategy, &cfg, &sgd, comm_for(e->strategy_comm, rank, size), e->model.num_params,
-                        e->model.params, err, sizeof err) < 0) {
+    if (strategy_create(&e->strategy, &cfg, &sgd, comm_for(e->strategy_comm, rank, size), &e->model, err,
+                        sizeof err) < 0) {
         drop_strategy(e);
         e->busy = 0;
         PyErr_Format(PyExc_ValueError, "%s(): %s", fn, err);
@@ -587,10 +651,10 @@ static PyObject *engine_train_steps(EngineObject *e, PyObject *const *args, Py_s
         if (comm == NULL) {
             return NULL;
         }
-        StrategyConfig cfg = {STRATEGY_ALLREDUCE, 0, 0, 0, MOMENTUM_LOCAL, 0.0f, 0, 0};
+        StrategyConfig cfg = {STRATEGY_ALLREDUCE, 0, 0, 0, MOMENTUM_LOCAL, 0.0f, 0, 0, 0, 0, SCHEDULE_GPIPE, NULL};
         char err[256];
         if (strategy_create(&once, &cfg, &sgd, comm_for(*comm, pd_group_rank(group), pd_group_size(group)),
-                            e->model.num_params, e->model.params, err, sizeof err) < 0) {
+                            &e->model, err, sizeof err) < 0) {
             PyErr_Format(PyExc_MemoryError, "%s(): %s", fn, err);
             return NULL;
         }
@@ -600,16 +664,23 @@ static PyObject *engine_train_steps(EngineObject *e, PyObject *const *args, Py_s
         return NULL;
     }
     const int alone = !own && !temporary;
-    TrainConfig c = {0, 1, (int)batch, sgd, {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}, e->global_step,
+    TrainConfig c = {0, 1, (int)batch, sgd, {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}, e->global_step,
                      e->slow_ms};
     if (!alone) {
         st->sgd = sgd;
         c.rank = strategy_worker_rank(st), c.world = st->workers;
         const int server = strategy_is_server(st), async = strategy_is_async(st->cfg.kind);
         const int worker_async = !server && async;
-        c.hooks = (StepHooks){hook_step, server && !async ? hook_serve : NULL, hook_seconds,
+        const int pipeline = st->cfg.kind == STRATEGY_PIPELINE;
+        c.hooks = (StepHooks){pipeline ? NULL : hook_step, server && !async ? hook_serve : NULL, hook_seconds,
                               server && async ? hook_serve_call : NULL, worker_async ? hook_begin_call : NULL,
-                              worker_async ? hook_next_batch : NULL, worker_async ? hook_end_call : NULL, st};
+                              worker_async ? hook_next_batch : NULL, worker_async ? hook_end_call : NULL,
+                              pipeline ? hook_run_step : NULL, st};
+        if (pipeline && batch % st->cfg.micro_batches != 0) {
+            PyErr_Format(PyExc_ValueError, "%s(): the batch of %ld does not divide into %d micro-batches", fn, batch,
+                         st->cfg.micro_batches);
+            return NULL;   // the engine's own strategy: nothing temporary to free
+        }
     }
     // Step s reads perm[(s * world + rank) * batch ...] up to end * world * batch, compared by division
     // so that it cannot overflow; the indices then fit an int (perm has at most ds.n < 2^31 entries).
@@ -716,6 +787,39 @@ static PyObject *engine_strategy_restore(EngineObject *e, PyObject *unused) {
         strategy_restore(&e->strategy, e->model.params);
     }
     Py_RETURN_NONE;
+}
+
+// pipeline_stats() -> dict of this stage's measurements (PipelineStats), or None when the strategy is
+// not a pipeline.
+static PyObject *engine_pipeline_stats(EngineObject *e, PyObject *unused) {
+    (void)unused;
+    const PipelineStats *p = e->has_strategy ? pipeline_stats(&e->strategy) : NULL;
+    if (p == NULL) {
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("{sisisisislslsdsdsdsdsisislsl}", "stage", p->stage, "replica", p->replica, "first_layer",
+                         p->first_layer, "last_layer", p->last_layer, "parameters", p->parameters, "steps", p->steps,
+                         "busy_s", p->busy, "idle_s", p->idle, "sync_s", p->sync, "step_s", p->step_seconds, "slots",
+                         p->slots, "peak_slots", p->peak_slots, "slot_bytes", p->slot_bytes, "workspace_bytes",
+                         p->workspace_bytes);
+}
+
+// pipeline_trace() -> [(kind, micro, start, end)] of the last step (kind 0 forward, 1 backward, 2 update;
+// CLOCK_MONOTONIC seconds), or [] when the strategy is not a pipeline.
+static PyObject *engine_pipeline_trace(EngineObject *e, PyObject *unused) {
+    (void)unused;
+    const PipelineEvent *ev = NULL;
+    int n = e->has_strategy ? pipeline_trace(&e->strategy, &ev) : 0;
+    PyObject *out = PyList_New(n);
+    for (int i = 0; out != NULL && i < n; i++) {
+        PyObject *t = Py_BuildValue("(iidd)", ev[i].kind, ev[i].micro, ev[i].start, ev[i].end);
+        if (t == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, t);
+    }
+    return out;
 }
 
 static PyObject *get_is_server(EngineObject *e, void *c) {
@@ -924,12 +1028,17 @@ static PyMethodDef engine_methods[] = {
            "train_steps(images, labels, perm, step_begin, step_end, batch, group, lr, momentum, dampening, "
            "weight_decay, nesterov) -> (loss_sum, correct, steps, t_comp, t_sync, bytes_sent, messages)"),
     METHOD("set_strategy", engine_set_strategy,
-           "set_strategy(group, name, servers, period, warmup, placement, beta, slow_ms, lr, momentum, dampening, "
-           "weight_decay, nesterov): how train_steps cooperate (collective)"),
+           "set_strategy(group, name, servers, period, warmup, placement, beta, slow_ms, window, deterministic, stages, "
+           "micro_batches, schedule, split, lr, momentum, dampening, weight_decay, nesterov): how train_steps "
+           "cooperate (collective)"),
     {"strategy_weights", (PyCFunction)engine_strategy_weights, METH_NOARGS,
      "strategy_weights() -> the weights that count (collective)"},
     {"strategy_state", (PyCFunction)engine_strategy_state, METH_NOARGS,
      "strategy_state() -> (params, momentum, momentum_started) to save (collective)"},
+    {"pipeline_stats", (PyCFunction)engine_pipeline_stats, METH_NOARGS,
+     "pipeline_stats() -> this stage's busy, idle and sync seconds, activation memory (None: no pipeline)"},
+    {"pipeline_trace", (PyCFunction)engine_pipeline_trace, METH_NOARGS,
+     "pipeline_trace() -> [(kind, micro, start, end)] of the last step (kind 0 forward, 1 backward, 2 update)"},
     {"strategy_restore", (PyCFunction)engine_strategy_restore, METH_NOARGS,
      "strategy_restore(): take up loaded params (easgd's center)"},
     METHOD("evaluate", engine_evaluate,
@@ -953,6 +1062,7 @@ static PyGetSetDef engine_getset[] = {
     {"workers", (getter)get_workers, NULL, "ranks that compute gradients", NULL},
     {"global_step", (getter)get_global_step, (setter)set_global_step, "the strategy's step count", NULL},
     {"layout", (getter)get_layout, NULL, "(weight_offset, weights, bias_offset, biases) per layer", NULL},
+    {"layer_flops", (getter)get_layer_flops, NULL, "forward FLOPs per example, per layer", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -26,7 +26,8 @@ from . import _C
 from . import distributed as dist
 
 __all__ = ["Linear", "Conv2d", "MaxPool2d", "ReLU", "Flatten", "Model", "lenet5", "mlp", "Trainer",
-           "load_idx", "load_fashion_mnist", "DEFAULT_DATA_DIR", "STRATEGIES"]
+           "load_idx", "load_fashion_mnist", "DEFAULT_DATA_DIR", "STRATEGIES", "SCHEDULES", "layer_costs",
+           "balanced_split"]
 
 DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"   # Debian's dataset-fashion-mnist
 _LINEAR, _CONV2D, _MAXPOOL2D, _RELU, _FLATTEN = range(5)  # csrc/engine/model.h LayerType
@@ -192,11 +193,17 @@ STRATEGIES = {
     "adag": {"servers": 1, "window": 5, "deterministic": False},       # the same, the update / window
     "aeasgd": {"servers": 1, "window": 5, "beta": 0.9, "deterministic": False},   # asynchronous elastic
     "dynsgd": {"servers": 1, "window": 5, "deterministic": False},     # each push / (staleness + 1)
+    # Model parallelism (csrc/strategies/pipeline.c): the layers split into `stages` (default: every
+    # rank a stage) balanced by FLOPs unless `split` names the first layer of each stage after the first;
+    # R = stages x replicas; each batch in `micro_batches`, scheduled "gpipe" or "1f1b".
+    "pipeline": {"stages": None, "micro_batches": 4, "schedule": "1f1b", "split": None},
 }
 ASYNC = ("downpour", "adag", "aeasgd", "dynsgd")
 _PLACEMENTS = ("local", "average", "reset")   # csrc/strategies/strategy.h MomentumPlacement
+SCHEDULES = ("gpipe", "1f1b")                 # csrc/strategies/strategy.h PipelineSchedule
 # The weights each strategy evaluates and checkpoints (Trainer.weights()).
-EVALUATES = {"average": "the workers' average", "easgd": "the center", **{k: "the center" for k in ASYNC}}
+EVALUATES = {"average": "the workers' average", "easgd": "the center", **{k: "the center" for k in ASYNC},
+             "pipeline": "the stages' slices, gathered"}
 
 
 def _strategy_options(strategy, given):
@@ -213,8 +220,8 @@ def _strategy_options(strategy, given):
             raise ValueError(f"Trainer: strategy {strategy!r} does not take `{name}` (only {', '.join(takers)} "
                              f"do{'es' if len(takers) == 1 else ''})")
         options[name] = value
-    for name in ("servers", "period", "warmup", "window"):
-        if name in options:
+    for name in ("servers", "period", "warmup", "window", "stages", "micro_batches"):
+        if name in options and options[name] is not None:
             v, least = options[name], 0 if name == "warmup" else 1
             if not isinstance(v, numbers.Integral) or isinstance(v, bool) or not least <= v < 2**31:
                 raise ValueError(f"Trainer: `{name}` must be an int >= {least}; got {v!r}")
@@ -227,11 +234,58 @@ def _strategy_options(strategy, given):
         if not isinstance(b, numbers.Real) or isinstance(b, bool) or not 0 <= b <= 1:
             raise ValueError(f"Trainer: `beta` must be a number in [0, 1]; got {b!r}")
         options["beta"] = float(b)
+    if options.get("schedule", "gpipe") not in SCHEDULES:
+        raise ValueError(f"Trainer: `schedule` must be one of {', '.join(SCHEDULES)}; got {options['schedule']!r}")
+    if options.get("split") is not None:
+        split = options["split"]
+        if isinstance(split, (str, bytes)) or not hasattr(split, "__iter__") or not all(
+                isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in split):
+            raise ValueError(f"Trainer: `split` must be a list of layer indices (each stage's first layer after the "
+                             f"first stage's); got {split!r}")
+        options["split"] = [int(v) for v in split]
     if "deterministic" in options:
         if not isinstance(options["deterministic"], (bool, np.bool_)):
             raise ValueError(f"Trainer: `deterministic` must be a bool; got {options['deterministic']!r}")
         options["deterministic"] = bool(options["deterministic"])
     return options
+
+
+def layer_costs(model):
+    """Each layer's floating-point work per example, forward and backward: a Linear or Conv2d layer's
+    backward costs about twice its forward (the weights' gradient and the input's), the others' about
+    as much as their forward."""
+    flops = _C.Engine(model.specs(), model.input_shape, 1).layer_flops
+    return [f * (3 if spec[0] in (_LINEAR, _CONV2D) else 2) for f, spec in zip(flops, model.specs())]
+
+
+def balanced_split(costs, stages):
+    """The boundaries [0, b1, ..., len(costs)] of `stages` contiguous, non-empty groups of layers whose
+    largest total cost is as small as it can be (a pipeline runs at the pace of its slowest stage);
+    among those, the most even (the smallest sum of squared stage costs)."""
+    n = len(costs)
+    if not 1 <= stages <= n:
+        raise ValueError(f"pipeline: {stages} stages for a model of {n} layers (each stage needs one)")
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + float(c))
+    # best[q][i]: (largest stage, sum of squares) of the best split of layers [0, i) into q stages;
+    # cut[q][i]: where its last stage begins
+    inf = (float("inf"), float("inf"))
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = (0.0, 0.0)
+    for q in range(1, stages + 1):
+        for i in range(q, n + 1):
+            for j in range(q - 1, i):
+                c = prefix[i] - prefix[j]
+                cand = (max(best[q - 1][j][0], c), best[q - 1][j][1] + c * c)
+                if cand < best[q][i]:
+                    best[q][i], cut[q][i] = cand, j
+    bounds, i = [n], n
+    for q in range(stages, 0, -1):
+        i = cut[q][i]
+        bounds.append(i)
+    return bounds[::-1]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -278,14 +332,17 @@ class Trainer:
     "allreduce" (default), "ring", "central", "ps" (`servers`), "average" (`period`, `warmup`,
     `momentum_placement`), "easgd" (`period`, `beta`); asynchronous, with `servers`, `window` and
     `deterministic` (serve the workers in a fixed round-robin: bitwise repeatable): "downpour", "adag",
-    "aeasgd" (also `beta`; with momentum its workers use Nesterov's, EAMSGD), "dynsgd". An option the
-    strategy does not take is a ValueError. `slow_rank`/`slow_ms` make one rank sleep `slow_ms` ms per step (a straggler).
+    "aeasgd" (also `beta`; with momentum its workers use Nesterov's, EAMSGD), "dynsgd". Model
+    parallelism: "pipeline" (`stages`, default every rank; `micro_batches`, default 4; `schedule`
+    "gpipe" or "1f1b"; `split`, the first layer of each later stage, else balanced by FLOPs): R =
+    stages x replicas, `batch_size` is then per replica. An option the strategy does not take is a
+    ValueError. `slow_rank`/`slow_ms` make one rank sleep `slow_ms` ms per step (a straggler).
     """
 
     def __init__(self, model, lr=0.02, momentum=0.9, weight_decay=0.0, dampening=0.0, nesterov=False,
                  batch_size=64, seed=0, group=None, blas_threads=None, strategy="allreduce", servers=None,
                  period=None, warmup=None, momentum_placement=None, beta=None, window=None, deterministic=None,
-                 slow_rank=None, slow_ms=None):
+                 stages=None, micro_batches=None, schedule=None, split=None, slow_rank=None, slow_ms=None):
         if not isinstance(model, Model):
             raise TypeError(f"Trainer: `model` must be a pydist.engine.Model, got {type(model).__name__}")
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
@@ -303,7 +360,8 @@ class Trainer:
             raise ValueError("Trainer: nesterov needs momentum > 0 and dampening 0 (as torch.optim.SGD)")
         options = _strategy_options(strategy, dict(servers=servers, period=period, warmup=warmup,
                                                    momentum_placement=momentum_placement, beta=beta,
-                                                   window=window, deterministic=deterministic))
+                                                   window=window, deterministic=deterministic, stages=stages,
+                                                   micro_batches=micro_batches, schedule=schedule, split=split))
         if (slow_rank is None) != (slow_ms is None):
             raise ValueError("Trainer: `slow_rank` and `slow_ms` go together (one rank sleeps slow_ms per step)")
         self.model, self.batch_size, self.seed = model, batch_size, int(seed)
@@ -323,6 +381,9 @@ class Trainer:
             for name, v, hi in (("slow_rank", slow_rank, self.world - 1), ("slow_ms", slow_ms, 3600000)):
                 if not isinstance(v, numbers.Integral) or isinstance(v, bool) or not 0 <= v <= hi:
                     raise ValueError(f"Trainer: `{name}` must be an int in [0, {hi}]; got {v!r}")
+        self.stages, self.split = 1, None
+        if strategy == "pipeline":
+            self.stages, self.split = self._pipeline_layout(options, batch_size)
         self.engine = _C.Engine(model.specs(), model.input_shape, batch_size)
         self.engine.init_params(self.seed)
         self._broadcast_state()
@@ -330,9 +391,47 @@ class Trainer:
                                  options.get("warmup", 0),
                                  _PLACEMENTS.index(options.get("momentum_placement", "local")),
                                  options.get("beta", 0.0), int(slow_ms) if slow_rank == self.rank else 0,
-                                 options.get("window", 0), int(options.get("deterministic", False)), *self.sgd)
+                                 options.get("window", 0), int(options.get("deterministic", False)),
+                                 self.stages if strategy == "pipeline" else 0, options.get("micro_batches", 0),
+                                 SCHEDULES.index(options.get("schedule", "gpipe")), self.split, *self.sgd)
         self.workers, self.is_server = self.engine.workers, self.engine.is_server
         self.epoch, self.step, self.history = 0, 0, []
+
+    def _pipeline_layout(self, options, batch_size):
+        """(stages, boundaries): the pipeline's stages and the layers each runs, checked on every rank alike."""
+        stages = options["stages"] or self.world
+        options["stages"] = stages
+        layers = len(self.model.layers)
+        if self.world % stages != 0:
+            raise ValueError(f"Trainer: {stages} pipeline stages must divide the {self.world} ranks (ranks = stages x "
+                             f"replicas)")
+        if stages > layers:
+            raise ValueError(f"Trainer: {stages} pipeline stages but the model has only {layers} layers")
+        if batch_size % options["micro_batches"] != 0:
+            raise ValueError(f"Trainer: the batch of {batch_size} does not divide into {options['micro_batches']} "
+                             f"micro-batches")
+        split = options["split"]
+        if split is None:
+            return stages, balanced_split(layer_costs(self.model), stages)
+        bounds = [0, *split, layers]
+        if len(split) != stages - 1 or any(b <= a for a, b in zip(bounds, bounds[1:])):
+            raise ValueError(f"Trainer: `split` must name {stages - 1} increasing layer indices in [1, {layers - 1}] "
+                             f"(the first layer of stages 1 to {stages - 1}); got {split}")
+        return stages, bounds
+
+    def pipeline_report(self):
+        """Every rank's pipeline measurements (Engine.pipeline_stats: busy, idle and sync seconds, the
+        activation memory it held) with its last step's timeline ("trace": (kind, micro-batch, start,
+        end), kind 0 forward, 1 backward, 2 update), in rank order. Collective."""
+        mine = self.engine.pipeline_stats()
+        if mine is None:
+            raise ValueError(f"Trainer.pipeline_report(): the strategy is {self.strategy!r}, not 'pipeline'")
+        mine = dict(mine, rank=self.rank, trace=self.engine.pipeline_trace())
+        if self.world == 1:
+            return [mine]
+        every = [None] * self.world
+        dist.all_gather_object(every, mine, group=self.group)
+        return every
 
     # The state that defines training: parameters, momentum. Rank 0's copy is the truth.
     def _broadcast_state(self):
@@ -421,6 +520,7 @@ class Trainer:
             raise ValueError(f"{len(labels)} examples are fewer than one global batch of "
                              f"{self.world} x {self.batch_size}")
         perm = None
+        stage_before = self.engine.pipeline_stats()
         while self.epoch < epochs:
             perm = _C.epoch_permutation(len(labels), self.seed, self.epoch)
             first = self.step - self.epoch * steps  # > 0 after resuming mid-epoch
@@ -450,12 +550,14 @@ class Trainer:
             if self.world > 1:
                 dist.all_reduce(most, op=dist.ReduceOp.MAX, group=self.group)
             ran = max(steps - first, 1)
+            # A pipeline's loss is its last stages': its steps are counted on every stage
+            scored = nsteps / self.stages
             record = {
                 "epoch": self.epoch, "step": self.step, "world_size": self.world, "strategy": self.strategy,
                 "evaluated": EVALUATES.get(self.strategy, "the replica"),
                 "workers": self.workers, "batch_per_rank": self.batch_size,
-                "train_loss": loss_sum / max(nsteps, 1),
-                "train_accuracy": correct / max(nsteps * self.batch_size, 1),
+                "train_loss": loss_sum / max(scored, 1),
+                "train_accuracy": correct / max(scored * self.batch_size, 1),
                 "samples_per_s": (steps - first) * self.workers * self.batch_size / seconds,
                 "t_comp_ms": t_comp / max(nsteps, 1) * 1e3, "t_sync_ms": t_sync / max(nsteps, 1) * 1e3,
                 "bytes_per_step": sent / self.world / ran, "max_bytes_per_step": float(most[0]) / ran,
@@ -469,6 +571,9 @@ class Trainer:
                     pushes_per_worker=pushes / servers / self.workers,
                     # the workers' time spent exchanging with the servers (or waiting for them)
                     wait_share=t_sync / max(t_comp + t_sync, 1e-12))
+            if self.strategy == "pipeline":
+                record.update(self._bubble(stage_before))
+                stage_before = self.engine.pipeline_stats()
             if test is not None:
                 ev = self.evaluate(*test)
                 record.update(test_loss=ev["loss"], test_accuracy=ev["accuracy"])
@@ -484,6 +589,21 @@ class Trainer:
             if on_epoch is not None:
                 on_epoch(record)
         return self.history
+
+    def _bubble(self, before):
+        """The epoch's pipeline bubble (the stages' idle share of their busy + idle time, averaged over
+        ranks) beside the schedule's theory (P - 1) / (M + P - 1), and the most activation memory a
+        stage held. Collective."""
+        now = self.engine.pipeline_stats()
+        busy, idle = now["busy_s"] - before["busy_s"], now["idle_s"] - before["idle_s"]
+        a = np.array([idle / max(busy + idle, 1e-12), now["peak_slots"] * now["slot_bytes"]], dtype=np.float64)
+        peak = a[1:].copy()
+        if self.world > 1:
+            dist.all_reduce(a, group=self.group)
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=self.group)
+        P, M = self.stages, self.options["micro_batches"]
+        return {"bubble": a[0] / self.world, "bubble_theory": (P - 1) / (M + P - 1),
+                "peak_activation_kib": float(peak[0]) / 1024}
 
     def _on_root(self, action, what):
         """Run `action` on rank 0 only, and raise on every rank if it failed there: a rank that raised
@@ -541,6 +661,8 @@ def _epoch_line(r):
     return (f"epoch {r['epoch']}: train loss {r['train_loss']:.4f}{test}, {r['samples_per_s']:.0f} samples/s, "
             f"Tcomp {r['t_comp_ms']:.2f} ms, Tsync {r['t_sync_ms']:.2f} ms, "
             f"{r['bytes_per_step'] / 1024:.0f} KiB in {r['messages_per_step']:.1f} messages per step per rank" + (
+                f", bubble {100 * r['bubble']:.0f}% (theory {100 * r['bubble_theory']:.0f}%), activations held "
+                f"{r['peak_activation_kib']:.0f} KiB at most" if "bubble" in r else "") + (
                 f", staleness mean {r['staleness_mean']:.2f} max {r['staleness_max']}, "
                 f"{r['pushes_per_worker']:.0f} pushes per worker, {100 * r['wait_share']:.0f}% waiting"
                 if "staleness_mean" in r else ""))

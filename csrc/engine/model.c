@@ -311,8 +311,7 @@ double layer_forward_flops(const Layer *L) {
     case LAYER_LINEAR:
     case LAYER_CONV2D: return 2.0 * (double)L->weights * (L->spec.type == LAYER_CONV2D ? L->out_h * L->out_w : 1);
     case LAYER_MAXPOOL2D: return (double)layer_input_floats(L);   // a comparison per input
-    case LAYER_RELU: return out;
-    default: return 0.0;                                           // flatten: a copy
+    default: return out;                                           // relu: a comparison; flatten: a copy
     }
 }
 

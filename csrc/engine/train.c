@@ -23,19 +23,24 @@ static int one_step(Model *m, const TrainConfig *c, float *momentum, int *moment
                     const int *perm, int offset, long number, float *x, int32_t *y, StepStats *stats) {
     const StepHooks *h = &c->hooks;
     double t0 = now(), s0 = h->sync_seconds ? h->sync_seconds(h->ctx) : 0.0;
-    batch_gather(x, y, ds, perm, offset, c->batch);
-    int correct = 0;
-    stats->loss_sum += model_loss_backward(m, x, y, c->batch, &correct);
-    stats->correct += correct;
+    int correct = 0, rc = 0;
     if (c->slow_ms > 0) {
         sleep_ms(c->slow_ms);
     }
-    int rc = 0;
-    if (h->step != NULL) {
-        rc = h->step(h->ctx, m->params, m->grads, momentum, momentum_started, number);
+    if (h->run_step != NULL) {   // the strategy computes the step itself (the pipeline)
+        double loss = 0.0;
+        rc = h->run_step(h->ctx, ds, perm, offset, c->batch, m->params, momentum, momentum_started, &loss, &correct);
+        stats->loss_sum += loss;
     } else {
-        sgd_step(&c->sgd, m->params, m->grads, momentum, momentum_started, m->num_params);
+        batch_gather(x, y, ds, perm, offset, c->batch);
+        stats->loss_sum += model_loss_backward(m, x, y, c->batch, &correct);
+        if (h->step != NULL) {
+            rc = h->step(h->ctx, m->params, m->grads, momentum, momentum_started, number);
+        } else {
+            sgd_step(&c->sgd, m->params, m->grads, momentum, momentum_started, m->num_params);
+        }
     }
+    stats->correct += correct;
     if (rc < 0) {
         return rc;
     }

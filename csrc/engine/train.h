@@ -37,6 +37,11 @@ typedef struct {
     void (*begin_call)(void *ctx, int first, int last);
     int (*next_batch)(void *ctx, long *batch_index);
     int (*end_call)(void *ctx);
+    // A whole step instead of forward + backward + step (the pipeline: its stage's share of the batch
+    // perm[offset .. offset + batch), micro-batch by micro-batch, with the update). *loss and *correct
+    // as this rank sees them (0 where it does not compute the loss). NULL: not used.
+    int (*run_step)(void *ctx, const Dataset *ds, const int *perm, int offset, int batch, float *params,
+                    float *momentum, int *started, double *loss, int *correct);
     void *ctx;
 } StepHooks;
 

@@ -28,11 +28,15 @@ int async_end_call(Strategy *s);
 int async_serve_call(Strategy *s, float *params, int first, int last);
 int async_state(Strategy *s, float *momentum_out, int *started_out);
 void async_restore(Strategy *s, const float *params);
+// pipeline.c
+int pipeline_create(Strategy *s, const Model *m, char *err, size_t errlen);
+void pipeline_free(Strategy *s);
+int pipeline_gather(Strategy *s, const float *src, float *out);
 
 static const char *const NAMES[STRATEGY_KINDS] = {"allreduce", "ring", "central", "ps", "average", "easgd",
-                                                   "downpour", "adag", "aeasgd", "dynsgd"};
+                                                   "downpour", "adag", "aeasgd", "dynsgd", "pipeline"};
 
-enum { TAG_CENTER = 4 };   // sync.c uses 1-3, async.c 5-7
+enum { TAG_CENTER = 4 };   // sync.c uses 1-3, async.c 5-8, pipeline.c 9-11
 
 int strategy_kind_of(const char *name) {
     for (int k = 0; k < STRATEGY_KINDS; k++) {
@@ -51,8 +55,10 @@ static double now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-int strategy_create(Strategy *s, const StrategyConfig *cfg, const SgdConfig *sgd, Comm comm, long n,
-                    const float *params, char *err, size_t errlen) {
+int strategy_create(Strategy *s, const StrategyConfig *cfg, const SgdConfig *sgd, Comm comm, const Model *model,
+                    char *err, size_t errlen) {
+    const long n = model->num_params;
+    const float *params = model->params;
     *s = (Strategy){.cfg = *cfg, .sgd = *sgd, .comm = comm, .n = n, .workers = comm.size};
     const int R = comm.size;
     if (strategy_has_servers(cfg->kind)) {
@@ -81,6 +87,11 @@ int strategy_create(Strategy *s, const StrategyConfig *cfg, const SgdConfig *sgd
         snprintf(err, errlen, "strategy '%s': the period must be >= 1; got %d", NAMES[cfg->kind], cfg->period);
         return -1;
     }
+    if (cfg->kind == STRATEGY_PIPELINE && pipeline_create(s, model, err, errlen) < 0) {
+        strategy_free(s);
+        return -1;
+    }
+    s->cfg.split = NULL;   // the caller's: the pipeline has taken what it needs
     long scratch = 0;
     switch (cfg->kind) {
         case STRATEGY_RING: scratch = (long)ring_scratch_elements(n, R); break;
@@ -112,6 +123,7 @@ void strategy_free(Strategy *s) {
     free(s->center);
     s->scratch = s->center = NULL;
     async_free(s);
+    pipeline_free(s);
 }
 
 int strategy_is_async(StrategyKind kind) {
@@ -127,6 +139,7 @@ int strategy_is_server(const Strategy *s) {
 }
 
 int strategy_worker_rank(const Strategy *s) {
+    if (s->cfg.kind == STRATEGY_PIPELINE) return s->comm.rank % s->workers;   // the replica: its data shard
     return s->comm.rank;  // ps puts its servers last, so workers keep their ranks
 }
 
@@ -163,6 +176,7 @@ int strategy_serve(Strategy *s, float *params, float *momentum, int *started, lo
 int strategy_weights(Strategy *s, const float *params, float *out) {
     switch (s->cfg.kind) {
         case STRATEGY_PS: return ps_weights(s, params, out);
+        case STRATEGY_PIPELINE: return pipeline_gather(s, params, out);
         case STRATEGY_AVERAGE: return average_weights(s, params, out);
         case STRATEGY_EASGD: memcpy(out, s->center, sizeof(float) * (size_t)s->n); return 0;
         case STRATEGY_DOWNPOUR:
@@ -184,6 +198,8 @@ int strategy_state(Strategy *s, const float *params, const float *momentum, int 
     *started_out = started;
     switch (s->cfg.kind) {
         case STRATEGY_PS: return ps_state(s, momentum_out, started_out);
+        case STRATEGY_PIPELINE:  // each stage holds its slice's momentum; every stage has started alike
+            return pipeline_gather(s, momentum, momentum_out);
         case STRATEGY_CENTRAL:  // rank 0 alone keeps the optimizer state
             if ((rc = comm_bcast(&s->comm, momentum_out, s->n, 0)) < 0) return rc;
             return comm_allreduce_max_int(&s->comm, started_out);

@@ -10,7 +10,7 @@
  * and every MPI call is made between lock() and unlock() (the caller's GIL, which serialises MPI).
  *
  * sync.c: allreduce, ring, central, ps. averaging.c: average, easgd. async.c: downpour, adag, aeasgd,
- * dynsgd (a server loop). strategy.c: the table, and the counted communication every strategy uses.
+ * dynsgd (a server loop). pipeline.c: pipeline stages (its own step: run_step). strategy.c: the table, and the counted communication every strategy uses.
  */
 #ifndef PYDIST_STRATEGIES_STRATEGY_H
 #define PYDIST_STRATEGIES_STRATEGY_H
@@ -19,16 +19,18 @@
 #include <stddef.h>
 
 #include "algorithms/ring.h"
+#include "engine/data.h"
 #include "engine/model.h"
 #include "engine/sgd.h"
 
 typedef enum {
     STRATEGY_ALLREDUCE, STRATEGY_RING, STRATEGY_CENTRAL, STRATEGY_PS, STRATEGY_AVERAGE, STRATEGY_EASGD,
-    STRATEGY_DOWNPOUR, STRATEGY_ADAG, STRATEGY_AEASGD, STRATEGY_DYNSGD,
+    STRATEGY_DOWNPOUR, STRATEGY_ADAG, STRATEGY_AEASGD, STRATEGY_DYNSGD, STRATEGY_PIPELINE,
     STRATEGY_KINDS
 } StrategyKind;
 
 typedef enum { MOMENTUM_LOCAL, MOMENTUM_AVERAGE, MOMENTUM_RESET } MomentumPlacement;
+typedef enum { SCHEDULE_GPIPE, SCHEDULE_1F1B } PipelineSchedule;
 
 typedef struct {
     StrategyKind kind;
@@ -39,6 +41,9 @@ typedef struct {
     float beta;                    // easgd, aeasgd: moving rate; alpha = beta / workers
     int window;                    // asynchronous: a worker's steps between exchanges
     int deterministic;             // asynchronous: servers serve in a fixed round-robin (repeatable)
+    int stages, micro_batches;     // pipeline: P stages (R = P x replicas), M micro-batches per batch
+    PipelineSchedule schedule;
+    const int *split;              // pipeline: stage q runs layers [split[q], split[q + 1]); read at create
 } StrategyConfig;
 
 // The communicator and how to wait on it, with what was sent counted where it is sent.
@@ -69,6 +74,26 @@ typedef struct {
     long long exchanges;       // worker: exchanges made (one per server each)
 } AsyncStats;
 
+// A pipeline stage's measurements (summed over steps; pipeline.c).
+typedef struct {
+    int stage, replica, first_layer, last_layer;  // layers [first_layer, last_layer)
+    long parameters;                 // its slice of the flat buffers
+    long steps;
+    double busy, idle, sync;         // seconds computing, waiting for neighbours, all-reducing over replicas
+    double step_seconds;             // wall time of its steps
+    int slots, peak_slots;           // micro-batches' activations it can hold, and held at most at once
+    long slot_bytes, workspace_bytes;  // one micro-batch's activations; backward's scratch
+} PipelineStats;
+
+// One block of the last step's timeline: a forward or backward of micro-batch `micro`, or the update.
+typedef struct {
+    int kind;            // 0 forward, 1 backward, 2 all-reduce over replicas + update
+    int micro;
+    double start, end;   // CLOCK_MONOTONIC seconds (one clock for every process of a host)
+} PipelineEvent;
+
+typedef struct Pipeline Pipeline;
+
 typedef struct {
     StrategyConfig cfg;
     SgdConfig sgd;
@@ -88,16 +113,18 @@ typedef struct {
     // the blocks out (grants: [start, end) per worker, in flight) from next_block up to call_end
     long long block_pos, block_end, *grants, next_block, call_end;
     AsyncStats stats;
+    Pipeline *pipe;           // pipeline: the stage (pipeline.c)
 } Strategy;
 
 // Names as the command line spells them ("allreduce", ...); -1 for an unknown name.
 int strategy_kind_of(const char *name);
 const char *strategy_name(StrategyKind kind);
 
-// Check cfg against the group (size ranks) and n parameters and allocate. params: the initial weights,
-// the same on every rank. Returns 0, or -1 with a message in err.
-int strategy_create(Strategy *s, const StrategyConfig *cfg, const SgdConfig *sgd, Comm comm, long n,
-                    const float *params, char *err, size_t errlen);
+// Check cfg against the group (size ranks) and the model and allocate; the model's params are the
+// initial weights, the same on every rank. The pipeline splits its communicator (collective). Returns
+// 0, or -1 with a message in err.
+int strategy_create(Strategy *s, const StrategyConfig *cfg, const SgdConfig *sgd, Comm comm, const Model *model,
+                    char *err, size_t errlen);
 void strategy_free(Strategy *s);
 
 int strategy_is_server(const Strategy *s);
@@ -118,6 +145,13 @@ void strategy_begin_call(Strategy *s, int first, int last);
 int strategy_next_batch(Strategy *s, long *batch_index);
 int strategy_end_call(Strategy *s);
 int strategy_serve_call(Strategy *s, float *params, int first, int last);
+// Pipeline: one whole step of this stage on the replica's batch perm[offset .. offset + batch): its
+// forwards and backwards of the micro-batches, the all-reduce over replicas and the update of its
+// slice. *loss (the batch's mean loss) and *correct on the last stage, 0 elsewhere.
+int pipeline_run_step(Strategy *s, const Dataset *ds, const int *perm, int offset, int batch, float *params,
+                      float *momentum, int *started, double *loss, int *correct);
+const PipelineStats *pipeline_stats(const Strategy *s);         // NULL: not a pipeline
+int pipeline_trace(const Strategy *s, const PipelineEvent **events);   // the last step's, in order
 // Collective: the weights that count, into out[n] on every rank.
 int strategy_weights(Strategy *s, const float *params, float *out);
 // Collective: what to save, into params_out/momentum_out on every rank (and *started).
