@@ -4,11 +4,15 @@
     python -m pydist.train --model mlp --hidden 256 128 --epochs 3          # one process
     mpiexec -n 2 python -m pydist.train --checkpoint run.ckpt --resume      # continue a run
     mpiexec -n 4 python -m pydist.train --strategy ps --servers 1           # another way to cooperate
+    mpiexec -n 4 python -m pydist.train --strategy pipeline --stages 2 --micro-batches 8   # 2 stages x 2 replicas
 
 --strategy: allreduce (default), ring, central, ps [--servers S], average [--period K --warmup W
 --momentum-placement local|average|reset], easgd [--period K --beta B]; asynchronous, with [--servers S
 --window W --deterministic]: downpour, adag, aeasgd [--beta B], dynsgd. An option the strategy does not
-take is an error. --slow-rank r --slow-ms t makes rank r sleep t ms per step (a straggler).
+take is an error. Model parallelism: pipeline [--stages P (default: every rank) --micro-batches M
+--schedule gpipe|1f1b --split i j ...] splits the layers into P stages (balanced by FLOPs unless --split
+names the first layer of stages 1 .. P-1) on R = P x replicas ranks; --batch-size is then per replica.
+--slow-rank r --slow-ms t makes rank r sleep t ms per step (a straggler).
 
 --batch-size is per rank (the global batch is R times it). Rank 0 prints a progress bar and one line
 per epoch, appends the metrics to --metrics (JSON lines) and, when matplotlib is installed, draws
@@ -57,10 +61,17 @@ def parse_args(argv=None):
                     help="downpour, adag, aeasgd, dynsgd: a worker's steps between exchanges (default 5)")
     st.add_argument("--deterministic", action="store_true", default=None,
                     help="asynchronous: servers serve workers in a fixed round-robin (a bitwise repeatable run)")
+    st.add_argument("--stages", type=int, default=None, help="pipeline: stages (default: every rank a stage)")
+    st.add_argument("--micro-batches", type=int, default=None,
+                    help="pipeline: micro-batches per batch (default 4; must divide --batch-size)")
+    st.add_argument("--schedule", choices=("gpipe", "1f1b"), default=None, help="pipeline: the schedule (default 1f1b)")
+    st.add_argument("--split", type=int, nargs="+", default=None,
+                    help="pipeline: the first layer of stages 1 .. P-1 (default: balanced by FLOPs)")
     st.add_argument("--slow-rank", type=int, default=None, help="this rank sleeps --slow-ms per step (a straggler)")
     st.add_argument("--slow-ms", type=int, default=None)
     args = ap.parse_args(argv)
-    for name in ("servers", "period", "warmup", "momentum_placement", "beta", "window", "deterministic"):
+    for name in ("servers", "period", "warmup", "momentum_placement", "beta", "window", "deterministic", "stages",
+                 "micro_batches", "schedule", "split"):
         if getattr(args, name) is not None and name not in STRATEGIES[args.strategy]:
             ap.error(f"--{name.replace('_', '-')} does not apply to --strategy {args.strategy}")
     if (args.slow_rank is None) != (args.slow_ms is None):
@@ -130,7 +141,8 @@ def main(argv=None):
                       nesterov=args.nesterov, batch_size=args.batch_size, seed=args.seed,
                       blas_threads=args.blas_threads, strategy=args.strategy, servers=args.servers,
                       period=args.period, warmup=args.warmup, momentum_placement=args.momentum_placement,
-                      beta=args.beta, window=args.window, deterministic=args.deterministic,
+                      beta=args.beta, window=args.window, deterministic=args.deterministic, stages=args.stages,
+                      micro_batches=args.micro_batches, schedule=args.schedule, split=args.split,
                       slow_rank=args.slow_rank, slow_ms=args.slow_ms)
     if args.resume and os.path.exists(args.checkpoint):
         trainer.load(args.checkpoint)
@@ -144,6 +156,12 @@ def main(argv=None):
               f"({trainer.workers} computing) x batch {args.batch_size}, "
               f"{len(labels)} training and {len(test[1])} test examples, "
               f"{trainer.steps_per_epoch(len(labels))} steps per epoch", flush=True)
+        if args.strategy == "pipeline":
+            o = trainer.options
+            stages = ", ".join(f"{a}-{b - 1}" for a, b in zip(trainer.split, trainer.split[1:]))
+            print(f"pipeline: {o['stages']} stages (layers {stages}) x {world // o['stages']} replica(s), "
+                  f"{o['micro_batches']} micro-batches of {args.batch_size // o['micro_batches']}, schedule "
+                  f"{o['schedule']}", flush=True)
     started = time.perf_counter()
     history = trainer.fit(images, labels, args.epochs, test=test, checkpoint=args.checkpoint,
                           metrics=args.metrics or None, progress=not args.no_progress)

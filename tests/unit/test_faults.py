@@ -222,6 +222,35 @@ def test_async_worker_killed_mid_run(tmp_path):
     assert seconds < DEAD_JOB_ENDS_S and "NOT REACHED by rank 2" not in proc.stdout
 
 
+def _pipeline_stage_fails(tmp_path, how):
+    return run_job(tmp_path, 3, f"""
+        from pydist.engine import Trainer, mlp, load_fashion_mnist
+        dist.init_process_group()
+        _, (x, y) = load_fashion_mnist()
+        t = Trainer(mlp((15, 12)), batch_size=8, strategy="pipeline", stages=3, micro_batches=4)
+        t.train_steps(x, y, 0, 0, 5)
+        if dist.get_rank() == 1:      # the middle stage: both neighbours wait for it
+            {how}
+        t.train_steps(x, y, 0, 5, 400)
+        print(f"NOT REACHED by rank {{dist.get_rank()}}", flush=True)
+    """, timeout=60)
+
+
+def test_pipeline_stage_that_raises_ends_the_job_naming_its_rank(tmp_path):
+    """A stage raises between steps while its neighbours wait inside the pipeline for its
+    activations and gradients: the job ends with that rank's traceback, not a hang."""
+    proc, seconds = _pipeline_stage_fails(tmp_path, "raise RuntimeError('stage 1 failed')")
+    assert proc.returncode != 0 and "[rank1]" in proc.stderr and "stage 1 failed" in proc.stderr, proc.stderr
+    assert seconds < DEAD_JOB_ENDS_S and "NOT REACHED" not in proc.stdout
+
+
+def test_pipeline_stage_that_exits_is_named_by_its_neighbours(tmp_path):
+    proc, seconds = _pipeline_stage_fails(tmp_path, "sys.exit(0)")
+    assert proc.returncode != 0
+    assert "rank 1 has exited" in proc.stderr and "training step's communication" in proc.stderr, proc.stderr
+    assert seconds < DEAD_JOB_ENDS_S and "NOT REACHED" not in proc.stdout
+
+
 def test_ctrl_c_ends_a_job_blocked_in_a_collective(tmp_path):
     """SIGINT to mpiexec while ranks wait in a barrier that rank 2 never joins: the job ends within
     2 seconds."""

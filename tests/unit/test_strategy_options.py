@@ -24,7 +24,7 @@ def test_every_strategy_trains_alone_where_it_can(strategy):
         with pytest.raises(ValueError, match="needs more ranks than servers"):
             tiny(strategy=strategy)
         return
-    t = tiny(strategy=strategy)
+    t = tiny(strategy=strategy, **(dict(micro_batches=2) if strategy == "pipeline" else {}))
     before = t.params.copy()
     out = t.train_steps(x, y, 0, 0, 4)
     assert out[2] == 4 and out[5] == 0 and out[6] == 0      # 4 steps, nothing sent alone
@@ -71,13 +71,87 @@ def test_ps_servers_beyond_the_parameters_is_an_error_in_c():
     # the group check comes first at world size 1; the engine's own message for the shard count
     t = tiny()
     with pytest.raises(ValueError, match="needs more ranks"):
-        t.engine.set_strategy(-1, "ps", 10**6, 0, 0, 0, 0.0, 0, 0, 0, *t.sgd)
+        t.engine.set_strategy(-1, "ps", 10**6, 0, 0, 0, 0.0, 0, 0, 0, *NO_PIPELINE, *t.sgd)
     with pytest.raises(ValueError, match="needs more ranks"):
-        t.engine.set_strategy(-1, "downpour", 1, 0, 0, 0, 0.0, 0, 5, 0, *t.sgd)
+        t.engine.set_strategy(-1, "downpour", 1, 0, 0, 0, 0.0, 0, 5, 0, *NO_PIPELINE, *t.sgd)
     with pytest.raises(ValueError, match="deterministic 0 or 1"):
-        t.engine.set_strategy(-1, "downpour", 1, 0, 0, 0, 0.0, 0, 5, 2, *t.sgd)
+        t.engine.set_strategy(-1, "downpour", 1, 0, 0, 0, 0.0, 0, 5, 2, *NO_PIPELINE, *t.sgd)
     with pytest.raises(ValueError, match="unknown strategy"):
-        t.engine.set_strategy(-1, "nope", 0, 0, 0, 0, 0.0, 0, 0, 0, *t.sgd)
+        t.engine.set_strategy(-1, "nope", 0, 0, 0, 0, 0.0, 0, 0, 0, *NO_PIPELINE, *t.sgd)
+
+
+NO_PIPELINE = (0, 0, 0, None)   # stages, micro_batches, schedule, split
+
+
+def pipeline_in_c(t, stages=1, micro=2, schedule=0, split=(0, 4)):
+    t.engine.set_strategy(-1, "pipeline", 0, 0, 0, 0, 0.0, 0, 0, 0, stages, micro, schedule, split, *t.sgd)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(micro_batches=0), "`micro_batches` must be an int >= 1"),
+    (dict(micro_batches=3), "batch of 2 does not divide into 3 micro-batches"),
+    (dict(micro_batches=2, schedule="zero-bubble"), "`schedule` must be one of gpipe, 1f1b"),
+    (dict(micro_batches=2, stages=2), "2 pipeline stages must divide the 1 ranks"),
+    (dict(micro_batches=2, split=[2]), r"`split` must name 0 increasing layer indices"),
+    (dict(micro_batches=2, split="2"), "`split` must be a list of layer indices"),
+    (dict(micro_batches=2, stages=0), "`stages` must be an int >= 1")])
+def test_bad_pipeline_options_are_value_errors(kw, match):
+    with pytest.raises(ValueError, match=match):
+        tiny(strategy="pipeline", **kw)
+
+
+@pytest.mark.parametrize("args,match", [
+    (dict(stages=5), r"need 0 <= stages <= 4"), (dict(schedule=2), "schedule 0 .gpipe. or 1"),
+    (dict(split=(0, 2, 4)), "must hold stages . 1 = 2 boundaries"), (dict(split=(0, 3)), "split must run from layer 0"),
+    (dict(stages=1, split=(1, 4)), "split must run from layer 0"), (dict(micro=0), "micro_batches must be >= 1"),
+    (dict(split=(0, "a")), "must be an integer|must be an int")])
+def test_pipeline_arguments_are_checked_in_c(args, match):
+    t = tiny()
+    with pytest.raises((ValueError, TypeError), match=match):
+        pipeline_in_c(t, **args)
+
+
+def test_pipeline_batch_must_divide_into_micro_batches_in_c():
+    t = tiny()
+    pipeline_in_c(t, micro=2)
+    x, y = data()
+    perm = np.arange(16, dtype=np.int32)
+    with pytest.raises(ValueError, match="batch of 1 does not divide into 2 micro-batches"):
+        t.engine.train_steps(x, y, perm, 0, 1, 1, -1, *t.sgd)
+    out = t.engine.train_steps(x, y, perm, 0, 2, 2, -1, *t.sgd)   # its own strategy: alone, 1 stage
+    assert out[2] == 2 and t.engine.pipeline_stats()["steps"] == 2
+
+
+def brute_force_split(costs, stages):
+    import itertools
+    best = None
+    for cuts in itertools.combinations(range(1, len(costs)), stages - 1):
+        b = [0, *cuts, len(costs)]
+        worst = max(sum(costs[i:j]) for i, j in zip(b, b[1:]))
+        best = worst if best is None else min(best, worst)
+    return best
+
+
+def test_balanced_split_minimises_the_slowest_stage():
+    from pydist.engine import balanced_split
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        n = int(rng.integers(1, 9))
+        costs = rng.integers(0, 20, n).tolist()
+        stages = int(rng.integers(1, n + 1))
+        b = balanced_split(costs, stages)
+        assert b[0] == 0 and b[-1] == n and len(b) == stages + 1 and all(x < y for x, y in zip(b, b[1:]))
+        assert max(sum(costs[i:j]) for i, j in zip(b, b[1:])) == brute_force_split(costs, stages), (costs, stages, b)
+    assert balanced_split([1, 1, 1, 1], 2) == [0, 2, 4] and balanced_split([5, 1, 1, 1, 1, 1], 2) == [0, 1, 6]
+    with pytest.raises(ValueError, match="3 stages for a model of 2 layers"):
+        balanced_split([1, 1], 3)
+
+
+def test_layer_costs_count_forward_and_backward_flops():
+    from pydist.engine import Conv2d, Flatten, Linear, MaxPool2d, Model, ReLU, layer_costs
+    m = Model([Conv2d(1, 2, 3), ReLU(), MaxPool2d(2), Flatten(), Linear(2 * 13 * 13, 10)], input_shape=(1, 28, 28))
+    conv = 2 * (2 * 1 * 3 * 3) * 26 * 26          # a multiply-add per weight per output position
+    assert layer_costs(m) == [3 * conv, 2 * 2 * 26 * 26, 2 * 2 * 26 * 26, 2 * 2 * 13 * 13, 3 * 2 * 338 * 10]
 
 
 def test_slow_rank_sleeps_each_step_in_compute_time():
@@ -93,7 +167,10 @@ def test_slow_rank_sleeps_each_step_in_compute_time():
     (["--strategy", "ps", "--window", "3"], "--window does not apply to --strategy ps"),
     (["--deterministic"], "--deterministic does not apply to --strategy allreduce"),
     (["--strategy", "downpour", "--period", "3"], "--period does not apply to --strategy downpour"),
-    (["--strategy", "gossip"], "invalid choice")])
+    (["--strategy", "gossip"], "invalid choice"),
+    (["--stages", "2"], "--stages does not apply to --strategy allreduce"),
+    (["--strategy", "ps", "--micro-batches", "4"], "--micro-batches does not apply to --strategy ps"),
+    (["--strategy", "pipeline", "--schedule", "interleaved"], "invalid choice")])
 def test_command_line_refuses_options_of_other_strategies(argv, error, capsys):
     with pytest.raises(SystemExit):
         train.parse_args(argv)
@@ -103,6 +180,12 @@ def test_command_line_refuses_options_of_other_strategies(argv, error, capsys):
 def test_command_line_passes_strategy_options():
     a = train.parse_args(["--strategy", "average", "--period", "8", "--warmup", "2", "--momentum-placement", "reset"])
     assert (a.strategy, a.period, a.warmup, a.momentum_placement) == ("average", 8, 2, "reset")
+
+
+def test_command_line_passes_pipeline_options():
+    a = train.parse_args(["--strategy", "pipeline", "--stages", "2", "--micro-batches", "8", "--schedule", "gpipe",
+                          "--split", "5"])
+    assert (a.strategy, a.stages, a.micro_batches, a.schedule, a.split) == ("pipeline", 2, 8, "gpipe", [5])
 
 
 def test_command_line_passes_async_options():
