@@ -153,7 +153,8 @@ def main(argv=None):
     if rank == 0 and not args.no_progress:
         print(f"{model.name}: {model.num_params} parameters, strategy {args.strategy} (evaluating "
               f"{EVALUATES.get(args.strategy, 'the replica')}), {world} rank(s) "
-              f"({trainer.workers} computing) x batch {args.batch_size}, "
+              f"({trainer.workers} {'replica(s)' if args.strategy == 'pipeline' else 'computing'}) x batch "
+              f"{args.batch_size}, "
               f"{len(labels)} training and {len(test[1])} test examples, "
               f"{trainer.steps_per_epoch(len(labels))} steps per epoch", flush=True)
         if args.strategy == "pipeline":
