@@ -193,10 +193,10 @@ def timeline_figure(runs, title):
                      f"{[r['peak_slots'] for r in ranks]}", fontsize="medium")
         ax.grid(axis="x", alpha=0.3)
     axes[-1].set_xlabel("ms from the step's first event (any stage)")
-    axes[0].legend(handles=[Patch(facecolor=c, edgecolor="black", label=name) for name, c in KIND.values()],
-                   loc="upper right", fontsize="small", ncol=3)
+    fig.legend(handles=[Patch(facecolor=c, edgecolor="black", label=name) for name, c in KIND.values()],
+               loc="lower center", fontsize="small", ncol=3)   # below the panels: never over a block
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
 
 
@@ -242,7 +242,7 @@ def draw(results, args):
     if runs:
         png = os.path.join(args.out, "pipeline_timeline.png")
         crowded = f", oversubscribed ({P} ranks on {os.cpu_count()} cores)" if oversubscribed(P) else ""
-        title = (f"{runs[0][1]['model_name']}: the last measured step, P = {P} stages, M = {M} micro-batches of "
+        title = (f"{model_tag(model, args)}: the last measured step, P = {P} stages, M = {M} micro-batches of "
                  f"{args.batch_size // M}{crowded}")
         timeline_figure(runs, title).savefig(png, dpi=90)
         print(f"plot: {png}")
