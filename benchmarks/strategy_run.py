@@ -33,7 +33,8 @@ from pydist.engine import ASYNC, STRATEGIES, Trainer, lenet5, load_fashion_mnist
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--strategy", choices=tuple(STRATEGIES), required=True)
+    ap.add_argument("--strategy", choices=tuple(s for s in STRATEGIES if s != "pipeline"), required=True,
+                    help="any but pipeline (benchmarks/pipeline_run.py measures it)")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=64, help="per worker (default 64)")
     ap.add_argument("--lr", type=float, default=0.02)

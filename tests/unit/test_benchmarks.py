@@ -91,3 +91,43 @@ def test_strategies_rejects_bad_workers(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--workers, --sweep-workers and --sweep-windows must be >= 1" in proc.stderr, \
         proc.stderr
+
+
+def test_pipeline_quick(tmp_path):
+    """GPipe and 1F1B at 2 stages with 1 and 2 micro-batches, on LeNet-5 and a small MLP: a row per
+    stage with positive busy time, the theory's bubble (P - 1) / (M + P - 1) beside the measured one,
+    GPipe holding all M micro-batches on every stage and 1F1B min(P - p, M) (never more memory than
+    GPipe's); both plots drawn; --replot prints the same tables from the saved JSON."""
+    proc = subprocess.run([sys.executable, "benchmarks/pipeline.py", "--quick", "--out", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert f"os.cpu_count() = {os.cpu_count()}" in out, out
+    # model P schedule M stage layers busy idle bubble% theory% peak-slots peak-KiB samples/s
+    rows = [r for r in (line.split() for line in out.splitlines())
+            if len(r) == 13 and r[1] == "2" and r[2] in ("gpipe", "1f1b")]
+    table = {(r[0], r[2], int(r[3]), int(r[4])): r for r in rows}
+    assert sorted(table) == sorted((model, schedule, M, stage) for model in ("lenet5", "mlp-256x4")
+                                   for schedule in ("gpipe", "1f1b") for M in (1, 2) for stage in (0, 1)), out
+    P = 2
+    for (model, schedule, M, stage), r in table.items():
+        busy, idle, bubble, theory = (float(v) for v in r[6:10])
+        slots, kib, samples_per_s = int(r[10]), float(r[11]), float(r[12])
+        assert busy > 0 and idle >= 0 and 0 <= bubble < 100 and samples_per_s > 0 and kib > 0, r
+        assert theory == round(100 * (P - 1) / (M + P - 1), 1), r
+        assert slots == (M if schedule == "gpipe" else min(P - stage, M)) and slots <= P, r
+        assert kib <= float(table[(model, "gpipe", M, stage)][11]), r   # 1F1B never holds more than GPipe
+    assert float(table[("mlp-256x4", "1f1b", 2, 1)][11]) < float(table[("mlp-256x4", "gpipe", 2, 1)][11]), out
+    for png in ("pipeline_timeline.png", "pipeline_bubble.png"):
+        assert (tmp_path / png).stat().st_size > 0
+    again = subprocess.run([sys.executable, "benchmarks/pipeline.py", "--quick", "--replot", "--out", str(tmp_path)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert [line for line in again.stdout.splitlines() if line.split() in rows] == \
+        [line for line in out.splitlines() if line.split() in rows], again.stdout
+
+
+def test_pipeline_rejects_bad_micro_batches(tmp_path):
+    proc = subprocess.run([sys.executable, "benchmarks/pipeline.py", "--micro-batches", "3", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--micro-batches must divide the batch of 64" in proc.stderr, proc.stderr
