@@ -19,9 +19,10 @@ void linear_forward(const float *x, const float *W, const float *b, float *y, in
 }
 
 void linear_backward(const float *x, const float *W, const float *dy, float *dW, float *db, float *dx,
-                     int B, int in, int out) {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, B, 1.0f, dy, out, x, in, 0.0f, dW, in);
-    for (int o = 0; o < out; o++) {
+                     int B, int in, int out, int accumulate) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, B, 1.0f, dy, out, x, in, accumulate ? 1.0f : 0.0f,
+                dW, in);
+    for (int o = 0; !accumulate && o < out; o++) {
         db[o] = 0.0f;
     }
     for (int n = 0; n < B; n++) {
@@ -136,7 +137,7 @@ void conv2d_forward(const ConvShape *s, const float *x, const float *W, const fl
 }
 
 void conv2d_backward(const ConvShape *s, float *cols, const float *W, const float *dy, float *dW, float *db,
-                     float *dx, float *dtmp, int B) {
+                     float *dx, float *dtmp, int B, int accumulate) {
     int patch = s->in_c * s->k * s->k;
     long ohw = (long)s->out_h * s->out_w, width = B * ohw;
     for (int oc = 0; oc < s->out_c; oc++) {
@@ -151,10 +152,10 @@ void conv2d_backward(const ConvShape *s, float *cols, const float *W, const floa
             }
             sum += part;
         }
-        db[oc] = (float)sum;
+        db[oc] = accumulate ? db[oc] + (float)sum : (float)sum;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s->out_c, patch, (int)width, 1.0f, dtmp, (int)width,
-                cols, (int)width, 0.0f, dW, patch);
+                cols, (int)width, accumulate ? 1.0f : 0.0f, dW, patch);
     if (dx != NULL) {  // cols is done with: it takes the patches' gradients
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, patch, (int)width, s->out_c, 1.0f, W, patch, dtmp,
                     (int)width, 0.0f, cols, (int)width);

@@ -13,9 +13,10 @@
 
 // y (B, out) = x (B, in) W^T + b
 void linear_forward(const float *x, const float *W, const float *b, float *y, int B, int in, int out);
-// dW = dy^T x, db = sum_B dy, dx = dy W (dx may be NULL: the first layer needs none)
+// dW = dy^T x, db = sum_B dy, dx = dy W (dx may be NULL: the first layer needs none). accumulate:
+// dW and db are added to instead (the sum over a pipeline's micro-batches).
 void linear_backward(const float *x, const float *W, const float *dy, float *dW, float *db, float *dx,
-                     int B, int in, int out);
+                     int B, int in, int out, int accumulate);
 
 typedef struct {
     int in_c, in_h, in_w;     // input (C, H, W)
@@ -29,10 +30,10 @@ long conv_cols_floats(const ConvShape *s, int B);
 long conv_tmp_floats(const ConvShape *s, int B);
 void conv2d_forward(const ConvShape *s, const float *x, const float *W, const float *b, float *y, float *cols,
                     float *tmp, int B);
-// dW, db from dy and the forward pass's `cols`; dx (may be NULL) by GEMM into `cols` (overwritten),
+// dW, db (added to when accumulate) from dy and the forward pass's `cols`; dx (may be NULL) by GEMM into `cols` (overwritten),
 // then col2im. `tmp` as above.
 void conv2d_backward(const ConvShape *s, float *cols, const float *W, const float *dy, float *dW, float *db,
-                     float *dx, float *tmp, int B);
+                     float *dx, float *tmp, int B, int accumulate);
 
 // Max pooling with a k x k window and stride k over (B*C) planes of h x w; out is (h/k) x (w/k).
 // argmax records, per output, the input offset of the maximum (the first one on ties, as PyTorch).

@@ -274,16 +274,17 @@ void layer_forward(const Layer *L, const float *params, const float *in, float *
 }
 
 void layer_backward(const Layer *L, const float *params, float *dparams, const float *in, const float *out,
-                    const float *dy, float *dx, float *cols, const int32_t *argmax, float *scratch, int B) {
+                    const float *dy, float *dx, float *cols, const int32_t *argmax, float *scratch, int B,
+                    int accumulate) {
     const float *W = params + L->weight_offset;
     float *dW = dparams, *db = dparams + L->weights;
     long n_in = (long)B * act_size(L->in_c, L->in_h, L->in_w);
     switch (L->spec.type) {
     case LAYER_LINEAR:
-        linear_backward(in, W, dy, dW, db, dx, B, L->spec.in, L->spec.out);
+        linear_backward(in, W, dy, dW, db, dx, B, L->spec.in, L->spec.out, accumulate);
         break;
     case LAYER_CONV2D:
-        conv2d_backward(&L->conv, cols, W, dy, dW, db, dx, scratch, B);
+        conv2d_backward(&L->conv, cols, W, dy, dW, db, dx, scratch, B, accumulate);
         break;
     case LAYER_MAXPOOL2D:
         if (dx) maxpool_backward(dy, argmax, dx, B * L->in_c, L->in_h, L->in_w, L->spec.kernel);
@@ -329,7 +330,7 @@ double model_loss_backward(Model *m, const float *x, const int32_t *labels, int 
     for (int i = m->num_layers - 1; i >= 0; i--) {
         float *dx = i > 0 ? m->dact[i] : NULL;  // nobody needs the input's gradient
         layer_backward(&m->layers[i], m->params, m->grads + m->layers[i].weight_offset, m->act[i], m->act[i + 1], m->dact[i + 1], dx, m->cols[i],
-                       m->argmax[i], m->scratch, B);
+                       m->argmax[i], m->scratch, B, 0);
     }
     return loss;
 }

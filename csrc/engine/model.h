@@ -63,12 +63,14 @@ double model_loss_backward(Model *m, const float *x, const int32_t *labels, int 
 // buffer (the layer reads its own offsets), dparams the layer's own gradient (its weights', then its
 // bias'; the model passes grads + weight_offset); cols (convolution) and argmax
 // (max-pool) are the layer's buffers for these B examples, kept from forward for backward; scratch holds
-// conv_tmp_floats. Backward overwrites the layer's gradients; dx may be NULL (nobody needs it).
+// conv_tmp_floats. Backward overwrites the layer's gradients, or adds to them (accumulate); dx may be
+// NULL (nobody needs it).
 // The pipeline stages (csrc/strategies/pipeline.c) run their layers this way on micro-batches.
 void layer_forward(const Layer *L, const float *params, const float *in, float *out, float *cols, int32_t *argmax,
                    float *scratch, int B);
 void layer_backward(const Layer *L, const float *params, float *dparams, const float *in, const float *out,
-                    const float *dy, float *dx, float *cols, const int32_t *argmax, float *scratch, int B);
+                    const float *dy, float *dx, float *cols, const int32_t *argmax, float *scratch, int B,
+                    int accumulate);
 // Floats per example of a layer's input and output; its forward floating-point operations per
 // example (multiply-adds count 2; what the pipeline balances its stages by).
 long layer_input_floats(const Layer *L);

@@ -52,7 +52,7 @@ struct Pipeline {
     Slot *slots;
     float **dact;                // [layers + 1]: backward's scratch between the stage's layers
     float *scratch;              // a convolution's GEMM output
-    float *grads, *gtmp;         // [len]: the step's sum over micro-batches, one micro-batch's
+    float *grads;                // [len]: the step's gradient, summed over micro-batches
     long slot_bytes, work_bytes;
     int in_flight, peak;
     PipelineStats stats;
@@ -128,11 +128,10 @@ int pipeline_create(Strategy *s, const Model *m, char *err, size_t errlen) {
         }
     }
     pl->grads = calloc((size_t)(pl->len > 0 ? pl->len : 1), sizeof(float));
-    pl->gtmp = calloc((size_t)(pl->len > 0 ? pl->len : 1), sizeof(float));
     pl->trace = calloc((size_t)(2 * pl->M + 1), sizeof(PipelineEvent));
     pl->stats.stage = pl->p, pl->stats.replica = pl->d, pl->stats.first_layer = pl->lo, pl->stats.last_layer = pl->hi;
     pl->stats.parameters = pl->len;
-    if (pl->grads == NULL || pl->gtmp == NULL || pl->trace == NULL) {
+    if (pl->grads == NULL || pl->trace == NULL) {
         snprintf(err, errlen, "out of memory for the pipeline");
         return -1;
     }
@@ -165,7 +164,7 @@ void pipeline_free(Strategy *s) {
     int finalized = 1;
     MPI_Finalized(&finalized);
     if (pl->dp_comm != MPI_COMM_NULL && !finalized) MPI_Comm_free(&pl->dp_comm);
-    free(pl->off), free(pl->grads), free(pl->gtmp), free(pl->trace);
+    free(pl->off), free(pl->grads), free(pl->trace);
     free(pl);
     s->pipe = NULL;
 }
@@ -347,16 +346,13 @@ static int backward(Step *st, int j, const float *params, int *next_in) {
     int rc;
     if (pl->next >= 0 && (rc = wait_idle(st, &sl->req[RECV_GRAD])) < 0) return rc;
     double t0 = now();
-    float *g = j == 0 ? pl->grads : pl->gtmp;   // the first micro-batch writes the sum, the others add
     for (int k = nl - 1; k >= 0; k--) {
         const Layer *Lk = layer(pl, k);
         const float *dy = k == nl - 1 ? sl->dout : pl->dact[k + 1];
         float *dx = k > 0 ? pl->dact[k] : sl->din;   // NULL on the first stage: nobody needs it
-        layer_backward(Lk, params, g + (Lk->weight_offset - pl->off[pl->p]), sl->act[k], sl->act[k + 1], dy, dx,
-                       sl->cols[k], sl->argmax[k], pl->scratch, pl->mb);
-    }
-    if (j > 0) {
-        for (long i = 0; i < pl->len; i++) pl->grads[i] += pl->gtmp[i];
+        // the first micro-batch writes the stage's gradient, the others add to it
+        layer_backward(Lk, params, pl->grads + (Lk->weight_offset - pl->off[pl->p]), sl->act[k], sl->act[k + 1], dy,
+                       dx, sl->cols[k], sl->argmax[k], pl->scratch, pl->mb, j > 0);
     }
     double t1 = now();
     pl->stats.busy += t1 - t0;
