@@ -481,9 +481,11 @@ static Comm comm_for(MPI_Comm comm, int rank, int size) {
     return c;
 }
 
-// The pipeline's stage boundaries: None (other strategies), or a sequence of stages + 1 ints from 0
-// to the model's layer count, strictly increasing (pipeline.c checks the values). Returns 0 or -1.
-static int split_arg(PyObject *obj, long stages, const char *fn, int *out) {
+// The pipeline's stage boundaries: None (other strategies; *out stays NULL), or a sequence of
+// stages + 1 ints from 0 to the model's layer count, strictly increasing (pipeline.c checks the
+// values), into a new PyMem array in *out. Returns 0 or -1.
+static int split_arg(PyObject *obj, long stages, const char *fn, int **out) {
+    *out = NULL;
     if (obj == Py_None) {
         return 0;
     }
@@ -492,7 +494,10 @@ static int split_arg(PyObject *obj, long stages, const char *fn, int *out) {
         return -1;
     }
     int rc = 0;
-    if (PySequence_Fast_GET_SIZE(seq) != stages + 1) {
+    if ((*out = PyMem_Calloc((size_t)stages + 1, sizeof(int))) == NULL) {
+        PyErr_NoMemory();
+        rc = -1;
+    } else if (PySequence_Fast_GET_SIZE(seq) != stages + 1) {
         PyErr_Format(PyExc_ValueError, "%s(): `split` must hold stages + 1 = %ld boundaries; got %zd", fn, stages + 1,
                      PySequence_Fast_GET_SIZE(seq));
         rc = -1;
@@ -505,10 +510,14 @@ static int split_arg(PyObject *obj, long stages, const char *fn, int *out) {
             PyErr_Format(PyExc_ValueError, "%s(): `split` holds %ld, not a layer index", fn, v);
             rc = -1;
         } else {
-            out[q] = (int)v;
+            (*out)[q] = (int)v;
         }
     }
     Py_DECREF(seq);
+    if (rc < 0) {
+        PyMem_Free(*out);
+        *out = NULL;
+    }
     return rc;
 }
 
@@ -534,10 +543,6 @@ static PyObject *engine_set_strategy(EngineObject *e, PyObject *const *args, Py_
         schedule < SCHEDULE_GPIPE || schedule > SCHEDULE_1F1B) {
         PyErr_Format(PyExc_ValueError, "%s(): need 0 <= stages <= %d (the model's layers), micro_batches >= 0 and "
                      "schedule 0 (gpipe) or 1 (1f1b)", fn, e->model.num_layers);
-        return NULL;
-    }
-    int split[e->model.num_layers + 1];   // stages + 1 <= layers + 1 boundaries
-    if (split_arg(args[13], stages, fn, split) < 0) {
         return NULL;
     }
     if (!PyUnicode_Check(args[1])) {
@@ -593,12 +598,20 @@ static PyObject *engine_set_strategy(EngineObject *e, PyObject *const *args, Py_
             return NULL;
         }
     }
+    int *split = NULL;   // read after the communicator is ready: every rank fails alike if it is wrong
+    if (split_arg(args[13], stages, fn, &split) < 0) {
+        drop_strategy(e);
+        e->busy = 0;
+        return NULL;
+    }
     StrategyConfig cfg = {(StrategyKind)kind, (int)servers, (int)period, (int)warmup, (MomentumPlacement)placement,
                           (float)beta, (int)window, (int)deterministic, (int)stages, (int)micro_batches,
-                          (PipelineSchedule)schedule, args[13] == Py_None ? NULL : split};
+                          (PipelineSchedule)schedule, split};
     char err[512];
-    if (strategy_create(&e->strategy, &cfg, &sgd, comm_for(e->strategy_comm, rank, size), &e->model, err,
-                        sizeof err) < 0) {
+    int created = strategy_create(&e->strategy, &cfg, &sgd, comm_for(e->strategy_comm, rank, size), &e->model, err,
+                                  sizeof err);
+    PyMem_Free(split);   // the pipeline has taken what it needs
+    if (created < 0) {
         drop_strategy(e);
         e->busy = 0;
         PyErr_Format(PyExc_ValueError, "%s(): %s", fn, err);
