@@ -11,6 +11,12 @@ noise on this shared machine falls on both. Both train the same model from the s
 data order and sharding (`python -m pydist.train` and benchmarks/torch_ddp_train.py) and write one JSON
 line per epoch; the table is read from those files. Samples/s counts the training steps only.
 Scaling efficiency = samples/s at R / (R x samples/s at R=1).
+
+The arithmetic floor: one step's forward and backward is pydist.engine.step_flops(lenet5(), batch)
+floating-point operations; the machine's single-core peak is the fastest of --peak-reps 1024 x 1024
+float32 GEMMs through the engine's own BLAS on one thread (_C.sgemm_seconds), measured in this process
+before and after the jobs. Each run's GFLOP/s per rank (samples/s / R x FLOPs per example) is printed
+beside that peak, with the samples/s a rank would reach at the peak.
 """
 import argparse
 import json
@@ -19,6 +25,10 @@ import sys
 import tempfile
 
 from mpi_jobs import MPIEXEC, ROOT, run
+
+sys.path.insert(0, ROOT)
+from pydist import _C  # noqa: E402  (the engine's BLAS, for the single-core peak; no MPI is started)
+from pydist.engine import lenet5, step_flops  # noqa: E402
 
 TORCH_PEER = os.path.join(ROOT, "benchmarks", "torch_ddp_train.py")
 PROGRAMS = ("pydist", "torch")
@@ -35,6 +45,7 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="1 epoch at R = 1 2 (smoke test)")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per job (default 60 + 60 per epoch)")
+    ap.add_argument("--peak-reps", type=int, default=10, help="1024 x 1024 GEMMs for the single-core peak (default 10)")
     args = ap.parse_args(argv)
     if args.quick:
         args.epochs, args.ranks = 1, [1, 2]
@@ -65,6 +76,25 @@ def run_job(program, ranks, args, metrics):
 
 def load1():
     return os.getloadavg()[0]
+
+
+def sgemm_peak(reps, n=1024):
+    """GFLOP/s of the fastest n x n x n float32 GEMM on one thread of the engine's BLAS."""
+    _C.set_blas_threads(1)
+    return 2 * n ** 3 / _C.sgemm_seconds(n, reps) / 1e9
+
+
+def print_floor(results, args, peak):
+    flops = step_flops(lenet5(), args.batch_size) / args.batch_size   # per example
+    print(f"\narithmetic floor: LeNet-5 forward + backward {flops * args.batch_size / 1e6:.1f} MFLOP per step of "
+          f"{args.batch_size} ({flops / 1e6:.2f} per example); single-core sgemm peak {peak:.1f} GFLOP/s "
+          f"(1024 x 1024, 1 thread, the best before and after the jobs): at most {peak * 1e9 / flops:.0f} "
+          f"samples/s per rank")
+    for (program, ranks), recs in results.items():
+        per_rank = sum(r["samples_per_s"] for r in recs) / len(recs) / ranks
+        gflops = per_rank * flops / 1e9
+        print(f"  {program:<8} R={ranks}: {per_rank:.0f} samples/s per rank = {gflops:.1f} GFLOP/s, "
+              f"{100 * gflops / peak:.0f}% of the peak")
 
 
 def print_tables(results, args):
@@ -106,6 +136,7 @@ def main(argv=None):
     print(f"LeNet-5, {args.epochs} epoch(s), batch {args.batch_size} per rank, lr {args.lr}, momentum "
           f"{args.momentum}, seed {args.seed}, R in {args.ranks}; load average (1 min) before: {load1():.2f}",
           flush=True)
+    peak = sgemm_peak(args.peak_reps)
     results = {}
     with tempfile.TemporaryDirectory(prefix="train_compare.") as tmp:
         for ranks in args.ranks:
@@ -115,6 +146,7 @@ def main(argv=None):
                 print(f"  {program} R={ranks}: {sum(r['epoch_s'] for r in recs):.1f} s training, "
                       f"test accuracy {recs[-1]['test_accuracy']:.4f}", flush=True)
     print_tables(results, args)
+    print_floor(results, args, max(peak, sgemm_peak(args.peak_reps)))
     print(f"\nload average (1 min) after: {load1():.2f}")
     return 0
 

@@ -9,6 +9,7 @@
 #include "pydist.h"
 
 #include <cblas.h>
+#include <time.h>
 
 #include "engine/checkpoint.h"
 #include "engine/data.h"
@@ -1183,6 +1184,47 @@ PyObject *pd_set_blas_threads(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     openblas_set_num_threads((int)n);
     Py_RETURN_NONE;
+}
+
+// sgemm_seconds(n, reps) -> seconds of the fastest of `reps` products of two n x n float32 matrices
+// through the engine's own BLAS, at its current thread count: the machine's arithmetic peak as the
+// engine can reach it (2 n^3 floating-point operations each), for benchmarks to set beside a step.
+PyObject *pd_sgemm_seconds(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long n, reps;
+    if (pd_check_nargs(nargs, 2, "sgemm_seconds") < 0 || pd_arg_long(args[0], "sgemm_seconds", "n", &n) < 0 ||
+        pd_arg_long(args[1], "sgemm_seconds", "reps", &reps) < 0) {
+        return NULL;
+    }
+    if (n < 1 || n > 8192 || reps < 1 || reps > 1000) {
+        PyErr_Format(PyExc_ValueError, "sgemm_seconds(): need 1 <= n <= 8192 and 1 <= reps <= 1000; got n=%ld, "
+                     "reps=%ld", n, reps);
+        return NULL;
+    }
+    size_t elems = (size_t)n * (size_t)n;
+    float *a = PyMem_Malloc(sizeof(float) * elems), *b = PyMem_Malloc(sizeof(float) * elems);
+    float *c = PyMem_Malloc(sizeof(float) * elems);
+    if (a == NULL || b == NULL || c == NULL) {
+        PyMem_Free(a), PyMem_Free(b), PyMem_Free(c);
+        return PyErr_NoMemory();
+    }
+    for (size_t i = 0; i < elems; i++) {
+        a[i] = (float)(i % 7) * 0.125f, b[i] = (float)(i % 5) * 0.25f;
+    }
+    double best = 0.0;
+    Py_BEGIN_ALLOW_THREADS
+    for (long r = 0; r < reps; r++) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)n, (int)n, 1.0f, a, (int)n, b, (int)n,
+                    0.0f, c, (int)n);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        best = r == 0 || s < best ? s : best;
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_Free(a), PyMem_Free(b), PyMem_Free(c);
+    return PyFloat_FromDouble(best);
 }
 
 int pd_engine_type_init(PyObject *module) {

@@ -261,6 +261,7 @@ int pd_engine_type_init(PyObject *module);
 PyObject *pd_load_idx(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_epoch_permutation(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_set_blas_threads(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *pd_sgemm_seconds(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 // ---------------------------------------------------------------------------------------------------
 // Module functions, one file per concern

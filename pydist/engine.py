@@ -27,7 +27,7 @@ from . import distributed as dist
 
 __all__ = ["Linear", "Conv2d", "MaxPool2d", "ReLU", "Flatten", "Model", "lenet5", "mlp", "Trainer",
            "load_idx", "load_fashion_mnist", "DEFAULT_DATA_DIR", "STRATEGIES", "SCHEDULES", "layer_costs",
-           "balanced_split"]
+           "balanced_split", "step_flops"]
 
 DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"   # Debian's dataset-fashion-mnist
 _LINEAR, _CONV2D, _MAXPOOL2D, _RELU, _FLATTEN = range(5)  # csrc/engine/model.h LayerType
@@ -256,6 +256,19 @@ def layer_costs(model):
     as much as their forward."""
     flops = _C.Engine(model.specs(), model.input_shape, 1).layer_flops
     return [f * (3 if spec[0] in (_LINEAR, _CONV2D) else 2) for f, spec in zip(flops, model.specs())]
+
+
+def step_flops(model, batch):
+    """Floating-point operations of one training step's forward and backward on `batch` examples
+    (multiply-adds count 2): a Linear or Conv2d layer's backward computes its weights' gradient (as
+    many operations as its forward) and, except in the first layer, its input's (as many again); the
+    other layers' backward costs what their forward does. The update's few operations per parameter
+    are left out."""
+    flops = _C.Engine(model.specs(), model.input_shape, 1).layer_flops
+    total = 0.0
+    for i, (f, spec) in enumerate(zip(flops, model.specs())):
+        total += f * ((2 if i == 0 else 3) if spec[0] in (_LINEAR, _CONV2D) else 2)
+    return total * batch
 
 
 def balanced_split(costs, stages):

@@ -40,6 +40,14 @@ def test_train_compare_quick():
     for r in rows:
         assert float(r[2]) > 0 and 0.7 < float(r[4]) <= 1.0, r   # samples/s, test accuracy after 1 epoch
     assert "pydist / torch samples/s" in proc.stdout
+    # the arithmetic floor: LeNet-5's step FLOPs, the single-core sgemm peak, each run's share of it
+    floor = re.search(r"LeNet-5 forward \+ backward ([\d.]+) MFLOP per step of 64 .* sgemm peak ([\d.]+) GFLOP/s",
+                      proc.stdout)
+    assert floor and 100 < float(floor.group(1)) < 200 and float(floor.group(2)) > 1, proc.stdout[-2000:]
+    shares = re.findall(r"(pydist|torch)\s+R=([12]): (\d+) samples/s per rank = ([\d.]+) GFLOP/s, (\d+)% of the peak",
+                        proc.stdout)
+    assert sorted((p, r) for p, r, *_ in shares) == [("pydist", "1"), ("pydist", "2"), ("torch", "1"), ("torch", "2")]
+    assert all(float(g) > 0 and int(pct) > 0 for *_, g, pct in shares), shares
 
 
 def test_strategies_quick(tmp_path):

@@ -154,6 +154,24 @@ def test_layer_costs_count_forward_and_backward_flops():
     assert layer_costs(m) == [3 * conv, 2 * 2 * 26 * 26, 2 * 2 * 26 * 26, 2 * 2 * 13 * 13, 3 * 2 * 338 * 10]
 
 
+def test_step_flops_counts_forward_and_backward():
+    from pydist.engine import Conv2d, Flatten, Linear, Model, ReLU, lenet5, step_flops
+    m = Model([Conv2d(1, 2, 3), ReLU(), Flatten(), Linear(2 * 26 * 26, 10)], input_shape=(1, 28, 28))
+    conv, relu, flat, fc = 2 * (2 * 9) * 26 * 26, 2 * 26 * 26, 2 * 26 * 26, 2 * 1352 * 10
+    # the first layer's backward has no input gradient to compute: its forward's worth, not twice it
+    assert step_flops(m, 4) == 4 * (2 * conv + 2 * relu + 2 * flat + 3 * fc)
+    # LeNet-5's step of 64: about 147 MFLOP, most of it the two convolutions
+    convs = 2 * (6 * 25) * 28 * 28 * 2 + 3 * 2 * (16 * 6 * 25) * 10 * 10
+    assert convs / step_flops(lenet5(), 1) > 0.8 and 140e6 < step_flops(lenet5(), 64) < 150e6
+
+
+def test_sgemm_seconds_times_the_engines_blas():
+    from pydist import _C
+    assert 0 < _C.sgemm_seconds(64, 3) < 1.0
+    with pytest.raises(ValueError, match="need 1 <= n <= 8192"):
+        _C.sgemm_seconds(0, 1)
+
+
 def test_slow_rank_sleeps_each_step_in_compute_time():
     x, y = data()
     out = tiny(slow_rank=0, slow_ms=30).train_steps(x, y, 0, 0, 3)
