@@ -51,12 +51,9 @@ import sys
 from mpi_jobs import MPIEXEC, ROOT, run
 
 sys.path.insert(0, ROOT)
-from pydist.engine import ASYNC, STRATEGIES  # noqa: E402  (the table of strategies and their options; no MPI)
+from pydist.engine import ASYNC, DATA_PARALLEL, STRATEGIES  # noqa: E402  (the strategies and their options; no MPI)
 
 WORKER = os.path.join(ROOT, "benchmarks", "strategy_run.py")
-# The data-parallel strategies (and their asynchronous cousins): every worker holds the whole model.
-# Model parallelism ("pipeline") is measured in benchmarks/pipeline.py.
-COMPARED = tuple(s for s in STRATEGIES if s != "pipeline")
 TARGET = 0.85
 COLORS = {"allreduce": "tab:blue", "ring": "tab:cyan", "central": "tab:green", "ps": "tab:red",
           "average": "tab:orange", "easgd": "tab:purple", "downpour": "tab:brown", "adag": "tab:pink",
@@ -69,7 +66,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, nargs="+", default=[2, 3, 4],
                     help="numbers of workers (default 2 3 4); R = workers, + servers for ps and asynchronous")
-    ap.add_argument("--strategies", nargs="+", choices=COMPARED, default=list(COMPARED),
+    ap.add_argument("--strategies", nargs="+", choices=DATA_PARALLEL, default=list(DATA_PARALLEL),
                     help="default: all but pipeline (benchmarks/pipeline.py)")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=64, help="per worker (default 64)")

@@ -28,12 +28,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pydist as dist  # noqa: E402  (after the path: the checkout's pydist, not an installed one)
-from pydist.engine import ASYNC, STRATEGIES, Trainer, lenet5, load_fashion_mnist  # noqa: E402
+from pydist.engine import ASYNC, DATA_PARALLEL, Trainer, lenet5, load_fashion_mnist  # noqa: E402
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--strategy", choices=tuple(s for s in STRATEGIES if s != "pipeline"), required=True,
+    ap.add_argument("--strategy", choices=DATA_PARALLEL, required=True,
                     help="any but pipeline (benchmarks/pipeline_run.py measures it)")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=64, help="per worker (default 64)")

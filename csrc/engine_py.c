@@ -536,7 +536,8 @@ static PyObject *engine_set_strategy(EngineObject *e, PyObject *const *args, Py_
         pd_arg_long(args[4], fn, "warmup", &warmup) < 0 || pd_arg_long(args[5], fn, "placement", &placement) < 0 ||
         pd_arg_long(args[7], fn, "slow_ms", &slow_ms) < 0 || pd_arg_long(args[8], fn, "window", &window) < 0 ||
         pd_arg_long(args[9], fn, "deterministic", &deterministic) < 0 ||
-        pd_arg_long(args[10], fn, "stages", &stages) < 0 || pd_arg_long(args[11], fn, "micro_batches", &micro_batches) < 0 ||
+        pd_arg_long(args[10], fn, "stages", &stages) < 0 ||
+        pd_arg_long(args[11], fn, "micro_batches", &micro_batches) < 0 ||
         pd_arg_long(args[12], fn, "schedule", &schedule) < 0 || sgd_args(args + 14, fn, &sgd) < 0) {
         return NULL;
     }
@@ -1042,9 +1043,9 @@ static PyMethodDef engine_methods[] = {
            "train_steps(images, labels, perm, step_begin, step_end, batch, group, lr, momentum, dampening, "
            "weight_decay, nesterov) -> (loss_sum, correct, steps, t_comp, t_sync, bytes_sent, messages)"),
     METHOD("set_strategy", engine_set_strategy,
-           "set_strategy(group, name, servers, period, warmup, placement, beta, slow_ms, window, deterministic, stages, "
-           "micro_batches, schedule, split, lr, momentum, dampening, weight_decay, nesterov): how train_steps "
-           "cooperate (collective)"),
+           "set_strategy(group, name, servers, period, warmup, placement, beta, slow_ms, window, deterministic, "
+           "stages, micro_batches, schedule, split, lr, momentum, dampening, weight_decay, nesterov): how "
+           "train_steps cooperate (collective)"),
     {"strategy_weights", (PyCFunction)engine_strategy_weights, METH_NOARGS,
      "strategy_weights() -> the weights that count (collective)"},
     {"strategy_state", (PyCFunction)engine_strategy_state, METH_NOARGS,

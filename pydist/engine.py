@@ -199,6 +199,8 @@ STRATEGIES = {
     "pipeline": {"stages": None, "micro_batches": 4, "schedule": "1f1b", "split": None},
 }
 ASYNC = ("downpour", "adag", "aeasgd", "dynsgd")
+# Every worker holds the whole model (all but the pipeline): the strategies benchmarks/strategies.py compares.
+DATA_PARALLEL = tuple(s for s in STRATEGIES if s != "pipeline")
 _PLACEMENTS = ("local", "average", "reset")   # csrc/strategies/strategy.h MomentumPlacement
 SCHEDULES = ("gpipe", "1f1b")                 # csrc/strategies/strategy.h PipelineSchedule
 # The weights each strategy evaluates and checkpoints (Trainer.weights()).
@@ -251,24 +253,19 @@ def _strategy_options(strategy, given):
 
 
 def layer_costs(model):
-    """Each layer's floating-point work per example, forward and backward: a Linear or Conv2d layer's
-    backward costs about twice its forward (the weights' gradient and the input's), the others' about
-    as much as their forward."""
+    """Each layer's floating-point operations per example, forward and backward (multiply-adds count
+    2): a Linear or Conv2d layer's backward computes its weights' gradient (as many operations as its
+    forward) and, except in the first layer, its input's (as many again); the other layers' backward
+    costs what their forward does."""
     flops = _C.Engine(model.specs(), model.input_shape, 1).layer_flops
-    return [f * (3 if spec[0] in (_LINEAR, _CONV2D) else 2) for f, spec in zip(flops, model.specs())]
+    return [f * ((2 if i == 0 else 3) if spec[0] in (_LINEAR, _CONV2D) else 2)
+            for i, (f, spec) in enumerate(zip(flops, model.specs()))]
 
 
 def step_flops(model, batch):
     """Floating-point operations of one training step's forward and backward on `batch` examples
-    (multiply-adds count 2): a Linear or Conv2d layer's backward computes its weights' gradient (as
-    many operations as its forward) and, except in the first layer, its input's (as many again); the
-    other layers' backward costs what their forward does. The update's few operations per parameter
-    are left out."""
-    flops = _C.Engine(model.specs(), model.input_shape, 1).layer_flops
-    total = 0.0
-    for i, (f, spec) in enumerate(zip(flops, model.specs())):
-        total += f * ((2 if i == 0 else 3) if spec[0] in (_LINEAR, _CONV2D) else 2)
-    return total * batch
+    (layer_costs summed; the update's few operations per parameter are left out)."""
+    return sum(layer_costs(model)) * batch
 
 
 def balanced_split(costs, stages):

@@ -159,7 +159,7 @@ void batch_gather(float *x, int32_t *y, const Dataset *ds, const int *perm, int 
     size_t dim = (size_t)ds->rows * ds->cols;
     for (int b = 0; b < B; b++) {
         int idx = perm[start + b];
-        memcpy(x + (size_t)b * dim, ds->images + (size_t)idx * dim, dim * sizeof(float));
-        y[b] = ds->labels[idx];
+        if (x) memcpy(x + (size_t)b * dim, ds->images + (size_t)idx * dim, dim * sizeof(float));
+        if (y) y[b] = ds->labels[idx];
     }
 }

@@ -29,7 +29,8 @@ void dataset_free(Dataset *ds);
 // so every rank computes the same one without communicating.
 void epoch_permutation(int *perm, int n, uint64_t seed, int epoch);
 
-// Copy examples perm[start .. start+B) into x (B, rows*cols) and y (B,).
+// Copy examples perm[start .. start+B) into x (B, rows*cols) and y (B,); either may be NULL (a
+// pipeline's first stage needs only the images, its last only the labels).
 void batch_gather(float *x, int32_t *y, const Dataset *ds, const int *perm, int start, int B);
 
 // Rank r of R with per-rank batch B takes, at step s, perm[s*R*B + r*B .. + B): the ranks' shards

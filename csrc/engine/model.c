@@ -329,8 +329,8 @@ double model_loss_backward(Model *m, const float *x, const int32_t *labels, int 
     double loss = log_softmax_nll(logits, labels, m->dact[m->num_layers], B, m->classes, correct);
     for (int i = m->num_layers - 1; i >= 0; i--) {
         float *dx = i > 0 ? m->dact[i] : NULL;  // nobody needs the input's gradient
-        layer_backward(&m->layers[i], m->params, m->grads + m->layers[i].weight_offset, m->act[i], m->act[i + 1], m->dact[i + 1], dx, m->cols[i],
-                       m->argmax[i], m->scratch, B, 0);
+        layer_backward(&m->layers[i], m->params, m->grads + m->layers[i].weight_offset, m->act[i], m->act[i + 1],
+                       m->dact[i + 1], dx, m->cols[i], m->argmax[i], m->scratch, B, 0);
     }
     return loss;
 }

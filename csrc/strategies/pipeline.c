@@ -53,7 +53,6 @@ struct Pipeline {
     float **dact;                // [layers + 1]: backward's scratch between the stage's layers
     float *scratch;              // a convolution's GEMM output
     float *grads;                // [len]: the step's gradient, summed over micro-batches
-    long slot_bytes, work_bytes;
     int in_flight, peak;
     PipelineStats stats;
     PipelineEvent *trace;        // [2 M + 1]: the last step's forwards, backwards and update
@@ -198,7 +197,7 @@ static int alloc_slots(Pipeline *pl, int mb) {
         }
     }
     if ((pl->scratch = counted(f * (size_t)scratch, &work)) == NULL) return -1;
-    pl->work_bytes = work;
+    pl->stats.workspace_bytes = work;
     for (int i = 0; i < nslots; i++) {
         Slot *sl = &pl->slots[i];
         long bytes = 0;
@@ -232,11 +231,9 @@ static int alloc_slots(Pipeline *pl, int mb) {
             (last && (sl->labels = counted(sizeof(int32_t) * (size_t)mb, &bytes)) == NULL)) {
             return -1;
         }
-        pl->slot_bytes = bytes;   // the same for every slot
+        pl->stats.slot_bytes = bytes;   // the same for every slot
     }
     pl->stats.slots = nslots;
-    pl->stats.slot_bytes = pl->slot_bytes;
-    pl->stats.workspace_bytes = pl->work_bytes;
     return 0;
 }
 
@@ -296,17 +293,6 @@ static void record(Pipeline *pl, int kind, int micro, double t0, double t1) {
     }
 }
 
-static void gather_micro(Step *st, int j, float *x, int32_t *y) {
-    const Dataset *ds = st->ds;
-    const size_t dim = (size_t)ds->rows * ds->cols;
-    const int start = st->offset + j * st->pl->mb;
-    for (int b = 0; b < st->pl->mb; b++) {
-        int idx = st->perm[start + b];
-        if (x) memcpy(x + (size_t)b * dim, ds->images + (size_t)idx * dim, dim * sizeof(float));
-        if (y) y[b] = ds->labels[idx];
-    }
-}
-
 static int forward(Step *st, int j, const float *params, int *next_in) {
     Pipeline *pl = st->pl;
     const int nl = pl->layers, last = pl->next < 0;
@@ -314,9 +300,11 @@ static int forward(Step *st, int j, const float *params, int *next_in) {
     int rc;
     if ((rc = take_slot(st, j, &sl)) < 0 || (pl->prev >= 0 && (rc = wait_idle(st, &sl->req[RECV_IN])) < 0)) return rc;
     double t0 = now();
-    gather_micro(st, j, pl->prev < 0 ? sl->act[0] : NULL, last ? sl->labels : NULL);
+    batch_gather(pl->prev < 0 ? sl->act[0] : NULL, last ? sl->labels : NULL, st->ds, st->perm,
+                 st->offset + j * pl->mb, pl->mb);
     for (int k = 0; k < nl; k++) {
-        layer_forward(layer(pl, k), params, sl->act[k], sl->act[k + 1], sl->cols[k], sl->argmax[k], pl->scratch, pl->mb);
+        layer_forward(layer(pl, k), params, sl->act[k], sl->act[k + 1], sl->cols[k], sl->argmax[k], pl->scratch,
+                      pl->mb);
     }
     if (last) {
         int right = 0;

@@ -151,7 +151,8 @@ def test_layer_costs_count_forward_and_backward_flops():
     from pydist.engine import Conv2d, Flatten, Linear, MaxPool2d, Model, ReLU, layer_costs
     m = Model([Conv2d(1, 2, 3), ReLU(), MaxPool2d(2), Flatten(), Linear(2 * 13 * 13, 10)], input_shape=(1, 28, 28))
     conv = 2 * (2 * 1 * 3 * 3) * 26 * 26          # a multiply-add per weight per output position
-    assert layer_costs(m) == [3 * conv, 2 * 2 * 26 * 26, 2 * 2 * 26 * 26, 2 * 2 * 13 * 13, 3 * 2 * 338 * 10]
+    # the first layer computes no input gradient: its backward is one forward's worth, not two
+    assert layer_costs(m) == [2 * conv, 2 * 2 * 26 * 26, 2 * 2 * 26 * 26, 2 * 2 * 13 * 13, 3 * 2 * 338 * 10]
 
 
 def test_step_flops_counts_forward_and_backward():
