@@ -139,3 +139,16 @@ def test_pipeline_rejects_bad_micro_batches(tmp_path):
     proc = subprocess.run([sys.executable, "benchmarks/pipeline.py", "--micro-batches", "3", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--micro-batches must divide the batch of 64" in proc.stderr, proc.stderr
+
+
+def test_startup_one_round():
+    # One round of each program without torch: the table has a row per program with figures, and the
+    # goal line for pydist's import + init.
+    proc = subprocess.run([sys.executable, "benchmarks/startup.py", "--rounds", "1", "--no-torch"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {line.split("|")[0].strip(): line for line in proc.stdout.splitlines() if line.count("|") == 3}
+    assert {"numpy", "pydist"} <= set(rows), proc.stdout
+    numpy_ms, import_ms, init_ms = (float(x) for x in rows["pydist"].split("|")[1].split())
+    assert numpy_ms > 0 and import_ms > 0 and init_ms > 0, rows["pydist"]
+    assert "pydist import + init_process_group:" in proc.stdout and "goal <= 250 ms" in proc.stdout

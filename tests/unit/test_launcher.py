@@ -94,3 +94,17 @@ def test_exit_with_pending_work_does_not_hang_or_crash():
 def test_exit_code_of_sys_exit_is_kept():
     proc = run(INIT + "\nimport sys; sys.exit(7)\n")
     assert proc.returncode == 7, proc.stderr
+
+
+def test_hwloc_setting_is_for_mpi_init_only():
+    # init turns hwloc's PCI discovery off for MPI_Init (start-up time) and takes it back out of the
+    # environment, so processes this one starts see the environment the user gave; a user's own
+    # HWLOC_COMPONENTS is left as it was.
+    script = (INIT + "\nimport subprocess\n"
+              "print(subprocess.run(['sh', '-c', 'echo \"[$HWLOC_COMPONENTS]\"'], capture_output=True, text=True).stdout)")
+    proc = run(script)
+    assert proc.returncode == 0, proc.stderr
+    assert "[]" in proc.stdout, proc.stdout
+    proc = run(script, HWLOC_COMPONENTS="x86")
+    assert proc.returncode == 0, proc.stderr
+    assert "[x86]" in proc.stdout, proc.stdout
