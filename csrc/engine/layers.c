@@ -60,6 +60,36 @@ static void valid_span(const ConvShape *s, int kj, int *lo, int *hi) {
     *hi = b < s->out_w ? (b > *lo ? b : *lo) : s->out_w;
 }
 
+// The short rows of im2col (a patch row is out_w floats, 28 or 10 in LeNet): as calls to memcpy and
+// memset they cost more than the copying itself (a tenth of the step). So: 4 floats at a time, the
+// last 4 overlapping what is already written; n < 4 one by one. GCC turns such loops back into calls
+// (its loop distribution), hence the pragma, for these helpers and im2col only.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("no-tree-loop-distribute-patterns")
+#endif
+static inline void copy_row(float *restrict dst, const float *restrict src, int n) {
+#ifdef __SSE2__
+    if (n >= 4) {
+        for (int i = 0; i + 4 < n; i += 4) _mm_storeu_ps(dst + i, _mm_loadu_ps(src + i));
+        _mm_storeu_ps(dst + n - 4, _mm_loadu_ps(src + n - 4));
+        return;
+    }
+#endif
+    for (int i = 0; i < n; i++) dst[i] = src[i];
+}
+
+static inline void zero_row(float *dst, int n) {
+#ifdef __SSE2__
+    if (n >= 4) {
+        for (int i = 0; i + 4 < n; i += 4) _mm_storeu_ps(dst + i, _mm_setzero_ps());
+        _mm_storeu_ps(dst + n - 4, _mm_setzero_ps());
+        return;
+    }
+#endif
+    for (int i = 0; i < n; i++) dst[i] = 0.0f;
+}
+
 static void im2col(const ConvShape *s, const float *restrict x, float *restrict cols, int B) {
     long ohw = (long)s->out_h * s->out_w, width = B * ohw;
     for (int c = 0; c < s->in_c; c++) {
@@ -73,24 +103,35 @@ static void im2col(const ConvShape *s, const float *restrict x, float *restrict 
                     for (int oi = 0; oi < s->out_h; oi++) {
                         float *out = row + n * ohw + (long)oi * s->out_w;
                         int i = oi * s->stride - s->pad + ki;
-                        if (i < 0 || i >= s->in_h) {
-                            memset(out, 0, sizeof(float) * (size_t)s->out_w);
+                        if (i < 0 || i >= s->in_h || lo == hi) {
+                            zero_row(out, s->out_w);
                             continue;
                         }
                         const float *in = plane + (long)i * s->in_w - s->pad + kj;
-                        for (int oj = 0; oj < lo; oj++) out[oj] = 0.0f;
+                        if (lo > 0 || hi < s->out_w) {   // the padding, then the row over it
+                            zero_row(out, s->out_w);
+                        }
                         if (s->stride == 1) {
-                            memcpy(out + lo, in + lo, sizeof(float) * (size_t)(hi - lo));
+                            copy_row(out + lo, in + lo, hi - lo);
                         } else {
                             for (int oj = lo; oj < hi; oj++) out[oj] = in[oj * s->stride];
                         }
-                        for (int oj = hi; oj < s->out_w; oj++) out[oj] = 0.0f;
                     }
                 }
             }
         }
     }
 }
+
+// dst[i] += src[i] (restrict: the loop vectorizes)
+static void add_floats(float *restrict dst, const float *restrict src, int n) {
+    for (int i = 0; i < n; i++) {
+        dst[i] += src[i];
+    }
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
 
 // The adjoint of im2col: dx (zeroed here) receives the sum of every patch entry that came from it.
 static void col2im(const ConvShape *s, const float *restrict cols, float *restrict dx, int B) {
@@ -111,13 +152,25 @@ static void col2im(const ConvShape *s, const float *restrict cols, float *restri
                         }
                         const float *in = row + n * ohw + (long)oi * s->out_w;
                         float *out = plane + (long)i * s->in_w - s->pad + kj;
-                        for (int oj = lo; oj < hi; oj++) {
-                            out[oj * s->stride] += in[oj];
+                        if (s->stride == 1) {
+                            add_floats(out + lo, in + lo, hi - lo);
+                        } else {
+                            for (int oj = lo; oj < hi; oj++) {
+                                out[oj * s->stride] += in[oj];
+                            }
                         }
                     }
                 }
             }
         }
+    }
+}
+
+// dst[i] = src[i] + bias: one block of the GEMM's output into NCHW order (restrict and a local bias,
+// so the loop vectorizes).
+static void add_bias_copy(float *restrict dst, const float *restrict src, float bias, long n) {
+    for (long i = 0; i < n; i++) {
+        dst[i] = src[i] + bias;
     }
 }
 
@@ -130,13 +183,20 @@ void conv2d_forward(const ConvShape *s, const float *x, const float *W, const fl
                 (int)width, 0.0f, tmp, (int)width);
     for (int n = 0; n < B; n++) {
         for (int oc = 0; oc < s->out_c; oc++) {
-            const float *src = tmp + oc * width + n * ohw;
-            float *dst = y + ((long)n * s->out_c + oc) * ohw;
-            for (long p = 0; p < ohw; p++) {
-                dst[p] = src[p] + b[oc];
-            }
+            add_bias_copy(y + ((long)n * s->out_c + oc) * ohw, tmp + oc * width + n * ohw, b[oc], ohw);
         }
     }
+}
+
+// sums[j] = the sum of v[j*stride + 0 .. n) for j < m <= 8, each in float from 0 in index order (the bits
+// of one running sum), the m sums interleaved: one running sum is a chain of dependent adds, which cost
+// a third of the convolution's backward outside the GEMMs.
+static void sum_rows(double *sums, const float *v, long stride, int m, long n) {
+    float part[8] = {0};
+    for (long i = 0; i < n; i++) {
+        for (int j = 0; j < m; j++) part[j] += v[j * stride + i];
+    }
+    for (int j = 0; j < m; j++) sums[j] = part[j];
 }
 
 void conv2d_backward(const ConvShape *s, float *cols, const float *W, const float *dy, float *dW, float *db,
@@ -144,16 +204,15 @@ void conv2d_backward(const ConvShape *s, float *cols, const float *W, const floa
     int patch = s->in_c * s->k * s->k;
     long ohw = (long)s->out_h * s->out_w, width = B * ohw;
     for (int oc = 0; oc < s->out_c; oc++) {
-        double sum = 0.0;
+        float *row = dtmp + oc * width;   // (B, ohw): this channel's gradients, from NCHW
         for (int n = 0; n < B; n++) {
-            const float *src = dy + ((long)n * s->out_c + oc) * ohw;
-            float *dst = dtmp + oc * width + n * ohw;
-            float part = 0.0f;
-            for (long p = 0; p < ohw; p++) {
-                dst[p] = src[p];
-                part += src[p];
-            }
-            sum += part;
+            memcpy(row + n * ohw, dy + ((long)n * s->out_c + oc) * ohw, sizeof(float) * (size_t)ohw);
+        }
+        double sum = 0.0, part[8];   // the bias' gradient: per example in float, over examples in double
+        for (int n = 0; n < B; n += 8) {
+            int m = B - n < 8 ? B - n : 8;
+            sum_rows(part, row + n * ohw, ohw, m, ohw);
+            for (int j = 0; j < m; j++) sum += part[j];
         }
         db[oc] = accumulate ? db[oc] + (float)sum : (float)sum;
     }
