@@ -102,7 +102,9 @@ def extension():
     if zlib is None:
         sys.exit(MISSING_ZLIB)
     mpi = merge(mpich, blas, zlib)
-    compile_args = ["-O2", "-Wall", "-Wextra", "-fvisibility=hidden", "-std=c11"]
+    # -O3: GCC's vectorizer with its normal cost model (at -O2 it skips any loop that needs a remainder,
+    # which is most of the engine's kernels); it never reorders float arithmetic, so results are unchanged.
+    compile_args = ["-O3", "-Wall", "-Wextra", "-fvisibility=hidden", "-std=c11"]
     link_args = list(mpi["extra_link_args"])
     if os.environ.get("PYDIST_ASAN") == "1":
         compile_args += ["-fsanitize=address", "-fno-omit-frame-pointer", "-g"]

@@ -22,7 +22,6 @@ typedef struct {
     Model model;
     float *momentum;       // SGD momentum buffer [num_params]
     int momentum_started;  // PyTorch's "buf is None" on the first step
-    float *x;              // one batch [max_batch * pixels]
     int32_t *y;            // [max_batch]
     int busy;
     Strategy strategy;     // how ranks cooperate, once set_strategy() has run (has_strategy)
@@ -179,10 +178,9 @@ static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     }
     e->strategy_comm = MPI_COMM_NULL;
     e->momentum = PyMem_Calloc((size_t)e->model.num_params, sizeof(float));
-    e->x = PyMem_Calloc((size_t)max_batch * (size_t)pixels_of(&e->model), sizeof(float));
     e->y = PyMem_Calloc((size_t)max_batch, sizeof(int32_t));
     e->gathered = PyMem_Calloc(2 * (size_t)e->model.num_params, sizeof(float));
-    if (e->momentum == NULL || e->x == NULL || e->y == NULL || e->gathered == NULL) {
+    if (e->momentum == NULL || e->y == NULL || e->gathered == NULL) {
         PyErr_NoMemory();
         Py_CLEAR(e);
     }
@@ -210,7 +208,6 @@ static void engine_dealloc(EngineObject *e) {
     drop_strategy(e);
     model_free(&e->model);
     PyMem_Free(e->momentum);
-    PyMem_Free(e->x);
     PyMem_Free(e->y);
     PyMem_Free(e->gathered);
     freefunc free_slot = (freefunc)PyType_GetSlot(tp, Py_tp_free);
@@ -726,7 +723,7 @@ static PyObject *engine_train_steps(EngineObject *e, PyObject *const *args, Py_s
     st->comm.ctx = &sync;
     sync.released = PyEval_SaveThread();
     int rc = train_steps(&e->model, &c, e->momentum, &e->momentum_started, &ds, (const int *)p, (int)begin,
-                         (int)end, e->x, e->y, &stats);
+                         (int)end, e->y, &stats);
     PyEval_RestoreThread(sync.released);
     e->busy = 0;
     if (rc < 0) {

@@ -7,6 +7,9 @@
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 // ---------------------------------------------------------------------------------------------------
 // Linear
@@ -57,6 +60,36 @@ static void valid_span(const ConvShape *s, int kj, int *lo, int *hi) {
     *hi = b < s->out_w ? (b > *lo ? b : *lo) : s->out_w;
 }
 
+// The short rows of im2col (a patch row is out_w floats, 28 or 10 in LeNet): as calls to memcpy and
+// memset they cost more than the copying itself (a tenth of the step). So: 4 floats at a time, the
+// last 4 overlapping what is already written; n < 4 one by one. GCC turns such loops back into calls
+// (its loop distribution), hence the pragma, for these helpers and im2col only.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("no-tree-loop-distribute-patterns")
+#endif
+static inline void copy_row(float *restrict dst, const float *restrict src, int n) {
+#ifdef __SSE2__
+    if (n >= 4) {
+        for (int i = 0; i + 4 < n; i += 4) _mm_storeu_ps(dst + i, _mm_loadu_ps(src + i));
+        _mm_storeu_ps(dst + n - 4, _mm_loadu_ps(src + n - 4));
+        return;
+    }
+#endif
+    for (int i = 0; i < n; i++) dst[i] = src[i];
+}
+
+static inline void zero_row(float *dst, int n) {
+#ifdef __SSE2__
+    if (n >= 4) {
+        for (int i = 0; i + 4 < n; i += 4) _mm_storeu_ps(dst + i, _mm_setzero_ps());
+        _mm_storeu_ps(dst + n - 4, _mm_setzero_ps());
+        return;
+    }
+#endif
+    for (int i = 0; i < n; i++) dst[i] = 0.0f;
+}
+
 static void im2col(const ConvShape *s, const float *restrict x, float *restrict cols, int B) {
     long ohw = (long)s->out_h * s->out_w, width = B * ohw;
     for (int c = 0; c < s->in_c; c++) {
@@ -70,24 +103,35 @@ static void im2col(const ConvShape *s, const float *restrict x, float *restrict 
                     for (int oi = 0; oi < s->out_h; oi++) {
                         float *out = row + n * ohw + (long)oi * s->out_w;
                         int i = oi * s->stride - s->pad + ki;
-                        if (i < 0 || i >= s->in_h) {
-                            memset(out, 0, sizeof(float) * (size_t)s->out_w);
+                        if (i < 0 || i >= s->in_h || lo == hi) {
+                            zero_row(out, s->out_w);
                             continue;
                         }
                         const float *in = plane + (long)i * s->in_w - s->pad + kj;
-                        for (int oj = 0; oj < lo; oj++) out[oj] = 0.0f;
+                        if (lo > 0 || hi < s->out_w) {   // the padding, then the row over it
+                            zero_row(out, s->out_w);
+                        }
                         if (s->stride == 1) {
-                            memcpy(out + lo, in + lo, sizeof(float) * (size_t)(hi - lo));
+                            copy_row(out + lo, in + lo, hi - lo);
                         } else {
                             for (int oj = lo; oj < hi; oj++) out[oj] = in[oj * s->stride];
                         }
-                        for (int oj = hi; oj < s->out_w; oj++) out[oj] = 0.0f;
                     }
                 }
             }
         }
     }
 }
+
+// dst[i] += src[i] (restrict: the loop vectorizes)
+static void add_floats(float *restrict dst, const float *restrict src, int n) {
+    for (int i = 0; i < n; i++) {
+        dst[i] += src[i];
+    }
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
 
 // The adjoint of im2col: dx (zeroed here) receives the sum of every patch entry that came from it.
 static void col2im(const ConvShape *s, const float *restrict cols, float *restrict dx, int B) {
@@ -108,13 +152,25 @@ static void col2im(const ConvShape *s, const float *restrict cols, float *restri
                         }
                         const float *in = row + n * ohw + (long)oi * s->out_w;
                         float *out = plane + (long)i * s->in_w - s->pad + kj;
-                        for (int oj = lo; oj < hi; oj++) {
-                            out[oj * s->stride] += in[oj];
+                        if (s->stride == 1) {
+                            add_floats(out + lo, in + lo, hi - lo);
+                        } else {
+                            for (int oj = lo; oj < hi; oj++) {
+                                out[oj * s->stride] += in[oj];
+                            }
                         }
                     }
                 }
             }
         }
+    }
+}
+
+// dst[i] = src[i] + bias: one block of the GEMM's output into NCHW order (restrict and a local bias,
+// so the loop vectorizes).
+static void add_bias_copy(float *restrict dst, const float *restrict src, float bias, long n) {
+    for (long i = 0; i < n; i++) {
+        dst[i] = src[i] + bias;
     }
 }
 
@@ -127,13 +183,20 @@ void conv2d_forward(const ConvShape *s, const float *x, const float *W, const fl
                 (int)width, 0.0f, tmp, (int)width);
     for (int n = 0; n < B; n++) {
         for (int oc = 0; oc < s->out_c; oc++) {
-            const float *src = tmp + oc * width + n * ohw;
-            float *dst = y + ((long)n * s->out_c + oc) * ohw;
-            for (long p = 0; p < ohw; p++) {
-                dst[p] = src[p] + b[oc];
-            }
+            add_bias_copy(y + ((long)n * s->out_c + oc) * ohw, tmp + oc * width + n * ohw, b[oc], ohw);
         }
     }
+}
+
+// sums[j] = the sum of v[j*stride + 0 .. n) for j < m <= 8, each in float from 0 in index order (the bits
+// of one running sum), the m sums interleaved: one running sum is a chain of dependent adds, which cost
+// a third of the convolution's backward outside the GEMMs.
+static void sum_rows(double *sums, const float *v, long stride, int m, long n) {
+    float part[8] = {0};
+    for (long i = 0; i < n; i++) {
+        for (int j = 0; j < m; j++) part[j] += v[j * stride + i];
+    }
+    for (int j = 0; j < m; j++) sums[j] = part[j];
 }
 
 void conv2d_backward(const ConvShape *s, float *cols, const float *W, const float *dy, float *dW, float *db,
@@ -141,16 +204,15 @@ void conv2d_backward(const ConvShape *s, float *cols, const float *W, const floa
     int patch = s->in_c * s->k * s->k;
     long ohw = (long)s->out_h * s->out_w, width = B * ohw;
     for (int oc = 0; oc < s->out_c; oc++) {
-        double sum = 0.0;
+        float *row = dtmp + oc * width;   // (B, ohw): this channel's gradients, from NCHW
         for (int n = 0; n < B; n++) {
-            const float *src = dy + ((long)n * s->out_c + oc) * ohw;
-            float *dst = dtmp + oc * width + n * ohw;
-            float part = 0.0f;
-            for (long p = 0; p < ohw; p++) {
-                dst[p] = src[p];
-                part += src[p];
-            }
-            sum += part;
+            memcpy(row + n * ohw, dy + ((long)n * s->out_c + oc) * ohw, sizeof(float) * (size_t)ohw);
+        }
+        double sum = 0.0, part[8];   // the bias' gradient: per example in float, over examples in double
+        for (int n = 0; n < B; n += 8) {
+            int m = B - n < 8 ? B - n : 8;
+            sum_rows(part, row + n * ohw, ohw, m, ohw);
+            for (int j = 0; j < m; j++) sum += part[j];
         }
         db[oc] = accumulate ? db[oc] + (float)sum : (float)sum;
     }
@@ -166,45 +228,6 @@ void conv2d_backward(const ConvShape *s, float *cols, const float *W, const floa
 // ---------------------------------------------------------------------------------------------------
 // MaxPool2d (kernel k, stride k), ReLU
 
-// The comparisons below are written without branches (they become conditional moves): which
-// element is largest is a coin toss on real data, and a mispredicted branch per element cost more
-// than the rest of the pooling.
-void maxpool_forward(const float *restrict x, float *restrict y, int32_t *restrict argmax, int planes, int h, int w,
-                     int k) {
-    int oh = h / k, ow = w / k;
-    for (long p = 0; p < planes; p++) {
-        const float *in = x + p * h * w;
-        for (int oi = 0; oi < oh; oi++) {
-            for (int oj = 0; oj < ow; oj++) {
-                int best = (oi * k) * w + oj * k;
-                float top = in[best];
-                for (int di = 0; di < k; di++) {
-                    for (int dj = 0; dj < k; dj++) {
-                        int at = (oi * k + di) * w + oj * k + dj;
-                        float v = in[at];
-                        int take = !(v <= top) & (top == top);  // larger, or a NaN, which wins as in torch
-                        best = take ? at : best;
-                        top = take ? v : top;
-                    }
-                }
-                long o = (p * oh + oi) * ow + oj;
-                y[o] = top;
-                argmax[o] = best;
-            }
-        }
-    }
-}
-
-void maxpool_backward(const float *dy, const int32_t *argmax, float *dx, int planes, int h, int w, int k) {
-    int oh = h / k, ow = w / k;
-    memset(dx, 0, sizeof(float) * (size_t)planes * h * w);
-    for (long p = 0; p < planes; p++) {
-        for (long o = p * oh * ow; o < (p + 1) * oh * ow; o++) {
-            dx[p * h * w + argmax[o]] += dy[o];
-        }
-    }
-}
-
 // Branch-free for the same reason as max pooling: keep the bits where the mask is all ones. NaN
 // passes through (it is not <= 0), as in torch.
 static inline float keep_if(float v, int keep) {
@@ -215,9 +238,170 @@ static inline float keep_if(float v, int keep) {
     return v;
 }
 
+static inline float relu_of(float v) {
+    return keep_if(v, !(v <= 0.0f));
+}
+
+// The comparisons below are written without branches (they become conditional moves): which
+// element is largest is a coin toss on real data, and a mispredicted branch per element cost more
+// than the rest of the pooling. `relu`: the output is relu(max), which equals max(relu(x)) (the two
+// commute), so a ReLU before the pooling costs a comparison per output instead of a pass over its
+// input. The argmax is then that of x; it differs from that of relu(x) only where the output is <= 0,
+// and there backward passes no gradient either way.
+static inline void pool_take(float v, int at, float *top, int *best) {
+    int take = !(v <= *top) & (*top == *top);  // larger, or a NaN, which wins as in torch
+    *best = take ? at : *best;
+    *top = take ? v : *top;
+}
+
+// LeNet's case, a 2 x 2 window: one output row from input rows r0 and r1 (at0: r0's offset in the
+// plane), the four candidates in torch's (raster) order. Four outputs at a time with SSE2 (every
+// x86-64 has it): scalar, the compiler turns each select on floats into a branch, and a mispredicted
+// branch per element made the pooling cost as much as a GEMM.
+static void pool2_row(const float *restrict r0, const float *restrict r1, float *restrict out,
+                      int32_t *restrict arg, int ow, int w, int at0, int relu) {
+    int oj = 0;
+#ifdef __SSE2__
+    const __m128i one = _mm_set1_epi32(1), below = _mm_set1_epi32(w), lane = _mm_setr_epi32(0, 2, 4, 6);
+    const __m128 zero = _mm_setzero_ps();
+    for (; oj + 4 <= ow; oj += 4) {
+        __m128 a0 = _mm_loadu_ps(r0 + 2 * oj), a1 = _mm_loadu_ps(r0 + 2 * oj + 4);
+        __m128 b0 = _mm_loadu_ps(r1 + 2 * oj), b1 = _mm_loadu_ps(r1 + 2 * oj + 4);
+        __m128 cand[3] = {_mm_shuffle_ps(a0, a1, _MM_SHUFFLE(3, 1, 3, 1)),   // r0's odd columns
+                          _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(2, 0, 2, 0)),   // r1's even
+                          _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(3, 1, 3, 1))};  // r1's odd
+        __m128i offs[3] = {one, below, _mm_add_epi32(below, one)};
+        __m128 top = _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(2, 0, 2, 0));       // r0's even
+        __m128i best = _mm_setzero_si128();
+        for (int c = 0; c < 3; c++) {
+            // larger, or a NaN (which wins as in torch): !(v <= top), unless top is a NaN already
+            __m128 take = _mm_and_ps(_mm_cmpnle_ps(cand[c], top), _mm_cmpord_ps(top, top));
+            top = _mm_or_ps(_mm_and_ps(take, cand[c]), _mm_andnot_ps(take, top));
+            __m128i t = _mm_castps_si128(take);
+            best = _mm_or_si128(_mm_and_si128(t, offs[c]), _mm_andnot_si128(t, best));
+        }
+        if (relu) top = _mm_andnot_ps(_mm_cmple_ps(top, zero), top);   // relu_of: +0 for <= 0, NaN stays
+        _mm_storeu_ps(out + oj, top);
+        __m128i at = _mm_add_epi32(_mm_set1_epi32(at0 + 2 * oj), _mm_add_epi32(lane, best));
+        _mm_storeu_si128((__m128i *)(arg + oj), at);
+    }
+#endif
+    for (; oj < ow; oj++) {
+        int best = at0 + 2 * oj;
+        float top = r0[2 * oj];
+        pool_take(r0[2 * oj + 1], best + 1, &top, &best);
+        pool_take(r1[2 * oj], at0 + 2 * oj + w, &top, &best);
+        pool_take(r1[2 * oj + 1], at0 + 2 * oj + w + 1, &top, &best);
+        out[oj] = relu ? relu_of(top) : top;
+        arg[oj] = best;
+    }
+}
+
+static void pool_forward(const float *restrict x, float *restrict y, int32_t *restrict argmax, int planes, int h,
+                         int w, int k, int relu) {
+    int oh = h / k, ow = w / k;
+    for (long p = 0; p < planes; p++) {
+        const float *in = x + p * h * w;
+        float *out = y + p * oh * ow;
+        int32_t *arg = argmax + p * oh * ow;
+        for (int oi = 0; oi < oh; oi++) {
+            if (k == 2) {
+                pool2_row(in + 2 * oi * w, in + (2 * oi + 1) * w, out + oi * ow, arg + oi * ow, ow, w, 2 * oi * w,
+                          relu);
+                continue;
+            }
+            for (int oj = 0; oj < ow; oj++) {
+                int best = (oi * k) * w + oj * k;
+                float top = in[best];
+                for (int di = 0; di < k; di++) {
+                    for (int dj = 0; dj < k; dj++) {
+                        int at = (oi * k + di) * w + oj * k + dj;
+                        pool_take(in[at], at, &top, &best);
+                    }
+                }
+                out[oi * ow + oj] = relu ? relu_of(top) : top;
+                arg[oi * ow + oj] = best;
+            }
+        }
+    }
+}
+
+void maxpool_forward(const float *x, float *y, int32_t *argmax, int planes, int h, int w, int k) {
+    pool_forward(x, y, argmax, planes, h, w, k, 0);
+}
+
+void relu_maxpool_forward(const float *x, float *y, int32_t *argmax, int planes, int h, int w, int k) {
+    pool_forward(x, y, argmax, planes, h, w, k, 1);
+}
+
+// The adjoint of pool2_row: dr0, dr1 get dy at the argmax (masked by y > 0 when y is given), 0 elsewhere.
+static void pool2_row_backward(const float *restrict dy, const float *restrict y, const int32_t *restrict arg,
+                               float *restrict dr0, float *restrict dr1, int ow, int w, int at0) {
+    int oj = 0;
+#ifdef __SSE2__
+    const __m128i one = _mm_set1_epi32(1), below = _mm_set1_epi32(w), lane = _mm_setr_epi32(0, 2, 4, 6);
+    for (; oj + 4 <= ow; oj += 4) {
+        __m128 g = _mm_loadu_ps(dy + oj);
+        if (y != NULL) g = _mm_and_ps(g, _mm_cmpgt_ps(_mm_loadu_ps(y + oj), _mm_setzero_ps()));
+        __m128i at = _mm_sub_epi32(_mm_loadu_si128((const __m128i *)(arg + oj)),
+                                   _mm_add_epi32(_mm_set1_epi32(at0 + 2 * oj), lane));   // 0, 1, w or w + 1
+        __m128 g00 = _mm_and_ps(g, _mm_castsi128_ps(_mm_cmpeq_epi32(at, _mm_setzero_si128())));
+        __m128 g01 = _mm_and_ps(g, _mm_castsi128_ps(_mm_cmpeq_epi32(at, one)));
+        __m128 g10 = _mm_and_ps(g, _mm_castsi128_ps(_mm_cmpeq_epi32(at, below)));
+        __m128 g11 = _mm_and_ps(g, _mm_castsi128_ps(_mm_cmpeq_epi32(at, _mm_add_epi32(below, one))));
+        _mm_storeu_ps(dr0 + 2 * oj, _mm_unpacklo_ps(g00, g01));
+        _mm_storeu_ps(dr0 + 2 * oj + 4, _mm_unpackhi_ps(g00, g01));
+        _mm_storeu_ps(dr1 + 2 * oj, _mm_unpacklo_ps(g10, g11));
+        _mm_storeu_ps(dr1 + 2 * oj + 4, _mm_unpackhi_ps(g10, g11));
+    }
+#endif
+    for (; oj < ow; oj++) {
+        float g = y == NULL || y[oj] > 0.0f ? dy[oj] : 0.0f;
+        int at = arg[oj] - at0 - 2 * oj;
+        dr0[2 * oj] = at == 0 ? g : 0.0f;
+        dr0[2 * oj + 1] = at == 1 ? g : 0.0f;
+        dr1[2 * oj] = at == w ? g : 0.0f;
+        dr1[2 * oj + 1] = at == w + 1 ? g : 0.0f;
+    }
+}
+
+// y == NULL: plain max pooling; else relu's mask too (gradient only where the output is > 0).
+static void pool_backward(const float *restrict dy, const float *restrict y, const int32_t *restrict argmax,
+                          float *restrict dx, int planes, int h, int w, int k) {
+    int oh = h / k, ow = w / k;
+    if (k != 2 || oh * 2 != h || ow * 2 != w) {   // windows that leave inputs uncovered: zero, then scatter
+        memset(dx, 0, sizeof(float) * (size_t)planes * h * w);
+        for (long p = 0; p < planes; p++) {
+            for (long o = p * oh * ow; o < (p + 1) * oh * ow; o++) {
+                dx[p * h * w + argmax[o]] += y == NULL || y[o] > 0.0f ? dy[o] : 0.0f;
+            }
+        }
+        return;
+    }
+    // 2 x 2 windows tiling the plane: each input is written once, with its gradient or 0 (no memset),
+    // in selects the compiler vectorizes.
+    for (long p = 0; p < planes; p++) {
+        float *plane = dx + p * h * w;
+        for (int oi = 0; oi < oh; oi++) {
+            long o = (p * oh + oi) * ow;
+            pool2_row_backward(dy + o, y != NULL ? y + o : NULL, argmax + o, plane + 2 * oi * w,
+                               plane + (2 * oi + 1) * w, ow, w, 2 * oi * w);
+        }
+    }
+}
+
+void maxpool_backward(const float *dy, const int32_t *argmax, float *dx, int planes, int h, int w, int k) {
+    pool_backward(dy, NULL, argmax, dx, planes, h, w, k);
+}
+
+void relu_maxpool_backward(const float *dy, const float *y, const int32_t *argmax, float *dx, int planes, int h,
+                           int w, int k) {
+    pool_backward(dy, y, argmax, dx, planes, h, w, k);
+}
+
 void relu_forward(const float *restrict x, float *restrict y, long n) {
     for (long i = 0; i < n; i++) {
-        y[i] = keep_if(x[i], !(x[i] <= 0.0f));
+        y[i] = relu_of(x[i]);
     }
 }
 

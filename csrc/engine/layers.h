@@ -39,6 +39,11 @@ void conv2d_backward(const ConvShape *s, float *cols, const float *W, const floa
 // argmax records, per output, the input offset of the maximum (the first one on ties, as PyTorch).
 void maxpool_forward(const float *x, float *y, int32_t *argmax, int planes, int h, int w, int k);
 void maxpool_backward(const float *dy, const int32_t *argmax, float *dx, int planes, int h, int w, int k);
+// A ReLU and then that max pooling in one pass: y = maxpool(relu(x)) = relu(maxpool(x)), argmax that of
+// x. Backward: dx (of the ReLU's input) gets dy at each window's argmax where y > 0, and 0 elsewhere.
+void relu_maxpool_forward(const float *x, float *y, int32_t *argmax, int planes, int h, int w, int k);
+void relu_maxpool_backward(const float *dy, const float *y, const int32_t *argmax, float *dx, int planes, int h,
+                           int w, int k);
 
 void relu_forward(const float *x, float *y, long n);
 // dx = dy where y > 0, else 0 (PyTorch's threshold_backward on the output)

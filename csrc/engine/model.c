@@ -127,6 +127,56 @@ static int shape_layers(Model *m, char *err, size_t errlen) {
     return 0;
 }
 
+// Layer i is a ReLU whose output only a max-pool reads: the model runs the two as one pass
+// (relu_maxpool_forward), and the ReLU's output and its gradient are never stored.
+static int relu_into_pool(const Model *m, int i) {
+    return i + 1 < m->num_layers && m->layers[i].spec.type == LAYER_RELU &&
+           m->layers[i + 1].spec.type == LAYER_MAXPOOL2D;
+}
+
+// Whether backward needs layer i's input gradient: only when a layer before it has parameters.
+static int needs_dx(const Model *m, int i) {
+    for (int j = 0; j < i; j++) {
+        if (m->layers[j].weights + m->layers[j].biases > 0) return 1;
+    }
+    return 0;
+}
+
+// The next view of n floats in the block at base (NULL: only count), 64-byte aligned like the block.
+static float *carve(float *base, size_t *used, long n) {
+    float *view = base != NULL ? base + *used : NULL;
+    *used += ((size_t)n + 15) & ~(size_t)15;
+    return view;
+}
+
+// Every per-step buffer of the model is a view into one block (as llm.c does its activations): the
+// layers' outputs and their gradients, max-pools' argmax, convolutions' im2col columns, and the GEMM
+// scratch. With base NULL the views stay NULL and only the size is counted; returns the floats used.
+// Left out: a fused ReLU's output and gradient, and gradients nobody reads (dact[i] where needs_dx(i)
+// is false, dact[0] among them).
+static size_t carve_workspace(Model *m, float *base) {
+    size_t used = 0;
+    long B = m->max_batch, scratch = 0;
+    m->act[0] = carve(base, &used, B * act_size(m->in_c, m->in_h, m->in_w));   // [B, in_c, in_h, in_w]
+    for (int i = 0; i < m->num_layers; i++) {
+        const Layer *L = &m->layers[i];
+        long out = B * act_size(L->out_c, L->out_h, L->out_w);   // [B, out_c, out_h, out_w]
+        int stored = !relu_into_pool(m, i);
+        m->act[i + 1] = stored ? carve(base, &used, out) : NULL;
+        m->dact[i + 1] = stored && (i + 1 == m->num_layers || needs_dx(m, i + 1)) ? carve(base, &used, out) : NULL;
+        if (L->spec.type == LAYER_MAXPOOL2D) {
+            m->argmax[i] = (int32_t *)carve(base, &used, out);   // [B, out_c, out_h, out_w]
+        }
+        if (L->spec.type == LAYER_CONV2D) {
+            m->cols[i] = carve(base, &used, conv_cols_floats(&L->conv, (int)B));   // [in_c*k*k, B*out_h*out_w]
+            long need = conv_tmp_floats(&L->conv, (int)B);
+            scratch = need > scratch ? need : scratch;
+        }
+    }
+    m->scratch = carve(base, &used, scratch);   // [out_c, B*out_h*out_w] of the largest convolution
+    return used;
+}
+
 int model_create(Model *m, const LayerSpec *specs, int num_layers, int in_c, int in_h, int in_w, int max_batch,
                  char *err, size_t errlen) {
     memset(m, 0, sizeof(*m));
@@ -161,27 +211,10 @@ int model_create(Model *m, const LayerSpec *specs, int num_layers, int in_c, int
     m->argmax = calloc((size_t)num_layers, sizeof(int32_t *));
     m->cols = calloc((size_t)num_layers, sizeof(float *));
     int ok = m->params && m->grads && m->act && m->dact && m->argmax && m->cols;
-    long scratch = 0;
-    for (int i = 0; ok && i <= num_layers; i++) {
-        long n = i == 0 ? act_size(in_c, in_h, in_w)
-                        : act_size(m->layers[i - 1].out_c, m->layers[i - 1].out_h, m->layers[i - 1].out_w);
-        m->act[i] = alloc_zeroed(sizeof(float) * (size_t)n * max_batch);
-        m->dact[i] = alloc_zeroed(sizeof(float) * (size_t)n * max_batch);
-        ok = m->act[i] && m->dact[i];
-        if (ok && i < num_layers && m->layers[i].spec.type == LAYER_MAXPOOL2D) {
-            const Layer *L = &m->layers[i];
-            m->argmax[i] = alloc_zeroed(sizeof(int32_t) * (size_t)act_size(L->out_c, L->out_h, L->out_w) * max_batch);
-            ok = m->argmax[i] != NULL;
-        }
-        if (ok && i < num_layers && m->layers[i].spec.type == LAYER_CONV2D) {
-            long need = conv_tmp_floats(&m->layers[i].conv, max_batch);
-            scratch = need > scratch ? need : scratch;
-            m->cols[i] = alloc_zeroed(sizeof(float) * (size_t)conv_cols_floats(&m->layers[i].conv, max_batch));
-            ok = m->cols[i] != NULL;
-        }
-    }
-    if (ok && scratch > 0) {
-        ok = (m->scratch = alloc_zeroed(sizeof(float) * (size_t)scratch)) != NULL;
+    if (ok) {
+        size_t floats = carve_workspace(m, NULL);   // first the sizes, then the block, then the views
+        ok = (m->workspace = alloc_zeroed(sizeof(float) * floats)) != NULL;
+        if (ok) carve_workspace(m, m->workspace);
     }
     if (!ok) {
         snprintf(err, errlen, "out of memory for a model of %ld parameters at batch %d", m->num_params, max_batch);
@@ -192,19 +225,13 @@ int model_create(Model *m, const LayerSpec *specs, int num_layers, int in_c, int
 }
 
 void model_free(Model *m) {
-    for (int i = 0; i <= m->num_layers; i++) {
-        if (m->act) free(m->act[i]);
-        if (m->dact) free(m->dact[i]);
-        if (m->argmax && i < m->num_layers) free(m->argmax[i]);
-        if (m->cols && i < m->num_layers) free(m->cols[i]);
-    }
     free(m->cols);
     free(m->act);
     free(m->dact);
     free(m->argmax);
+    free(m->workspace);
     free(m->params);
     free(m->grads);
-    free(m->scratch);
     free(m->layers);
     memset(m, 0, sizeof(*m));
 }
@@ -316,9 +343,22 @@ double layer_forward_flops(const Layer *L) {
     }
 }
 
+float *model_input(Model *m) {
+    return m->act[0];
+}
+
 const float *model_forward(Model *m, const float *x, int B) {
-    memcpy(m->act[0], x, sizeof(float) * (size_t)B * act_size(m->in_c, m->in_h, m->in_w));
+    if (x != m->act[0]) {
+        memcpy(m->act[0], x, sizeof(float) * (size_t)B * act_size(m->in_c, m->in_h, m->in_w));
+    }
     for (int i = 0; i < m->num_layers; i++) {
+        if (relu_into_pool(m, i)) {
+            const Layer *P = &m->layers[i + 1];
+            relu_maxpool_forward(m->act[i], m->act[i + 2], m->argmax[i + 1], B * P->in_c, P->in_h, P->in_w,
+                                 P->spec.kernel);
+            i++;
+            continue;
+        }
         layer_forward(&m->layers[i], m->params, m->act[i], m->act[i + 1], m->cols[i], m->argmax[i], m->scratch, B);
     }
     return m->act[m->num_layers];
@@ -328,9 +368,17 @@ double model_loss_backward(Model *m, const float *x, const int32_t *labels, int 
     const float *logits = model_forward(m, x, B);
     double loss = log_softmax_nll(logits, labels, m->dact[m->num_layers], B, m->classes, correct);
     for (int i = m->num_layers - 1; i >= 0; i--) {
-        float *dx = i > 0 ? m->dact[i] : NULL;  // nobody needs the input's gradient
+        if (i > 0 && relu_into_pool(m, i - 1)) {   // the max-pool and its ReLU (no parameters)
+            const Layer *P = &m->layers[i];
+            if (m->dact[i - 1] != NULL) {
+                relu_maxpool_backward(m->dact[i + 1], m->act[i + 1], m->argmax[i], m->dact[i - 1], B * P->in_c,
+                                      P->in_h, P->in_w, P->spec.kernel);
+            }
+            i--;
+            continue;
+        }
         layer_backward(&m->layers[i], m->params, m->grads + m->layers[i].weight_offset, m->act[i], m->act[i + 1],
-                       m->dact[i + 1], dx, m->cols[i], m->argmax[i], m->scratch, B, 0);
+                       m->dact[i + 1], m->dact[i], m->cols[i], m->argmax[i], m->scratch, B, 0);
     }
     return loss;
 }

@@ -34,11 +34,13 @@ typedef struct {
     long num_params;
     float *params, *grads;   // [num_params] each
     int max_batch;
+    // Views into one block, workspace (model.c's carve_workspace says what is left out, NULL):
     float **act;             // act[0] input, act[i+1] output of layer i: [max_batch * size]
-    float **dact;            // gradients of the same shapes
+    float **dact;            // gradients of the same shapes, where backward needs them
     int32_t **argmax;        // per max-pool layer, else NULL
     float **cols;            // per convolution: its im2col, kept from forward for backward
     float *scratch;          // the GEMM output of the largest convolution
+    float *workspace;
 } Model;
 
 // Check the layer list against the input shape and allocate everything for batches up to max_batch.
@@ -50,6 +52,10 @@ void model_free(Model *m);
 // PyTorch's default initialisation (kaiming_uniform with a=sqrt(5), i.e. U(-1/sqrt(fan_in),
 // 1/sqrt(fan_in)) for weights and biases alike), from a seeded generator of our own.
 void model_init_params(Model *m, uint64_t seed);
+
+// Where the model keeps its input batch ([max_batch, in_c*in_h*in_w]): a caller may gather a batch
+// straight into it and pass it as x below, which saves a copy.
+float *model_input(Model *m);
 
 // Forward pass of B <= max_batch examples x (B, in_c*in_h*in_w); returns the logits (B, classes),
 // valid until the next call.

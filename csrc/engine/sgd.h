@@ -17,5 +17,11 @@ typedef struct {
 
 // One update of n parameters. *started says whether buf holds a momentum yet (it is set here).
 void sgd_step(const SgdConfig *c, float *params, const float *grads, float *buf, int *started, long n);
+// The same with g = grad_scale * grads (the 1/R that turns a sum over R ranks into their mean), in the
+// same pass: the result has the bits of scaling the gradients first and then calling sgd_step. (Folding
+// 1/R into lr instead would need wd * R too, since weight decay adds wd * p to the mean gradient, and
+// would round differently.)
+void sgd_step_scaled(const SgdConfig *c, float grad_scale, float *params, const float *grads, float *buf,
+                     int *started, long n);
 
 #endif  // PYDIST_ENGINE_SGD_H

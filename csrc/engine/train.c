@@ -20,7 +20,7 @@ static void sleep_ms(int ms) {
 
 // One step on the batch at perm[offset ...]: forward, backward, and the strategy's step (alone: SGD).
 static int one_step(Model *m, const TrainConfig *c, float *momentum, int *momentum_started, const Dataset *ds,
-                    const int *perm, int offset, long number, float *x, int32_t *y, StepStats *stats) {
+                    const int *perm, int offset, long number, int32_t *y, StepStats *stats) {
     const StepHooks *h = &c->hooks;
     double t0 = now(), s0 = h->sync_seconds ? h->sync_seconds(h->ctx) : 0.0;
     int correct = 0, rc = 0;
@@ -32,8 +32,8 @@ static int one_step(Model *m, const TrainConfig *c, float *momentum, int *moment
         rc = h->run_step(h->ctx, ds, perm, offset, c->batch, m->params, momentum, momentum_started, &loss, &correct);
         stats->loss_sum += loss;
     } else {
-        batch_gather(x, y, ds, perm, offset, c->batch);
-        stats->loss_sum += model_loss_backward(m, x, y, c->batch, &correct);
+        batch_gather(model_input(m), y, ds, perm, offset, c->batch);   // straight into the model: one copy
+        stats->loss_sum += model_loss_backward(m, model_input(m), y, c->batch, &correct);
         if (h->step != NULL) {
             rc = h->step(h->ctx, m->params, m->grads, momentum, momentum_started, number);
         } else {
@@ -58,7 +58,7 @@ static int timed(StepStats *stats, int rc, double t0) {
 }
 
 int train_steps(Model *m, const TrainConfig *c, float *momentum, int *momentum_started, const Dataset *ds,
-                const int *perm, int step_begin, int step_end, float *x, int32_t *y, StepStats *stats) {
+                const int *perm, int step_begin, int step_end, int32_t *y, StepStats *stats) {
     const StepHooks *h = &c->hooks;
     if (h->serve_call != NULL) {   // a server only communicates
         double t0 = now();
@@ -72,7 +72,7 @@ int train_steps(Model *m, const TrainConfig *c, float *momentum, int *momentum_s
         h->begin_call(h->ctx, step_begin, step_end);
         while (rc == 0 && h->next_batch(h->ctx, &batch_index)) {
             rc = one_step(m, c, momentum, momentum_started, ds, perm, (int)batch_index * c->batch, c->number + taken,
-                          x, y, stats);
+                          y, stats);
             taken++;
         }
         if (rc < 0) {
@@ -89,7 +89,7 @@ int train_steps(Model *m, const TrainConfig *c, float *momentum, int *momentum_s
             rc = timed(stats, h->serve(h->ctx, m->params, momentum, momentum_started, number), t0);
         } else {
             rc = one_step(m, c, momentum, momentum_started, ds, perm, shard_start(step, c->rank, c->world, c->batch),
-                          number, x, y, stats);
+                          number, y, stats);
         }
         if (rc < 0) {
             return rc;

@@ -55,9 +55,10 @@ typedef struct {
 
 // Steps [step_begin, step_end) of an epoch whose order is perm: each rank takes its shard (data.h's
 // shard_start), computes its gradient, and the strategy's step hook brings the ranks together and
-// updates (alone: plain SGD). x, y are scratch for one batch. Stats are added to *stats.
+// updates (alone: plain SGD). The images are gathered into the model's input (model_input), the
+// labels into y (scratch for one batch). Stats are added to *stats.
 // Returns 0, or the hook's negative code (the step it failed in is not applied).
 int train_steps(Model *m, const TrainConfig *c, float *momentum, int *momentum_started, const Dataset *ds,
-                const int *perm, int step_begin, int step_end, float *x, int32_t *y, StepStats *stats);
+                const int *perm, int step_begin, int step_end, int32_t *y, StepStats *stats);
 
 #endif  // PYDIST_ENGINE_TRAIN_H

@@ -422,12 +422,8 @@ int pipeline_run_step(Strategy *s, const Dataset *ds, const int *perm, int offse
     }
     double t1 = now();
     pl->stats.sync += t1 - t0;
-    if (pl->D > 1) {
-        const float by = 1.0f / (float)pl->D;
-        for (long i = 0; i < pl->len; i++) pl->grads[i] *= by;
-    }
-    const long lo = pl->off[pl->p];
-    sgd_step(&s->sgd, params + lo, pl->grads, momentum + lo, started, pl->len);
+    const long lo = pl->off[pl->p];   // the mean over replicas: 1/D inside the update's pass
+    sgd_step_scaled(&s->sgd, 1.0f / (float)pl->D, params + lo, pl->grads, momentum + lo, started, pl->len);
     double t2 = now();
     pl->stats.busy += t2 - t1;
     record(pl, UPDATE, -1, t0, t2);

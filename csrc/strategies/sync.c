@@ -15,11 +15,6 @@
 
 enum { TAG_GRADS = 1, TAG_WEIGHTS = 2, TAG_STATE = 3 };
 
-static void scale(float *buf, long n, int by) {
-    const float f = 1.0f / (float)by;
-    for (long i = 0; i < n; i++) buf[i] *= f;
-}
-
 // central: rank 0 gathers, sums in rank order, updates, and sends the weights back.
 static int central_step(Strategy *s, float *params, float *grads, float *momentum, int *started) {
     Comm *c = &s->comm;
@@ -49,8 +44,7 @@ static int central_step(Strategy *s, float *params, float *grads, float *momentu
             const float *g = s->scratch + (long)(r - 1) * n;
             for (long i = 0; i < n; i++) grads[i] += g[i];
         }
-        scale(grads, n, R);
-        sgd_step(&s->sgd, params, grads, momentum, started, n);
+        sgd_step_scaled(&s->sgd, 1.0f / (float)R, params, grads, momentum, started, n);
         for (int r = 1; r < R && rc == 0; r++) {
             rc = comm_isend(c, params, n, r, TAG_WEIGHTS, &many[r - 1]);
         }
@@ -94,8 +88,9 @@ int sync_step(Strategy *s, float *params, float *grads, float *momentum, int *st
     if (rc < 0) {
         return rc;
     }
-    if (s->comm.size > 1) scale(grads, s->n, s->comm.size);
-    sgd_step(&s->sgd, params, grads, momentum, started, s->n);
+    // The mean is the sum times 1/R, applied inside the update's one pass over the parameters (grads
+    // keep the sum). 1/R: the bits that scaling first gave; at R = 1 the factor is exactly 1.
+    sgd_step_scaled(&s->sgd, 1.0f / (float)s->comm.size, params, grads, momentum, started, s->n);
     return 0;
 }
 
@@ -122,8 +117,7 @@ int ps_serve(Strategy *s, float *params, float *momentum, int *started, long ste
             const float *g = s->scratch + (long)w * len;
             for (long i = 0; i < len; i++) sum[i] += g[i];
         }
-        if (W > 1) scale(sum, len, W);
-        sgd_step(&s->sgd, params + lo, sum, momentum + lo, started, len);
+        sgd_step_scaled(&s->sgd, 1.0f / (float)W, params + lo, sum, momentum + lo, started, len);
         for (int w = 0; w < W && rc == 0; w++) {
             rc = comm_isend(c, params + lo, len, w, TAG_WEIGHTS, &reqs[w]);
         }

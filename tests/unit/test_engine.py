@@ -84,6 +84,63 @@ def test_gradient_matches_finite_differences(name):
         assert abs(numeric - grad[i]) <= 2e-3 + 1e-2 * abs(grad[i]), (name, i, numeric, grad[i])
 
 
+def relu_pool_reference(x, wc, bc, wl, bl, y, k):
+    """Loss and gradients of 1x1 conv -> ReLU -> max-pool k -> flatten -> linear, unfused, in float64
+    NumPy: the pooling takes the first maximum of the ReLU's output (torch's rule on ties)."""
+    B, C, H, W = x.shape
+    O, oh, ow = wc.shape[0], H // k, W // k
+    z = np.einsum("oc,nchw->nohw", wc, x) + bc[None, :, None, None]
+    r = np.maximum(z, 0)
+    win = r[:, :, :oh * k, :ow * k].reshape(B, O, oh, k, ow, k).transpose(0, 1, 2, 4, 3, 5).reshape(B, O, oh, ow, k * k)
+    arg = win.argmax(axis=-1)
+    p = np.take_along_axis(win, arg[..., None], axis=-1)[..., 0]
+    f = p.reshape(B, -1)
+    logits = f @ wl.T + bl
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    loss = -logp[np.arange(B), y].mean()
+    dlogits = (np.exp(logp) - np.eye(wl.shape[0])[y]) / B
+    dwl, dbl = dlogits.T @ f, dlogits.sum(axis=0)
+    dp = (dlogits @ wl).reshape(p.shape)
+    dwin = np.zeros_like(win)
+    np.put_along_axis(dwin, arg[..., None], dp[..., None], axis=-1)
+    dr = np.zeros_like(r)
+    dr[:, :, :oh * k, :ow * k] = dwin.reshape(B, O, oh, ow, k, k).transpose(0, 1, 2, 4, 3, 5).reshape(B, O, oh * k, ow * k)
+    dz = dr * (r > 0)
+    dwc, dbc = np.einsum("nohw,nchw->oc", dz, x), dz.sum(axis=(0, 2, 3))
+    return loss, np.concatenate([dwc.ravel(), dbc, dwl.ravel(), dbl])
+
+
+# The model runs a ReLU followed by a max-pool as one pass (relu_maxpool_*, with an SSE2 path for 2 x 2
+# windows four outputs at a time, and a general one). Shapes: 2 x 2 with a whole vector per row, a
+# vector and a tail, inputs the windows leave uncovered, and a 3 x 3 window.
+@pytest.mark.parametrize("k,h,w", [(2, 8, 16), (2, 10, 12), (2, 7, 9), (3, 9, 10)])
+def test_relu_maxpool_fused_equals_unfused_numpy(k, h, w):
+    B, C, O, classes = 3, 2, 3, 4
+    oh, ow = h // k, w // k
+    model = Model([Conv2d(C, O, 1), ReLU(), MaxPool2d(k), Flatten(), Linear(O * oh * ow, classes)],
+                  input_shape=(C, h, w))
+    e = engine_for(model, B)
+    rng = np.random.default_rng(k * 100 + h)
+    # Inputs on a grid of halves and small integer weights: the conv's outputs are exact, with ties
+    # inside windows, windows entirely <= 0, and zeros (where the ReLU's and the pool's rules meet).
+    x = (rng.integers(-4, 5, (B, C, h, w)) / 2).astype(np.float32)
+    wc = np.array([[1, 0], [0, 1], [1, -1]], np.float32)
+    bc = np.array([0, 0.5, -0.5], np.float32)
+    wl = (rng.standard_normal((classes, O * oh * ow)) / 4).astype(np.float32)
+    bl = rng.standard_normal(classes).astype(np.float32)
+    y = rng.integers(0, classes, B).astype(np.int32)
+    e.params[:] = np.concatenate([wc.ravel(), bc, wl.ravel(), bl])
+    loss, _ = e.loss_and_grad(x.reshape(B, -1), y)
+    ref_loss, ref_grads = relu_pool_reference(*(a.astype(np.float64) for a in (x, wc, bc, wl, bl)), y, k)
+    assert abs(loss - ref_loss) < 1e-5, (loss, ref_loss)
+    diff = np.abs(e.grads - ref_grads).max()
+    print(f"relu+maxpool k={k} {h}x{w}: loss {loss:.6f} vs {ref_loss:.6f}, max gradient difference {diff:.2e}")
+    np.testing.assert_allclose(e.grads, ref_grads, rtol=1e-5, atol=1e-6)
+    conv_grads = e.grads[:O * C + O]
+    assert np.abs(conv_grads).max() > 1e-3, "no gradient reached the conv: the comparison would be empty"
+
+
 def test_loss_is_cross_entropy_of_forward():
     model = GRAD_MODELS["linear+relu"]
     e = engine_for(model, 4)
