@@ -155,6 +155,7 @@ static void dup_cell_free(PyObject *capsule) {
 // dup is parked, a finished one freed. GIL held.
 static void algo_release(int slot) {
     GroupSlot *g = &groups[slot];
+    pd_persist_group_free(slot);   // before the communicator goes: its persistent requests are freed first
     pd_ring_works_abandon(slot, g->generation);
     if (g->algo_state == ALGO_DUPPING) {
         PyObject *type, *value, *tb;
@@ -622,6 +623,7 @@ PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         tag_ub = *ub;
     }
     default_timeout = timeout;
+    pd_persist_read_env();
     pd_initialized = 1;
     return Py_BuildValue("iii", groups[0].rank, groups[0].size, thread_level);
 }
