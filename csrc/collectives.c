@@ -430,7 +430,8 @@ PyObject *pd_all_gather_into_tensor(PyObject *self, PyObject *const *args, Py_ss
         ret = Py_NewRef(Py_None);
         goto done;
     }
-    if (pd_persist_wanted((size_t)out.nbytes)) {   // the staging copy makes the in-place form no different
+    // The staging copy makes the in-place form no different.
+    if (pd_persist_allgather_ok && pd_persist_wanted((size_t)out.nbytes)) {
         PdPersistKey key = persist_key(PD_PERSIST_ALLGATHER, group, in.nbytes, MPI_BYTE, 1, MPI_OP_NULL, -1);
         PdPersistCall call = {in.data, (size_t)in.nbytes, out.data, (size_t)out.nbytes, 0, NULL, 0};
         ret = finish_persistent(fn, group, *comm, async_op, &key, &call, keep, args[0]);

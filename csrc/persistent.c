@@ -472,7 +472,20 @@ void pd_persist_group_free(long group) {
     c->keys = 0;
 }
 
+// MPICH 4.0.2's persistent all-gather with recursive doubling (its automatic choice at 2 and 4 ranks)
+// leaves the peers' blocks unwritten from the second start on; these algorithms were checked right on
+// every start (2-4 ranks). group.c asks for sched_ring unless the user chose: any other choice, or MPI
+// started by someone else without it, keeps all-gathers on the nonblocking path.
+static const char *const ALLGATHER_RESTARTABLE[] = {"sched_ring", "sched_brucks", "tsp_ring", "tsp_brucks",
+                                                    "tsp_recexch_doubling", "tsp_recexch_halving"};
+int pd_persist_allgather_ok = 0;
+
 void pd_persist_read_env(void) {
+    const char *algorithm = getenv("MPIR_CVAR_IALLGATHER_INTRA_ALGORITHM");
+    pd_persist_allgather_ok = 0;
+    for (size_t i = 0; algorithm != NULL && i < sizeof ALLGATHER_RESTARTABLE / sizeof *ALLGATHER_RESTARTABLE; i++) {
+        pd_persist_allgather_ok |= strcmp(algorithm, ALLGATHER_RESTARTABLE[i]) == 0;
+    }
     const char *v = getenv("PYDIST_PERSISTENT_BYTES");
     if (v != NULL && *v) {
         char *end;

@@ -293,6 +293,8 @@ extern Py_ssize_t pd_persist_bytes;
 static inline int pd_persist_wanted(size_t message_bytes) {
     return pd_persist_bytes > 0 && message_bytes <= (size_t)pd_persist_bytes;
 }
+// 0: all-gathers stay nonblocking (MPICH's chosen algorithm is wrong on a restarted request).
+extern int pd_persist_allgather_ok;
 void pd_persist_read_env(void);
 // Run a collective through the group's cache: blocking (list == NULL: waits the pydist way, returns
 // None) or async (returns a Work holding `keep` whose result() is `list`). NULL with an exception.
