@@ -110,7 +110,7 @@ static void entry_finish(PdPersistEntry *e) {
     e->dst = NULL;
     e->avg_divisor = 0;
     Py_CLEAR(e->keep);
-    if (!e->in_cache) {
+    if (!e->in_cache && !e->waiting) {
         entry_free(e);
     }
 }
@@ -316,15 +316,29 @@ static int entry_reclaim(Cache *c, PdPersistEntry *e, const PdOp *op) {
         c->waits++;
         int rc = pd_op_wait(&req, MPI_STATUS_IGNORE, op, pd_session_timeout(), 1);
         c->waits--;
-        e->waiting = 0;
         if (w != NULL) {
             w->waiting = 0;
-            Py_DECREF(w);
+        }
+        if (rc == 0) {
+            entry_finish(e);   // still marked waiting: never freed here
+        }
+        Py_XDECREF(w);
+        e->waiting = 0;
+        if (!e->in_cache) {
+            // Another thread destroyed the group meanwhile: this call cannot go on with the entry.
+            if (!e->active) {
+                entry_free(e);
+            } else if (e->work == NULL) {
+                entry_park(e);
+            }   // else its Work finishes and frees it
+            if (rc == 0) {
+                PyErr_Format(PyExc_ValueError, "%s(): `group` was destroyed while this call waited", op->what);
+            }
+            return -1;
         }
         if (rc < 0) {
             return -1;   // still active, still its owner's: nothing changed
         }
-        entry_finish(e);
     }
     return 0;
 }
