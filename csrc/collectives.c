@@ -3,7 +3,11 @@
  *
  * Each call validates everything with the GIL held, starts MPI's nonblocking collective, and then
  * either waits for it (pd_op_wait: interruptible, yields the core, honours the session's timeout) or hands
- * the request to a Work (async_op=True) that owns the arrays until the operation completes.
+ * the request to a Work (async_op=True) that owns the arrays until the operation completes. Small
+ * messages (pd_persist_wanted, decided from sizes every rank shares) of barrier, broadcast, all_reduce,
+ * reduce, all_gather_into_tensor, reduce_scatter(_tensor) and all_to_all_single without split sizes run
+ * instead as cached persistent requests on staging buffers (persistent.c): MPICH builds a schedule for
+ * every nonblocking call, and for a small message that is most of its cost.
  *
  * In place where torch is: all_reduce, broadcast and reduce (on dst) write into `tensor`. AVG is
  * SUM followed by a division by the group size, done on completion. List forms (all_gather, gather,

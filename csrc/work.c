@@ -14,6 +14,10 @@
  * is done, and is_completed() answers False meanwhile rather than test a request another thread is
  * testing without the GIL.
  *
+ * A small collective's Work may hold a cached persistent request (persistent.c): MPI never nulls such a
+ * handle, so completion goes through pd_persist_work_finished (copy the result out, free the entry for
+ * the next call); a dropped one hands its arrays to the entry, which delivers the result later.
+ *
  * A ring all-reduce (algorithm="ring") is a sequence of steps, each one send/receive pair, and the next
  * step is ours to post when one completes: MPI cannot move it along for us as it does its own
  * collectives. A rank waiting for ring B may hold up a neighbour that waits for ring A first, so every
