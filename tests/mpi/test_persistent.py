@@ -362,3 +362,30 @@ def test_wait_timeout_on_a_cached_collective():
     assert w.wait() is True
     parallel_assert(np.all(x == size * (size + 1) // 2) and w.is_success(), f"{x}")
     dist.destroy_process_group(g)
+
+
+@pytest.mark.world_size(min=2)
+def test_second_thread_on_a_busy_group_is_refused(group):
+    """While one thread waits in a cached collective on a group, another thread's collective on that
+    group raises DistError (the ranks could not agree on their order) and sends nothing; the first
+    call then completes normally."""
+    import threading
+    rank, size = dist.get_rank(), dist.get_world_size()
+    x = np.full(4, rank + 1.0)
+    if rank == 0:
+        t = threading.Thread(target=dist.all_reduce, args=(x,), kwargs={"group": group})
+        t.start()
+        for _ in range(10000):   # until the first call is waiting (its request active)
+            if stats(group)[2] == 1:
+                break
+            threading.Event().wait(0.001)
+        with pytest.raises(dist.DistError, match="two threads at once"):
+            dist.all_reduce(np.zeros(4), group=group)
+        dist.send(np.zeros(1), dst=1)   # now rank 1 may join the first call
+        t.join(timeout=60)
+        assert not t.is_alive()
+    else:
+        if rank == 1:
+            dist.recv(np.zeros(1), src=0)
+        dist.all_reduce(x, group=group)
+    parallel_assert(np.all(x == size * (size + 1) / 2) and stats(group)[2] == 0, f"{x} {stats(group)}")
