@@ -52,6 +52,7 @@ struct PdPersistEntry {
     int in_cache;           // a key of a cache holds it
     int active;             // started, not yet finished
     int waiting;            // a thread tests `req` with the GIL released (blocking call or reclaim)
+    int pinned;             // a call is reclaiming it (entry_reclaim): that call decides its fate
     PdWorkObject *work;     // borrowed: the async Work of the active call; NULL: none
     // The active call's completion: copy recv into dst (dst_bytes), divide by avg_divisor (AVG). dst is
     // NULL when nothing is copied (a blocking wait given up: the caller has moved on).
@@ -110,7 +111,7 @@ static void entry_finish(PdPersistEntry *e) {
     e->dst = NULL;
     e->avg_divisor = 0;
     Py_CLEAR(e->keep);
-    if (!e->in_cache && !e->waiting) {
+    if (!e->in_cache && !e->waiting && !e->pinned) {
         entry_free(e);
     }
 }
@@ -145,6 +146,9 @@ static void entry_park(PdPersistEntry *e) {
 // Its key is going (eviction, group destroyed).
 static void entry_leave_cache(PdPersistEntry *e) {
     e->in_cache = 0;
+    if (e->pinned) {
+        return;   // the call reclaiming it sees it has left, and frees or parks it
+    }
     if (!e->active) {
         entry_free(e);
     } else if (e->work == NULL && !e->waiting) {
@@ -296,51 +300,48 @@ static int wait_for_other_thread(PdPersistEntry *e, const char *what) {
 // Complete the earlier call still active on `e` (this rank started it; every rank has): wait for it
 // the pydist way, then deliver its result to its own array and Work.
 static int entry_reclaim(Cache *c, PdPersistEntry *e, const PdOp *op) {
-    while (e->active) {
+    int rc = 0;
+    e->pinned++;   // whatever other threads do meanwhile (another wait finishing it, the group
+                   // destroyed), the entry stays allocated until this call is done with it
+    while (e->active && e->in_cache && rc == 0) {
         if (e->waiting || (e->work != NULL && e->work->waiting)) {
             c->waits++;
-            int rc = wait_for_other_thread(e, op->what);
+            rc = wait_for_other_thread(e, op->what);
             c->waits--;
-            if (rc < 0) {
-                return -1;
-            }
             continue;
         }
-        PdWorkObject *w = e->work;
+        PdWorkObject *w = (PdWorkObject *)Py_XNewRef(e->work);
         MPI_Request req = e->req;
         e->waiting = 1;
         if (w != NULL) {
-            Py_INCREF(w);
             w->waiting = 1;   // its wait() in another thread polls until we are done
         }
         c->waits++;
-        int rc = pd_op_wait(&req, MPI_STATUS_IGNORE, op, pd_session_timeout(), 1);
+        rc = pd_op_wait(&req, MPI_STATUS_IGNORE, op, pd_session_timeout(), 1);
         c->waits--;
+        e->waiting = 0;
         if (w != NULL) {
             w->waiting = 0;
         }
         if (rc == 0) {
-            entry_finish(e);   // still marked waiting: never freed here
+            entry_finish(e);   // pinned: never freed here
         }
         Py_XDECREF(w);
-        e->waiting = 0;
-        if (!e->in_cache) {
-            // Another thread destroyed the group meanwhile: this call cannot go on with the entry.
-            if (!e->active) {
-                entry_free(e);
-            } else if (e->work == NULL) {
-                entry_park(e);
-            }   // else its Work finishes and frees it
-            if (rc == 0) {
-                PyErr_Format(PyExc_ValueError, "%s(): `group` was destroyed while this call waited", op->what);
-            }
-            return -1;
-        }
-        if (rc < 0) {
-            return -1;   // still active, still its owner's: nothing changed
-        }
     }
-    return 0;
+    e->pinned--;
+    if (!e->in_cache) {
+        // Another thread destroyed the group meanwhile: this call cannot go on with the entry.
+        if (!e->active) {
+            entry_free(e);
+        } else if (e->work == NULL && !e->waiting) {
+            entry_park(e);
+        }   // else its Work (or the thread waiting on it) finishes and frees it
+        if (rc == 0) {
+            PyErr_Format(PyExc_ValueError, "%s(): `group` was destroyed while this call waited", op->what);
+        }
+        return -1;
+    }
+    return rc;   // -1: still active, still its owner's
 }
 
 // ---------------------------------------------------------------------------------------------------
