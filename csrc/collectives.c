@@ -3,7 +3,11 @@
  *
  * Each call validates everything with the GIL held, starts MPI's nonblocking collective, and then
  * either waits for it (pd_op_wait: interruptible, yields the core, honours the session's timeout) or hands
- * the request to a Work (async_op=True) that owns the arrays until the operation completes.
+ * the request to a Work (async_op=True) that owns the arrays until the operation completes. Small
+ * messages (pd_persist_wanted, decided from sizes every rank shares) of barrier, broadcast, all_reduce,
+ * reduce, all_gather_into_tensor, reduce_scatter(_tensor) and all_to_all_single without split sizes run
+ * instead as cached persistent requests on staging buffers (persistent.c): MPICH builds a schedule for
+ * every nonblocking call, and for a small message that is most of its cost.
  *
  * In place where torch is: all_reduce, broadcast and reduce (on dst) write into `tensor`. AVG is
  * SUM followed by a division by the group size, done on completion. List forms (all_gather, gather,
@@ -82,6 +86,42 @@ static PyObject *pair(PdBuf *a, PdBuf *b) {
     return PyTuple_Pack(2, (PyObject *)a->arr, (PyObject *)b->arr);
 }
 
+// A small message's collective through the group's cache of persistent requests (persistent.c):
+// the same result, waits and Work as finish(), on staging buffers. Only for calls that every rank
+// sends this way: pd_persist_wanted(bytes) with bytes the same on every rank.
+static PyObject *finish_persistent(const char *what, long group, MPI_Comm comm, int async_op,
+                                   const PdPersistKey *key, const PdPersistCall *call, PyObject *keep,
+                                   PyObject *result) {
+    PdOp op = pd_op(what, group, PD_PEER_ALL);
+    PyObject *list = NULL;
+    if (async_op) {
+        list = result == NULL ? PyList_New(0) : PyList_Check(result) ? Py_NewRef(result) : PyList_New(1);
+        if (list == NULL) {
+            return NULL;
+        }
+        if (result != NULL && !PyList_Check(result)) {
+            PyList_SET_ITEM(list, 0, Py_NewRef(result));
+        }
+    }
+    PyObject *ret = pd_persist_run(&op, comm, key, call, keep, list);
+    Py_XDECREF(list);
+    return ret;
+}
+
+static PdPersistKey persist_key(int kind, long group, MPI_Count count, MPI_Datatype type, size_t extent, MPI_Op op,
+                                int root) {
+    return (PdPersistKey){kind, count, type, extent, op, root, pd_group_rank(group), pd_group_size(group)};
+}
+
+// AVG's division on completion, for a persistent call whose result is `out`.
+static void persist_avg(PdPersistCall *call, long op, long group, const PdBuf *out) {
+    if (op == PD_OP_AVG) {
+        call->avg_divisor = pd_group_size(group);
+        call->avg_dtype = out->dtype;
+        call->avg_count = out->count;
+    }
+}
+
 // ---------------------------------------------------------------------------------------------------
 // barrier, broadcast, all_reduce, reduce
 
@@ -97,6 +137,11 @@ PyObject *pd_barrier(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
         Py_RETURN_NONE;
+    }
+    if (pd_persist_wanted(0)) {
+        PdPersistKey key = persist_key(PD_PERSIST_BARRIER, group, 0, MPI_BYTE, 1, MPI_OP_NULL, -1);
+        PdPersistCall call = {0};
+        return finish_persistent("barrier", group, *comm, async_op, &key, &call, NULL, NULL);
     }
     int rc = MPI_Ibarrier(*comm, &req);
     if (rc != MPI_SUCCESS) {
@@ -125,6 +170,14 @@ PyObject *pd_broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     }
     if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
         ret = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (pd_persist_wanted((size_t)buf.nbytes)) {   // as bytes: the same key whatever dtype each rank holds
+        int is_root = root == pd_group_rank(group);
+        PdPersistKey key = persist_key(PD_PERSIST_BCAST, group, buf.nbytes, MPI_BYTE, 1, MPI_OP_NULL, root);
+        PdPersistCall call = {is_root ? buf.data : NULL, is_root ? (size_t)buf.nbytes : 0,
+                              is_root ? NULL : buf.data, is_root ? 0 : (size_t)buf.nbytes, 0, NULL, 0};
+        ret = finish_persistent(fn, group, *comm, async_op, &key, &call, (PyObject *)buf.arr, args[0]);
         goto done;
     }
     int rc = MPI_Ibcast_c(buf.data, buf.count, buf.dtype->mpi, root, *comm, &req);
@@ -274,6 +327,14 @@ PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         ret = all_reduce_ring(args[0], &buf, op, mop, group, async_op);
         goto done;
     }
+    if (pd_persist_wanted((size_t)buf.nbytes)) {
+        PdPersistKey key = persist_key(PD_PERSIST_ALLREDUCE, group, buf.count, buf.dtype->mpi,
+                                       (size_t)PyArray_ITEMSIZE(buf.arr), mop, -1);
+        PdPersistCall call = {buf.data, (size_t)buf.nbytes, buf.data, (size_t)buf.nbytes, 0, NULL, 0};
+        persist_avg(&call, op, group, &buf);
+        ret = finish_persistent(fn, group, *comm, async_op, &key, &call, (PyObject *)buf.arr, args[0]);
+        goto done;
+    }
     int rc = MPI_Iallreduce_c(MPI_IN_PLACE, buf.data, buf.count, buf.dtype->mpi, mop, *comm, &req);
     if (rc != MPI_SUCCESS) {
         start_failed(rc, "MPI_Iallreduce_c");
@@ -310,6 +371,17 @@ PyObject *pd_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
         ret = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (pd_persist_wanted((size_t)buf.nbytes)) {
+        PdPersistKey key = persist_key(PD_PERSIST_REDUCE, group, buf.count, buf.dtype->mpi,
+                                       (size_t)PyArray_ITEMSIZE(buf.arr), mop, root);
+        PdPersistCall call = {buf.data, (size_t)buf.nbytes, is_root ? buf.data : NULL, is_root ? (size_t)buf.nbytes : 0,
+                              0, NULL, 0};
+        if (is_root) {
+            persist_avg(&call, op, group, &buf);
+        }
+        ret = finish_persistent(fn, group, *comm, async_op, &key, &call, (PyObject *)buf.arr, args[0]);
         goto done;
     }
     int rc = MPI_Ireduce_c(is_root ? MPI_IN_PLACE : buf.data, is_root ? buf.data : NULL, buf.count,
@@ -360,6 +432,13 @@ PyObject *pd_all_gather_into_tensor(PyObject *self, PyObject *const *args, Py_ss
     }
     if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
         ret = Py_NewRef(Py_None);
+        goto done;
+    }
+    // The staging copy makes the in-place form no different.
+    if (pd_persist_allgather_ok && pd_persist_wanted((size_t)out.nbytes)) {
+        PdPersistKey key = persist_key(PD_PERSIST_ALLGATHER, group, in.nbytes, MPI_BYTE, 1, MPI_OP_NULL, -1);
+        PdPersistCall call = {in.data, (size_t)in.nbytes, out.data, (size_t)out.nbytes, 0, NULL, 0};
+        ret = finish_persistent(fn, group, *comm, async_op, &key, &call, keep, args[0]);
         goto done;
     }
     int rc = MPI_Iallgather_c(in_place ? MPI_IN_PLACE : in.data, in.count, in.dtype->mpi, out.data, in.count,
@@ -538,6 +617,14 @@ static PyObject *reduce_scatter_start(const char *fn, PdBuf *out, void *in_data,
     if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
         Py_RETURN_NONE;
     }
+    int size = pd_group_size(group);
+    if (pd_persist_wanted((size_t)out->nbytes * (size_t)size)) {   // the input's size, as the sweep counts
+        PdPersistKey key = persist_key(PD_PERSIST_REDUCE_SCATTER, group, out->count, out->dtype->mpi,
+                                       (size_t)PyArray_ITEMSIZE(out->arr), mop, -1);
+        PdPersistCall call = {in_data, (size_t)out->nbytes * (size_t)size, out->data, (size_t)out->nbytes, 0, NULL, 0};
+        persist_avg(&call, op, group, out);
+        return finish_persistent(fn, group, comm, async_op, &key, &call, keep, result);
+    }
     int rc = MPI_Ireduce_scatter_block_c(in_data, out->data, out->count, out->dtype->mpi, mop, comm, &req);
     if (rc != MPI_SUCCESS) {
         return start_failed(rc, "MPI_Ireduce_scatter_block_c");
@@ -710,6 +797,18 @@ error:
     return -1;
 }
 
+// Split sizes not given: None or an empty sequence (as split_bytes reads them).
+static int no_splits(PyObject *splits) {
+    if (splits == Py_None) {
+        return 1;
+    }
+    Py_ssize_t n = PySequence_Size(splits);   // split_bytes has accepted it as a sequence
+    if (n < 0) {
+        PyErr_Clear();
+    }
+    return n == 0;
+}
+
 // _C.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, async_op):
 // rank i's block j of input (rows along dimension 0) becomes rank j's block i of output.
 PyObject *pd_all_to_all_single(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -758,6 +857,14 @@ PyObject *pd_all_to_all_single(PyObject *self, PyObject *const *args, Py_ssize_t
     }
     if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
         ret = Py_NewRef(Py_None);
+        goto done;
+    }
+    // Without split sizes every rank's blocks are equal and the sizes the same on every rank. With them,
+    // nothing says another rank has none: the nonblocking path, always.
+    if (no_splits(args[2]) && no_splits(args[3]) && pd_persist_wanted((size_t)in.nbytes)) {
+        PdPersistKey key = persist_key(PD_PERSIST_ALLTOALL, group, (MPI_Count)scounts[0], MPI_BYTE, 1, MPI_OP_NULL, -1);
+        PdPersistCall call = {in.data, (size_t)in.nbytes, out.data, (size_t)out.nbytes, 0, NULL, 0};
+        ret = finish_persistent(fn, group, *comm, async_op, &key, &call, keep, args[0]);
         goto done;
     }
     int rc = MPI_Ialltoallv_c(in.data, scounts, sdispls, MPI_BYTE, out.data, rcounts, rdispls, MPI_BYTE, *comm,

@@ -155,6 +155,7 @@ static void dup_cell_free(PyObject *capsule) {
 // dup is parked, a finished one freed. GIL held.
 static void algo_release(int slot) {
     GroupSlot *g = &groups[slot];
+    pd_persist_group_free(slot);   // before the communicator goes: its persistent requests are freed first
     pd_ring_works_abandon(slot, g->generation);
     if (g->algo_state == ALGO_DUPPING) {
         PyObject *type, *value, *tb;
@@ -467,8 +468,14 @@ int pd_op_wait_or_park(MPI_Request *req, MPI_Status *status, const PdOp *op, PyO
 // benchmarks/collectives_sweep.py, 2 ranks, 1 MiB: MPI_Ireduce_scatter_block 510 us with "auto",
 // 57 us with "sched_pairwise", MPI_Reduce_scatter_block 57 us). MPICH reads these at MPI_Init; a
 // value the user has set in the environment wins.
+//
+// MPICH 4.0.2's recursive-doubling all-gather (its "auto" choice at 2 and 4 ranks) is wrong when a
+// persistent request is started a second time: the peers' blocks are never written again (measured in
+// C, every size). The ring is right every time; persistent.c caches all-gathers only under an
+// algorithm known to be right (pd_persist_read_env).
 static const char *const MPICH_DEFAULTS[][2] = {
     {"MPIR_CVAR_IREDUCE_SCATTER_BLOCK_INTRA_ALGORITHM", "sched_pairwise"},
+    {"MPIR_CVAR_IALLGATHER_INTRA_ALGORITHM", "sched_ring"},
 };
 
 static void set_mpich_defaults(void) {
@@ -636,6 +643,7 @@ PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         tag_ub = *ub;
     }
     default_timeout = timeout;
+    pd_persist_read_env();
     pd_initialized = 1;
     return Py_BuildValue("iii", groups[0].rank, groups[0].size, thread_level);
 }

@@ -45,6 +45,8 @@ static PyMethodDef module_methods[] = {
     FAST("destroy_group", pd_destroy_group, "destroy_group(handle) -> None"),
     {"live_groups", pd_live_groups, METH_NOARGS, "live_groups() -> number of communicators held"},
     {"parked", pd_parked_count, METH_NOARGS, "parked() -> number of requests parked until MPI completes them"},
+    FAST("persistent_stats", pd_persistent_stats,
+         "persistent_stats(group) -> (keys, requests, active requests, staging bytes) of the group's cache"),
     FAST("set_wait_mode", pd_set_wait_mode, "set_wait_mode(mode) -> old mode (0: poll, 1: MPI_Wait)"),
     FAST("load_idx", pd_load_idx, "load_idx(images_path, labels_path) -> (images float32 (n, rows, cols), labels int32)"),
     FAST("epoch_permutation", pd_epoch_permutation, "epoch_permutation(n, seed, epoch) -> int32 array"),

@@ -234,6 +234,8 @@ typedef struct {
     MPI_Count avg_count;
     PyObject *error;       // exception raised by a failed completion, re-raised by later wait()s
     RingAllreduce *ring;   // our ring all-reduce: `req` is its posted step; NULL for MPI's operations
+    struct PdPersistEntry *persist;  // a cached persistent request (persistent.c): `req` is a copy of its
+                                     // handle, which MPI never nulls; finished through persistent.c
 } PdWorkObject;
 
 extern PyTypeObject *pd_WorkType;
@@ -254,6 +256,59 @@ int pd_ring_complete_step(RingAllreduce *r);
 // Give up the rings in flight on `group` (its communicators are going): each posted step is parked
 // with its arrays, and the Work fails with DistError. GIL held.
 void pd_ring_works_abandon(long group, unsigned generation);
+// ---------------------------------------------------------------------------------------------------
+// Cached persistent requests for small collectives (persistent.c)
+
+enum { PD_PERSIST_BARRIER, PD_PERSIST_BCAST, PD_PERSIST_ALLREDUCE, PD_PERSIST_REDUCE, PD_PERSIST_ALLGATHER,
+       PD_PERSIST_REDUCE_SCATTER, PD_PERSIST_ALLTOALL };
+
+// What identifies a cached request: the same on every rank for the same call (never an address).
+typedef struct {
+    int kind;
+    MPI_Count count;     // the init's count: elements per rank's block (all_gather, reduce_scatter,
+                         // all_to_all) or of the whole buffer
+    MPI_Datatype type;
+    size_t extent;       // bytes per element of `type`
+    MPI_Op op;           // MPI_OP_NULL where there is none
+    int root;            // group rank; -1 where there is none
+    int rank, size;      // this rank's and the group's: fixed per group, not compared
+} PdPersistKey;
+
+// One call's data: src (src_bytes) is copied into the staging before the start, the result is copied
+// out into dst (dst_bytes) on completion and then divided by avg_divisor (AVG, avg_count elements).
+typedef struct {
+    const void *src;
+    size_t src_bytes;
+    void *dst;
+    size_t dst_bytes;
+    int avg_divisor;
+    const PdDtype *avg_dtype;
+    MPI_Count avg_count;
+} PdPersistCall;
+
+typedef struct PdPersistEntry PdPersistEntry;
+
+// Messages up to this many bytes take the cached path (PYDIST_PERSISTENT_BYTES, read at init; 0: off).
+extern Py_ssize_t pd_persist_bytes;
+static inline int pd_persist_wanted(size_t message_bytes) {
+    return pd_persist_bytes > 0 && message_bytes <= (size_t)pd_persist_bytes;
+}
+// 0: all-gathers stay nonblocking (MPICH's chosen algorithm is wrong on a restarted request).
+extern int pd_persist_allgather_ok;
+void pd_persist_read_env(void);
+// Run a collective through the group's cache: blocking (list == NULL: waits the pydist way, returns
+// None) or async (returns a Work holding `keep` whose result() is `list`). NULL with an exception.
+PyObject *pd_persist_run(const PdOp *op, MPI_Comm comm, const PdPersistKey *key, const PdPersistCall *call,
+                         PyObject *keep, PyObject *list);
+// A Work's request has completed: deliver the result (copy out, AVG) and let go of the entry.
+void pd_persist_work_finished(PdWorkObject *w);
+// A Work dropped before completion: its entry keeps the arrays and finishes the call later.
+void pd_persist_work_dropped(PdWorkObject *w);
+// The group's communicators are going (destroy, exit): free its cache; what is still active is
+// finished by its Work, or parked.
+void pd_persist_group_free(long group);
+PyObject *pd_persistent_stats(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
 // ---------------------------------------------------------------------------------------------------
 // The training engine (engine_py.c over csrc/engine/)
 

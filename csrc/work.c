@@ -14,6 +14,10 @@
  * is done, and is_completed() answers False meanwhile rather than test a request another thread is
  * testing without the GIL.
  *
+ * A small collective's Work may hold a cached persistent request (persistent.c): MPI never nulls such a
+ * handle, so completion goes through pd_persist_work_finished (copy the result out, free the entry for
+ * the next call); a dropped one hands its arrays to the entry, which delivers the result later.
+ *
  * A ring all-reduce (algorithm="ring") is a sequence of steps, each one send/receive pair, and the next
  * step is ours to post when one completes: MPI cannot move it along for us as it does its own
  * collectives. A rank waiting for ring B may hold up a neighbour that waits for ring A first, so every
@@ -35,6 +39,7 @@ PdWorkObject *pd_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObj
             w->req = MPI_REQUEST_NULL;   // nothing filled in yet: dealloc must not look at it
             w->keep = w->result = w->error = NULL;
             w->ring = NULL;
+            w->persist = NULL;
             Py_DECREF(w);
         }
         pd_park(req, Py_XNewRef(keep), is_recv);  // nobody can own the request now: keep its memory alive
@@ -53,6 +58,7 @@ PdWorkObject *pd_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObj
     w->avg_count = 0;
     w->error = NULL;
     w->ring = NULL;
+    w->persist = NULL;
     PyObject_GC_Track(w);
     return w;
 }
@@ -344,6 +350,9 @@ static PyObject *work_wait(PdWorkObject *w, PyObject *const *args, Py_ssize_t na
                 }
                 break;   // a timeout or a signal leaves the request pending and this Work usable
             }
+            if (w->persist != NULL) {
+                pd_persist_work_finished(w);   // a persistent handle stays non-null: complete it here
+            }
             if (w->ring != NULL && (rc = ring_advance(w)) < 0) {
                 work_fail(w);
                 break;
@@ -379,6 +388,9 @@ static PyObject *work_is_completed(PdWorkObject *w, PyObject *unused) {
         }
         if (!done) {
             Py_RETURN_FALSE;
+        }
+        if (w->persist != NULL) {
+            pd_persist_work_finished(w);
         }
     }
     work_complete(w);
@@ -430,6 +442,25 @@ static void work_let_go(PdWorkObject *w) {
     }
     int done = 0, fin = 0;
     MPI_Finalized(&fin);
+    if (w->persist != NULL) {
+        // A cached persistent request: complete now if MPI has, else its entry finishes it later.
+        if (!fin && MPI_Test(&w->req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) {
+            pd_persist_work_finished(w);
+            return;
+        }
+        if (!fin) {
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            if (PyErr_WarnFormat(PyExc_ResourceWarning, 1, "a Work for %s was dropped before it completed; "
+                                 "its arrays are kept alive until MPI is done with them (call wait())",
+                                 w->op.what) < 0) {
+                PyErr_WriteUnraisable((PyObject *)w);
+            }
+            PyErr_Restore(type, value, tb);
+        }
+        pd_persist_work_dropped(w);
+        return;
+    }
     if (!fin && MPI_Test(&w->req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) {
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);

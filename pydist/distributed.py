@@ -529,7 +529,11 @@ _reduce_scatter_base = reduce_scatter_tensor   # torch's old name
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
                       async_op=False):
     """Rank i's block j of `input` becomes rank j's block i of `output`; blocks are rows along
-    dimension 0, equal unless split sizes (one int per rank) are given."""
+    dimension 0, equal unless split sizes (one int per rank) are given.
+
+    The ranks of one call must all give split sizes, or all give none: without them a small message
+    runs as a cached persistent request, which MPI does not match with another rank's nonblocking call.
+    """
     handle = 0 if group is None else _group_handle(group, "all_to_all_single")
     if handle < 0:
         return None
