@@ -55,6 +55,7 @@ static int world_size = 0;
 static char unavailable[300];       // why there is no segment (empty: there is one)
 static int said_unavailable = 0;
 static unsigned segments_made = 0;
+static long long calls_copied = 0, calls_in_place = 0;   // shm all-reduces by path (for tests)
 
 static void say_once(const char *what) {
     if (!said_unavailable) {
@@ -456,6 +457,11 @@ int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, long group, int asy
         PyErr_Format(PyExc_ValueError, "all_reduce(algorithm=\"shm\"): %s", err);
         return 1;
     }
+    if (rc == 1) {
+        calls_in_place++;
+    } else {
+        calls_copied++;
+    }
     if (!async_op) {
         *ret = Py_NewRef(Py_None);
         return 1;
@@ -598,9 +604,10 @@ PyObject *pd_shm_info(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
     Session *s = session;
-    return Py_BuildValue("{s:O,s:s,s:n,s:n,s:i,s:i,s:n,s:n}", "segment", s ? Py_True : Py_False,
+    return Py_BuildValue("{s:O,s:s,s:n,s:n,s:i,s:i,s:n,s:n,s:L,s:L}", "segment", s ? Py_True : Py_False,
                          "unavailable", unavailable, "region_bytes", (Py_ssize_t)(s ? s->view.region_bytes : 0),
                          "heap_used", (Py_ssize_t)(s ? s->heap.used : 0), "node_rank", s ? s->view.node_rank : -1,
                          "node_size", s ? s->view.node_size : 0, "auto_min_bytes", (Py_ssize_t)PD_SHM_AUTO_BYTES,
-                         "stage_bytes", (Py_ssize_t)env_bytes("PYDIST_SHM_STAGE", DEFAULT_STAGE_BYTES));
+                         "stage_bytes", (Py_ssize_t)env_bytes("PYDIST_SHM_STAGE", DEFAULT_STAGE_BYTES),
+                         "calls_copied", calls_copied, "calls_in_place", calls_in_place);
 }

@@ -36,9 +36,10 @@
 #include <string.h>
 #include <time.h>
 
-// Checks of the peers' counters before the wait starts yielding (as wait.c's SPIN_TESTS), and how long
-// a slice of waiting lasts before the caller's checks run.
-#define SPIN_CHECKS 64
+// How long a wait spins before it starts yielding (a peer on another core is usually microseconds
+// away; one that shares our core needs the core back), and how long a slice of waiting lasts before
+// the caller's checks run.
+#define SPIN_SECONDS 20e-6
 #define SLICE_SECONDS 0.002
 // Reductions run block by block through a buffer that stays in L1, then go to each output.
 #define BLOCK_BYTES 16384
@@ -218,7 +219,8 @@ static inline void cpu_relax(void) {
 // Wait until every peer's counter has reached `target`.
 static int wait_for_peers(ShmChannel *c, uint64_t target, const ShmWait *w) {
     int p = 0;   // the peer we are waiting for: earlier ones have arrived
-    double slice_end = 0.0;
+    int yielding = 0;
+    double spin_end = 0.0, slice_end = 0.0;
     for (long checks = 1;; checks++) {
         while (p < c->size && (p == c->rank ||
                                atomic_load_explicit(&c->ctl[p].seq, memory_order_acquire) >= target)) {
@@ -227,14 +229,15 @@ static int wait_for_peers(ShmChannel *c, uint64_t target, const ShmWait *w) {
         if (p == c->size) {
             return 0;
         }
-        if (checks > SPIN_CHECKS) {
+        if (yielding) {
             sched_yield();
         } else {
             cpu_relax();
         }
-        if ((checks & 31) == 0) {
+        if ((checks & 15) == 0) {
             double t = now();
             if (slice_end == 0.0) {
+                spin_end = t + SPIN_SECONDS;
                 slice_end = t + SLICE_SECONDS;
             } else if (t > slice_end) {
                 if (w->slice(w->ctx) < 0) {
@@ -242,6 +245,7 @@ static int wait_for_peers(ShmChannel *c, uint64_t target, const ShmWait *w) {
                 }
                 slice_end = now() + SLICE_SECONDS;
             }
+            yielding = t > spin_end;
         }
     }
 }
@@ -366,7 +370,7 @@ int shm_allreduce(ShmChannel *c, const ShmSession *s, void *data, int64_t count,
             ins[p] = outs[p] = s->base + c->ctl[p].offset + lo * isz;
         }
         reduce_slice(outs, R, ins, R, len, dtype, op);
-        return barrier(c, w) < 0 ? -1 : 0;   // F
+        return barrier(c, w) < 0 ? -1 : 1;   // F
     }
 
     for (size_t first = 0; first < n; first += chunk) {
