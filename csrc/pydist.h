@@ -243,6 +243,13 @@ int pd_shm_session_start(MPI_Comm world, double timeout);
 void pd_shm_session_stop(void);
 void pd_shm_group_release(void *channel);
 int pd_shm_type_init(PyObject *module);
+// n floats in this rank's heap region (zeroed), owned by *owner (release with pd_shm_owner_release, GIL
+// held); NULL when there is no segment or no room (no exception).
+float *pd_shm_alloc_floats(long n, void **owner);
+void pd_shm_owner_release(void *owner);
+// Sum buf[0..n) over the group in place with the shm all-reduce when pd_shm_auto says so for n floats:
+// 1 done, 0 not used (MPI's instead; the same answer on every rank), -1 failed (raised). GIL held.
+int pd_shm_allreduce_floats(long group, float *buf, long n);
 PyObject *pd_shm_empty(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_shm_info(PyObject *self, PyObject *unused);
 

@@ -428,20 +428,15 @@ static int dtype_code(const PdBuf *buf) {
     }
 }
 
-int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, long group, int async_op, PyObject **ret) {
-    int fallback;
-    *ret = NULL;
-    GroupChannel *g = channel_of(group, &fallback);
-    if (g == NULL) {
-        return fallback ? 0 : 1;
-    }
+// The all-reduce on the group's channel, the GIL released meanwhile. 0 done, -1 raised.
+static int run(GroupChannel *g, long group, const char *what, void *data, int64_t count, int dtype, long op) {
     char err[600] = {0};
-    SliceCtx ctx = {NULL, pd_op("all_reduce (shm)", group, PD_PEER_ALL), MPI_Wtime(), pd_session_timeout()};
+    SliceCtx ctx = {NULL, pd_op(what, group, PD_PEER_ALL), MPI_Wtime(), pd_session_timeout()};
     ShmWait wait = {wait_slice, &ctx};
     g->busy = 1;
     ctx.released = PyEval_SaveThread();
-    int rc = shm_allreduce(&g->ch, session ? &session->view : NULL, buf->data, (int64_t)buf->count,
-                           dtype_code(buf), (int)op, &wait, err, sizeof err);
+    int rc = shm_allreduce(&g->ch, session ? &session->view : NULL, data, count, dtype, (int)op, &wait, err,
+                           sizeof err);
     PyEval_RestoreThread(ctx.released);
     g->busy = 0;
     if (rc == -1) {
@@ -451,16 +446,41 @@ int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, long group, int asy
         if (PyErr_ExceptionMatches(pd_DistTimeoutError)) {
             pd_group_break(group, "all_reduce (shm) timed out");
         }
-        return 1;
+        return -1;
     }
     if (rc == -2) {
         PyErr_Format(PyExc_ValueError, "all_reduce(algorithm=\"shm\"): %s", err);
-        return 1;
+        return -1;
     }
     if (rc == 1) {
         calls_in_place++;
     } else {
         calls_copied++;
+    }
+    return 0;
+}
+
+int pd_shm_allreduce_floats(long group, float *buf, long n) {
+    int fallback;
+    if (!pd_shm_auto(group, (Py_ssize_t)n * (Py_ssize_t)sizeof(float))) {
+        return 0;
+    }
+    GroupChannel *g = channel_of(group, &fallback);
+    if (g == NULL) {
+        return fallback ? 0 : -1;
+    }
+    return run(g, group, "the training step's all-reduce (shm)", buf, n, SHM_F32, SHM_SUM) < 0 ? -1 : 1;
+}
+
+int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, long group, int async_op, PyObject **ret) {
+    int fallback;
+    *ret = NULL;
+    GroupChannel *g = channel_of(group, &fallback);
+    if (g == NULL) {
+        return fallback ? 0 : 1;
+    }
+    if (run(g, group, "all_reduce (shm)", buf->data, (int64_t)buf->count, dtype_code(buf), op) < 0) {
+        return 1;
     }
     if (!async_op) {
         *ret = Py_NewRef(Py_None);
@@ -513,6 +533,54 @@ int pd_shm_type_init(PyObject *module) {
     return ShmBlockType == NULL ? -1 : 0;
 }
 
+// A block of nbytes in this rank's region, its pages committed; NULL with MemoryError.
+static ShmBlockObject *block_new(const char *fn, size_t nbytes) {
+    size_t offset;
+    if (shm_heap_alloc(&session->heap, nbytes, &offset) < 0) {
+        PyErr_Format(PyExc_MemoryError, "%s(): %zu bytes do not fit in this rank's shared segment (%zu of %zu "
+                     "bytes in use; PYDIST_SHM_BYTES sets its size)", fn, nbytes, session->heap.used,
+                     session->view.region_bytes);
+        return NULL;
+    }
+    size_t len = shm_heap_rounded(nbytes), lo = offset / PAGE * PAGE, hi = (offset + len + PAGE - 1) / PAGE * PAGE;
+    int e = posix_fallocate(session->fd, (off_t)lo, (off_t)(hi - lo));   // commit now: no SIGBUS later
+    if (e != 0) {
+        shm_heap_release(&session->heap, offset, nbytes);
+        PyErr_Format(PyExc_MemoryError, "%s(): /dev/shm has no room for %zu bytes (%s)", fn, nbytes, strerror(e));
+        return NULL;
+    }
+    ShmBlockObject *block = PyObject_New(ShmBlockObject, ShmBlockType);
+    if (block == NULL) {
+        shm_heap_release(&session->heap, offset, nbytes);
+        return NULL;
+    }
+    block->session = session;
+    block->offset = offset;
+    block->len = nbytes;
+    session->refs++;
+    return block;
+}
+
+float *pd_shm_alloc_floats(long n, void **owner) {
+    *owner = NULL;
+    if (session == NULL || n < 0) {
+        return NULL;
+    }
+    ShmBlockObject *block = block_new("Engine", sizeof(float) * (size_t)n);
+    if (block == NULL) {
+        PyErr_Clear();   // the caller keeps its own buffer
+        return NULL;
+    }
+    *owner = block;
+    char *data = block->session->base + block->offset;
+    memset(data, 0, sizeof(float) * (size_t)n);
+    return (float *)data;
+}
+
+void pd_shm_owner_release(void *owner) {
+    Py_XDECREF((PyObject *)owner);
+}
+
 // _C.shm_empty(shape, dtype, zero) -> ndarray in the segment (an ordinary one when there is no segment).
 PyObject *pd_shm_empty(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
@@ -554,30 +622,11 @@ PyObject *pd_shm_empty(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         descr = NULL;   // stolen
         goto done;
     }
-    size_t offset;
-    if (shm_heap_alloc(&session->heap, nbytes, &offset) < 0) {
-        PyErr_Format(PyExc_MemoryError, "%s(): %zu bytes do not fit in this rank's shared segment (%zu of %zu "
-                     "bytes in use; PYDIST_SHM_BYTES sets its size)", fn, nbytes, session->heap.used,
-                     session->view.region_bytes);
-        goto done;
-    }
-    size_t len = shm_heap_rounded(nbytes), lo = offset / PAGE * PAGE, hi = (offset + len + PAGE - 1) / PAGE * PAGE;
-    int e = posix_fallocate(session->fd, (off_t)lo, (off_t)(hi - lo));   // commit now: no SIGBUS later
-    if (e != 0) {
-        shm_heap_release(&session->heap, offset, nbytes);
-        PyErr_Format(PyExc_MemoryError, "%s(): /dev/shm has no room for %zu bytes (%s)", fn, nbytes, strerror(e));
-        goto done;
-    }
-    ShmBlockObject *block = PyObject_New(ShmBlockObject, ShmBlockType);
+    ShmBlockObject *block = block_new(fn, nbytes);
     if (block == NULL) {
-        shm_heap_release(&session->heap, offset, nbytes);
         goto done;
     }
-    block->session = session;
-    block->offset = offset;
-    block->len = nbytes;
-    session->refs++;
-    char *data = session->base + offset;
+    char *data = session->base + block->offset;
     arr = PyArray_NewFromDescr(&PyArray_Type, descr, shape.len, shape.ptr, NULL, data, NPY_ARRAY_CARRAY, NULL);
     descr = NULL;   // stolen
     if (arr == NULL) {

@@ -279,3 +279,22 @@ def test_shm_bad_algorithm_value_lists_shm():
         dist.all_reduce(np.zeros(3), algorithm="SHM")
     with pytest.raises(TypeError, match="not defined for dtype"):
         dist.all_reduce(np.zeros(3), op=dist.ReduceOp.BXOR, **SHM)
+
+
+@pytest.mark.world_size(min=2)
+def test_engine_allreduce_reduces_its_gradients_in_place():
+    """The engine's gradient buffer lives in the segment, and the allreduce strategy's all-reduce of it
+    (LeNet-5: 61,706 floats, above the automatic crossover) runs in place through shared memory; the
+    weights stay the same on every rank (test_engine_dp.py proves them equal to one rank's run)."""
+    from pydist.engine import Trainer, lenet5, load_fashion_mnist
+    _, (x, y) = load_fashion_mnist()
+    before = info()
+    trainer = Trainer(lenet5(), batch_size=8, seed=3, lr=0.05, momentum=0.9)
+    grows = info()["heap_used"] - before["heap_used"] >= 4 * trainer.params.size
+    trainer.train_steps(x, y, epoch=0, first=0, last=4)
+    after = info()
+    mine = trainer.params.copy()
+    dist.broadcast(mine, 0)
+    ok = grows and after["calls_in_place"] >= before["calls_in_place"] + 4 and np.array_equal(mine, trainer.params)
+    parallel_assert(bool(ok), f"heap {before['heap_used']} -> {after['heap_used']}, in place "
+                              f"{before['calls_in_place']} -> {after['calls_in_place']}")
