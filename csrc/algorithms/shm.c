@@ -8,20 +8,25 @@
  *
  *   rank:      publish header ──H── check headers ──┬── zero-copy: reduce my slice of every rank's
  *   (and pre-copy chunk 0 if                        │   array, write it into every rank's array ──F
- *    my array is not in the                         └── copy: for each chunk (staging buffer r % 2):
- *    session segment)                                   copy in ──A── reduce my slice of all staging
- *                                                       buffers into mine and my array ──B── copy
- *                                                       the peers' slices out of their buffers
+ *    my array is not in the                         └── copy: for each chunk k (staging buffer r % 3):
+ *    session segment)                                   copy k in ──k── copy the peers' slices of
+ *                                                       chunk k - 1 out of their buffers, reduce my
+ *                                                       slice of chunk k from all staging buffers
+ *                                                       into mine and my array; after the last ──L──
+ *                                                       copy the peers' slices of it out
  *
  * Each rank reduces 1/R of the elements (its slice, offsets as the ring's), in rank order, so every
  * rank ends with bitwise the same result. The header (count, dtype, op, and where the array is) is
  * read by every rank between H and the next barrier, and no rank writes the next call's header before
  * passing that barrier, so all ranks judge the same headers: a mismatch gives the same error on every
  * rank (after one more barrier, so they all leave in step), and zero-copy is chosen only when every
- * rank published an array inside the session segment. Double buffering: a rank fills buffer r % 2 for
- * round r only after barrier A of round r - 1, which every rank enters after copying round r - 2 out,
- * so no rank overwrites a buffer a peer still reads. The round counter lives with the channel, so the
- * alternation continues from one call to the next (and chunk 0 of a call may be copied in before H).
+ * rank published an array inside the session segment. Triple buffering, one barrier per chunk: a rank fills buffer
+ * r % 3 for round r only after barrier r - 1, which every rank enters after copying round r - 3 out
+ * (in round r - 2), so no rank overwrites a buffer a peer still reads; and round r - 1's slices are
+ * copied out only after barrier r, which every rank enters after reducing its slice of round r - 1.
+ * The round counter lives with the channel, so the rotation continues from one call to the next (and
+ * chunk 0 of a call may be copied in before H). Fewer barriers matter: with more processes than cores
+ * a barrier whose peer is not running costs a scheduler slice.
  *
  * A wait spins briefly, then yields the core (with more ranks than cores a spinning waiter would hold
  * back the very peer it waits for), and every few ms calls the caller's slice() (signals, departed
@@ -264,7 +269,7 @@ static size_t round_up(size_t x, size_t to) {
 }
 
 size_t shm_channel_bytes(int size, size_t stage_bytes) {
-    return round_up((size_t)size * sizeof(ShmControl), 4096) + (size_t)size * 2 * round_up(stage_bytes, 64);
+    return round_up((size_t)size * sizeof(ShmControl), 4096) + (size_t)size * SHM_BUFFERS * round_up(stage_bytes, 64);
 }
 
 int shm_channel_init(ShmChannel *c, char *base, int rank, int size, size_t stage_bytes) {
@@ -280,7 +285,7 @@ void shm_channel_release(ShmChannel *c) {
 }
 
 static char *stage_of(const ShmChannel *c, int rank, int buf) {
-    return c->stage + ((size_t)rank * 2 + (size_t)buf) * c->stage_bytes;
+    return c->stage + ((size_t)rank * SHM_BUFFERS + (size_t)buf) * c->stage_bytes;
 }
 
 // Rank p's slice of n elements: n / R each, the first n % R ranks one more (as the ring's segments).
@@ -291,6 +296,16 @@ static size_t slice_lo(size_t n, int R, int p) {
 
 static size_t slice_len(size_t n, int R, int p) {
     return n / (size_t)R + ((size_t)p < n % (size_t)R ? 1 : 0);
+}
+
+// The peers' reduced slices of the chunk [first, first + m) from their staging buffers into arr.
+static void copy_out(const ShmChannel *c, char *arr, size_t first, size_t m, int buf, size_t isz) {
+    for (int p = 0; p < c->size; p++) {
+        if (p != c->rank) {
+            size_t plo = slice_lo(m, c->size, p);
+            memcpy(arr + (first + plo) * isz, stage_of(c, p, buf) + plo * isz, slice_len(m, c->size, p) * isz);
+        }
+    }
 }
 
 // Whether a published header names a valid array inside one rank's region of the session segment.
@@ -335,7 +350,7 @@ int shm_allreduce(ShmChannel *c, const ShmSession *s, void *data, int64_t count,
     }
     int precopied = !in_seg && n > 0;
     if (precopied) {
-        memcpy(stage_of(c, me, (int)(c->round & 1)), arr, (n < chunk ? n : chunk) * isz);
+        memcpy(stage_of(c, me, (int)(c->round % SHM_BUFFERS)), arr, (n < chunk ? n : chunk) * isz);
     }
     mine->count = count;
     mine->dtype = dtype;
@@ -373,19 +388,23 @@ int shm_allreduce(ShmChannel *c, const ShmSession *s, void *data, int64_t count,
         return barrier(c, w) < 0 ? -1 : 1;   // F
     }
 
+    size_t prev_first = 0, prev_m = 0;   // the chunk whose peers' slices are still to be copied out
     for (size_t first = 0; first < n; first += chunk) {
         const size_t m = n - first < chunk ? n - first : chunk;
-        const int buf = (int)(c->round & 1);
+        const int buf = (int)(c->round % SHM_BUFFERS);
         char *mine_stage = stage_of(c, me, buf);
         if (first > 0 || !none_in) {
             // Chunk 0 was copied in before H by every rank whose array is outside the segment; if every
-            // rank's was, H was this round's barrier A.
+            // rank's was, H was this round's barrier.
             if (first > 0 || !precopied) {
                 memcpy(mine_stage, arr + first * isz, m * isz);
             }
-            if (barrier(c, w) < 0) {   // A
+            if (barrier(c, w) < 0) {
                 return -1;
             }
+        }
+        if (prev_m > 0) {
+            copy_out(c, arr, prev_first, prev_m, (int)((c->round - 1) % SHM_BUFFERS), isz);
         }
         size_t lo = slice_lo(m, R, me), len = slice_len(m, R, me);
         for (int p = 0; p < R; p++) {
@@ -394,17 +413,13 @@ int shm_allreduce(ShmChannel *c, const ShmSession *s, void *data, int64_t count,
         outs[0] = mine_stage + lo * isz;
         outs[1] = arr + (first + lo) * isz;
         reduce_slice(outs, 2, ins, R, len, dtype, op);
-        if (barrier(c, w) < 0) {   // B
-            return -1;
-        }
-        for (int p = 0; p < R; p++) {
-            if (p != me) {
-                size_t plo = slice_lo(m, R, p);
-                memcpy(arr + (first + plo) * isz, stage_of(c, p, buf) + plo * isz, slice_len(m, R, p) * isz);
-            }
-        }
+        prev_first = first, prev_m = m;
         c->round++;
     }
+    if (barrier(c, w) < 0) {   // every slice of the last chunk is reduced
+        return -1;
+    }
+    copy_out(c, arr, prev_first, prev_m, (int)((c->round - 1) % SHM_BUFFERS), isz);
     return 0;
 }
 

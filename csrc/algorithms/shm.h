@@ -9,8 +9,8 @@
  *            dist.empty allocates (memory is committed block by block, with fallocate, as it is used);
  *   channel  made at a group's first shm all-reduce over the group's ranks: per rank a control block
  *            (its barrier counter on a cache line of its own, then the published header of the
- *            current call) and two staging buffers (double buffering: a rank fills one while its
- *            peers still read the other).
+ *            current call) and three staging buffers (a rank fills one while its peers still read
+ *            the one before: one barrier per chunk).
  * See shm.c for the protocol.
  */
 #ifndef PYDIST_ALGORITHMS_SHM_H
@@ -33,6 +33,8 @@ enum { SHM_SUM = 0, SHM_AVG = 1, SHM_PRODUCT = 2, SHM_MIN = 3, SHM_MAX = 4, SHM_
 float pd_half_to_float(uint16_t h);
 uint16_t pd_float_to_half(float f);
 
+#define SHM_BUFFERS 3   // staging buffers per rank
+
 // One rank's control block in a channel: 128 bytes, its two halves on separate cache lines.
 typedef struct {
     _Alignas(64) _Atomic uint64_t seq;   // barriers this rank has entered
@@ -45,7 +47,7 @@ typedef struct {
 // A channel as one rank sees it (the mapping is local; seq and round advance identically everywhere).
 typedef struct {
     int rank, size;
-    char *base;            // the mapping: [size] ShmControl, then [size][2][stage_bytes] staging
+    char *base;            // the mapping: [size] ShmControl, then [size][SHM_BUFFERS][stage_bytes] staging
     size_t bytes;
     ShmControl *ctl;
     char *stage;
