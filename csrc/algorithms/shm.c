@@ -275,7 +275,7 @@ size_t shm_channel_bytes(int size, size_t stage_bytes) {
 int shm_channel_init(ShmChannel *c, char *base, int rank, int size, size_t stage_bytes) {
     *c = (ShmChannel){rank, size, base, shm_channel_bytes(size, stage_bytes), (ShmControl *)base,
                       base + round_up((size_t)size * sizeof(ShmControl), 4096), round_up(stage_bytes, 64), 0, 0,
-                      malloc(sizeof(char *) * 2 * (size_t)size)};
+                      malloc(sizeof(char *) * (2 * (size_t)size + 2))};   // outputs: R in place, 2 copied
     return c->ptrs == NULL ? -1 : 0;
 }
 

@@ -54,7 +54,7 @@ typedef struct {
     size_t stage_bytes;    // one staging buffer (the same on every rank: the group's minimum)
     uint64_t seq;          // barriers this rank has entered
     uint64_t round;        // staging rounds done: which buffer the next one fills
-    char **ptrs;           // [2 * size] scratch for the kernels' input and output pointers
+    char **ptrs;           // [2 * size + 2] scratch for the kernels' input and output pointers
 } ShmChannel;
 
 // The session segment as one rank sees it: node_size regions of region_bytes, region i is node rank i's.
