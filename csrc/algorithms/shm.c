@@ -12,6 +12,7 @@
  *    session segment)                                   copy k in ──k── copy the peers' slices of
  *                                                       chunk k - 1 out of their buffers, reduce my
  *                                                       slice of chunk k from all staging buffers
+ *                                                       (my own part straight from my array)
  *                                                       into mine and my array; after the last ──L──
  *                                                       copy the peers' slices of it out
  *
@@ -32,6 +33,11 @@
  * back the very peer it waits for), and every few ms calls the caller's slice() (signals, departed
  * ranks, the deadline). After a wait gives up the channel is out of step and must not be used again.
  */
+// The reduction loops are the hot path: vectorize them (GCC's -O2 cost model leaves them scalar).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("O3")
+#endif
+
 #include "shm.h"
 
 #include <math.h>
@@ -298,6 +304,15 @@ static size_t slice_len(size_t n, int R, int p) {
     return n / (size_t)R + ((size_t)p < n % (size_t)R ? 1 : 0);
 }
 
+// This rank's contribution to the chunk [first, first + m) into its staging buffer: all but its own
+// slice, which only it reads (straight from its array).
+static void copy_in(const ShmChannel *c, const char *arr, size_t first, size_t m, int buf, size_t isz) {
+    char *stage = stage_of(c, c->rank, buf);
+    size_t lo = slice_lo(m, c->size, c->rank), hi = lo + slice_len(m, c->size, c->rank);
+    memcpy(stage, arr + first * isz, lo * isz);
+    memcpy(stage + hi * isz, arr + (first + hi) * isz, (m - hi) * isz);
+}
+
 // The peers' reduced slices of the chunk [first, first + m) from their staging buffers into arr.
 static void copy_out(const ShmChannel *c, char *arr, size_t first, size_t m, int buf, size_t isz) {
     for (int p = 0; p < c->size; p++) {
@@ -350,7 +365,7 @@ int shm_allreduce(ShmChannel *c, const ShmSession *s, void *data, int64_t count,
     }
     int precopied = !in_seg && n > 0;
     if (precopied) {
-        memcpy(stage_of(c, me, (int)(c->round % SHM_BUFFERS)), arr, (n < chunk ? n : chunk) * isz);
+        copy_in(c, arr, 0, n < chunk ? n : chunk, (int)(c->round % SHM_BUFFERS), isz);
     }
     mine->count = count;
     mine->dtype = dtype;
@@ -397,7 +412,7 @@ int shm_allreduce(ShmChannel *c, const ShmSession *s, void *data, int64_t count,
             // Chunk 0 was copied in before H by every rank whose array is outside the segment; if every
             // rank's was, H was this round's barrier.
             if (first > 0 || !precopied) {
-                memcpy(mine_stage, arr + first * isz, m * isz);
+                copy_in(c, arr, first, m, buf, isz);
             }
             if (barrier(c, w) < 0) {
                 return -1;
@@ -408,9 +423,9 @@ int shm_allreduce(ShmChannel *c, const ShmSession *s, void *data, int64_t count,
         }
         size_t lo = slice_lo(m, R, me), len = slice_len(m, R, me);
         for (int p = 0; p < R; p++) {
-            ins[p] = stage_of(c, p, buf) + lo * isz;
+            ins[p] = p == me ? arr + (first + lo) * isz : stage_of(c, p, buf) + lo * isz;
         }
-        outs[0] = mine_stage + lo * isz;
+        outs[0] = mine_stage + lo * isz;   // read by the peers in their copy out
         outs[1] = arr + (first + lo) * isz;
         reduce_slice(outs, 2, ins, R, len, dtype, op);
         prev_first = first, prev_m = m;
