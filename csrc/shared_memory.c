@@ -275,7 +275,8 @@ void pd_shm_session_stop(void) {
 
 typedef struct {
     int state;            // CHANNEL_READY, CHANNEL_MPI (fall back), CHANNEL_BROKEN
-    int busy;             // a thread is inside an all-reduce on it
+    int busy;             // a thread is inside an all-reduce on it (or making it)
+    int orphaned;         // its group was destroyed meanwhile: that thread frees it when it leaves
     ShmChannel ch;
     int fd;
     char why[300];
@@ -286,6 +287,10 @@ enum { CHANNEL_READY = 1, CHANNEL_MPI = 2, CHANNEL_BROKEN = 3 };
 void pd_shm_group_release(void *p) {
     GroupChannel *g = p;
     if (g == NULL) {
+        return;
+    }
+    if (g->busy) {
+        g->orphaned = 1;   // another thread still waits on its mapping (the GIL released)
         return;
     }
     if (g->ch.base != NULL) {
@@ -327,9 +332,11 @@ static GroupChannel *channel_of(long group, int *fallback) {
             return NULL;
         }
         g->fd = -1;
+        g->busy = 1;   // while it is made (the waits release the GIL): other threads keep off
         *slot = g;
         if (!group_on_one_node(group)) {
             g->state = CHANNEL_MPI;
+            g->busy = 0;
             snprintf(g->why, sizeof g->why, "the group's ranks are on more than one node");
         } else {
             int rank = pd_group_rank(group), size = pd_group_size(group);
@@ -338,15 +345,28 @@ static GroupChannel *channel_of(long group, int *fallback) {
             char *base;
             MPI_Comm *comm = pd_group_comm(group, "all_reduce");
             if (comm == NULL) {
+                g->state = CHANNEL_BROKEN;
+                g->busy = 0;
+                snprintf(g->why, sizeof g->why, "its group was unusable when it was first used");
                 return NULL;
             }
             // rank 0's staging size wins (it is in the broadcast), so every rank lays the channel out alike
             size_t bytes_guess = shm_channel_bytes(size, stage);
             int made = segment_make(*comm, rank, bytes_guess, 1, group, pd_session_timeout(), &stage, &base, &g->fd,
                                     g->why, sizeof g->why);
-            if (made < 0) {
+            if (made < 0 || g->orphaned) {
                 g->state = CHANNEL_BROKEN;
                 snprintf(g->why, sizeof g->why, "setting up its shared segment did not complete");
+                if (g->orphaned) {
+                    if (made == 1) munmap(base, bytes_guess);
+                    g->busy = 0;
+                    pd_shm_group_release(g);
+                    if (made >= 0) {
+                        PyErr_SetString(PyExc_ValueError, "all_reduce(): `group` was destroyed while this call waited");
+                    }
+                    return NULL;
+                }
+                g->busy = 0;
                 return NULL;
             }
             if (made == 1 && shm_channel_bytes(size, stage) != bytes_guess) {
@@ -359,11 +379,13 @@ static GroupChannel *channel_of(long group, int *fallback) {
                 munmap(base, bytes_guess);
                 g->ch.base = NULL;
                 g->state = CHANNEL_BROKEN;
+                g->busy = 0;
                 snprintf(g->why, sizeof g->why, "out of memory");
                 PyErr_NoMemory();
                 return NULL;
             }
             g->state = made == 1 ? CHANNEL_READY : CHANNEL_MPI;
+            g->busy = 0;
             if (made == 0) {
                 say_once(g->why);
             }
@@ -439,12 +461,18 @@ static int run(GroupChannel *g, long group, const char *what, void *data, int64_
                            sizeof err);
     PyEval_RestoreThread(ctx.released);
     g->busy = 0;
+    if (g->orphaned) {   // another thread destroyed the group meanwhile: the channel is ours to free
+        pd_shm_group_release(g);
+        g = NULL;
+    }
     if (rc == -1) {
         // The ranks are no longer in step on this channel; a timeout breaks the group, as MPI's do.
-        g->state = CHANNEL_BROKEN;
-        snprintf(g->why, sizeof g->why, "an all-reduce on it was interrupted or timed out");
-        if (PyErr_ExceptionMatches(pd_DistTimeoutError)) {
-            pd_group_break(group, "all_reduce (shm) timed out");
+        if (g != NULL) {
+            g->state = CHANNEL_BROKEN;
+            snprintf(g->why, sizeof g->why, "an all-reduce on it was interrupted or timed out");
+            if (PyErr_ExceptionMatches(pd_DistTimeoutError)) {
+                pd_group_break(group, "all_reduce (shm) timed out");
+            }
         }
         return -1;
     }
