@@ -229,15 +229,18 @@ void **pd_group_shm(long handle);
 // The shared-memory all-reduce and dist.empty (shared_memory.c over algorithms/shm.c)
 
 // all_reduce with algorithm "shm" or chosen automatically (bytes >= PD_SHM_AUTO_BYTES on a group whose
-// ranks share a node). The crossover was measured with benchmarks/shm_allreduce.py (README).
+// ranks share a node, and then only if every rank's array is in the segment). The crossover was
+// measured with benchmarks/shm_allreduce.py (README).
 #define PD_SHM_AUTO_BYTES (64 * 1024)
 // Whether the automatic choice takes shm for `nbytes` on this group: depends only on the size and the
 // group's layout, so every rank decides alike.
 int pd_shm_auto(long group, Py_ssize_t nbytes);
 // Run the shm all-reduce of buf (validated) on the group. Returns 1 with *ret set (the result, or
-// NULL with an exception), or 0 when the group cannot use shared memory (spans nodes, or its segment
-// could not be made: decided alike on every rank): the caller uses MPI's all-reduce.
-int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, long group, int async_op, PyObject **ret);
+// NULL with an exception), or 0 when the caller must use MPI's all-reduce: the group cannot use shared
+// memory (spans nodes, or its segment could not be made), or, when not forced (the automatic choice),
+// not every rank's array is in the segment (then MPICH's all-reduce is faster than copying through
+// ours; measured in README). Every rank decides alike (from the headers all ranks published).
+int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, long group, int async_op, int forced, PyObject **ret);
 // At init (collective over the world) and at destroy/finalize (local).
 int pd_shm_session_start(MPI_Comm world, double timeout);
 void pd_shm_session_stop(void);

@@ -56,6 +56,7 @@ static char unavailable[300];       // why there is no segment (empty: there is 
 static int said_unavailable = 0;
 static unsigned segments_made = 0;
 static long long calls_copied = 0, calls_in_place = 0;   // shm all-reduces by path (for tests)
+static long long calls_declined = 0;                     // automatic ones left to MPI (not all in place)
 
 static void say_once(const char *what) {
     if (!said_unavailable) {
@@ -451,14 +452,16 @@ static int dtype_code(const PdBuf *buf) {
 }
 
 // The all-reduce on the group's channel, the GIL released meanwhile. 0 done, -1 raised.
-static int run(GroupChannel *g, long group, const char *what, void *data, int64_t count, int dtype, long op) {
+// 0 done, 2 not done (copy_ok = 0 and some rank's array is not in the segment), -1 raised.
+static int run(GroupChannel *g, long group, const char *what, void *data, int64_t count, int dtype, long op,
+               int copy_ok) {
     char err[600] = {0};
     SliceCtx ctx = {NULL, pd_op(what, group, PD_PEER_ALL), MPI_Wtime(), pd_session_timeout()};
     ShmWait wait = {wait_slice, &ctx};
     g->busy = 1;
     ctx.released = PyEval_SaveThread();
-    int rc = shm_allreduce(&g->ch, session ? &session->view : NULL, data, count, dtype, (int)op, &wait, err,
-                           sizeof err);
+    int rc = shm_allreduce(&g->ch, session ? &session->view : NULL, data, count, dtype, (int)op, copy_ok, &wait,
+                           err, sizeof err);
     PyEval_RestoreThread(ctx.released);
     g->busy = 0;
     if (g->orphaned) {   // another thread destroyed the group meanwhile: the channel is ours to free
@@ -480,6 +483,9 @@ static int run(GroupChannel *g, long group, const char *what, void *data, int64_
         PyErr_Format(PyExc_ValueError, "all_reduce(algorithm=\"shm\"): %s", err);
         return -1;
     }
+    if (rc == 2) {
+        return 2;
+    }
     if (rc == 1) {
         calls_in_place++;
     } else {
@@ -497,18 +503,24 @@ int pd_shm_allreduce_floats(long group, float *buf, long n) {
     if (g == NULL) {
         return fallback ? 0 : -1;
     }
-    return run(g, group, "the training step's all-reduce (shm)", buf, n, SHM_F32, SHM_SUM) < 0 ? -1 : 1;
+    int rc = run(g, group, "the training step's all-reduce (shm)", buf, n, SHM_F32, SHM_SUM, 0);
+    return rc < 0 ? -1 : rc == 2 ? 0 : 1;
 }
 
-int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, long group, int async_op, PyObject **ret) {
+int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, long group, int async_op, int forced, PyObject **ret) {
     int fallback;
     *ret = NULL;
     GroupChannel *g = channel_of(group, &fallback);
     if (g == NULL) {
         return fallback ? 0 : 1;
     }
-    if (run(g, group, "all_reduce (shm)", buf->data, (int64_t)buf->count, dtype_code(buf), op) < 0) {
+    int rc = run(g, group, "all_reduce (shm)", buf->data, (int64_t)buf->count, dtype_code(buf), op, forced);
+    if (rc < 0) {
         return 1;
+    }
+    if (rc == 2) {
+        calls_declined++;
+        return 0;   // automatic, and not every rank's array is in the segment: MPI's is faster (README)
     }
     if (!async_op) {
         *ret = Py_NewRef(Py_None);
@@ -681,10 +693,11 @@ PyObject *pd_shm_info(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
     Session *s = session;
-    return Py_BuildValue("{s:O,s:s,s:n,s:n,s:i,s:i,s:n,s:n,s:L,s:L}", "segment", s ? Py_True : Py_False,
+    return Py_BuildValue("{s:O,s:s,s:n,s:n,s:i,s:i,s:n,s:n,s:L,s:L,s:L}", "segment", s ? Py_True : Py_False,
                          "unavailable", unavailable, "region_bytes", (Py_ssize_t)(s ? s->view.region_bytes : 0),
                          "heap_used", (Py_ssize_t)(s ? s->heap.used : 0), "node_rank", s ? s->view.node_rank : -1,
                          "node_size", s ? s->view.node_size : 0, "auto_min_bytes", (Py_ssize_t)PD_SHM_AUTO_BYTES,
                          "stage_bytes", (Py_ssize_t)env_bytes("PYDIST_SHM_STAGE", DEFAULT_STAGE_BYTES),
-                         "calls_copied", calls_copied, "calls_in_place", calls_in_place);
+                         "calls_copied", calls_copied, "calls_in_place", calls_in_place,
+                         "calls_declined", calls_declined);
 }

@@ -350,7 +350,7 @@ static void mismatch_message(const ShmChannel *c, char *err, size_t errlen) {
 }
 
 int shm_allreduce(ShmChannel *c, const ShmSession *s, void *data, int64_t count, int dtype, int op,
-                  const ShmWait *w, char *err, size_t errlen) {
+                  int copy_ok, const ShmWait *w, char *err, size_t errlen) {
     const int R = c->size, me = c->rank;
     const size_t isz = ITEMSIZE[dtype], n = (size_t)count, nbytes = n * isz;
     const size_t chunk = c->stage_bytes / isz;   // elements per staging round
@@ -363,7 +363,7 @@ int shm_allreduce(ShmChannel *c, const ShmSession *s, void *data, int64_t count,
         char *lo = s->base + s->region_bytes * (size_t)s->node_rank;
         in_seg = arr >= lo && arr < lo + s->region_bytes && nbytes <= (size_t)(lo + s->region_bytes - arr);
     }
-    int precopied = !in_seg && n > 0;
+    int precopied = copy_ok && !in_seg && n > 0;
     if (precopied) {
         copy_in(c, arr, 0, n < chunk ? n : chunk, (int)(c->round % SHM_BUFFERS), isz);
     }
@@ -389,6 +389,9 @@ int shm_allreduce(ShmChannel *c, const ShmSession *s, void *data, int64_t count,
     }
     if (n == 0) {
         return barrier(c, w) < 0 ? -1 : 0;
+    }
+    if (!all_in && !copy_ok) {
+        return barrier(c, w) < 0 ? -1 : 2;   // every rank read the headers before anyone leaves
     }
 
     char **ins = c->ptrs, **outs = c->ptrs + R;

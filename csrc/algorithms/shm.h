@@ -79,11 +79,13 @@ int shm_channel_init(ShmChannel *c, char *base, int rank, int size, size_t stage
 void shm_channel_release(ShmChannel *c);
 
 // The all-reduce of data[0..count) in place over the channel's ranks. session: NULL when there is none
-// (no zero-copy). Returns 0 (done through the staging buffers), 1 (done in place: zero-copy), -1 (the
-// wait gave up: its error stands), or -2 (the ranks' calls do not match: err holds the same message on
-// every rank, and every rank returns -2 in step).
+// (no zero-copy). copy_ok: 0 to do it only in place (every rank's array in the session segment), else
+// return 2 on every rank, having done nothing (the caller then uses MPI's). Returns 0 (done through
+// the staging buffers), 1 (done in place: zero-copy), 2 (not done: see copy_ok), -1 (the wait gave up:
+// its error stands), or -2 (the ranks' calls do not match: err holds the same message on every rank,
+// and every rank returns -2 in step).
 int shm_allreduce(ShmChannel *c, const ShmSession *session, void *data, int64_t count, int dtype, int op,
-                  const ShmWait *wait, char *err, size_t errlen);
+                  int copy_ok, const ShmWait *wait, char *err, size_t errlen);
 
 // Names for messages.
 const char *shm_dtype_name(int dtype);
