@@ -19,7 +19,7 @@
  *
  * Sizes: PYDIST_SHM_BYTES (bytes of heap per rank, default 256 MiB of address space; memory is committed
  * only as blocks are allocated, with fallocate, so a full /dev/shm is a MemoryError, never a SIGBUS;
- * 0 turns dist.empty's segment off) and PYDIST_SHM_STAGE (bytes per staging buffer, default 1 MiB, read
+ * 0 turns shared memory off, and init makes no collective call of its own for it) and PYDIST_SHM_STAGE (bytes per staging buffer, default 1 MiB, read
  * on the group's first rank; tests make it small to reach the multi-chunk path cheaply).
  *
  * async_op=True runs the all-reduce at once and returns a completed Work.
@@ -75,9 +75,13 @@ static size_t env_bytes(const char *name, size_t dflt) {
     return *end == 0 ? (size_t)x : dflt;
 }
 
+// Set-up waits at init do not break the world group when they time out: init then goes on without a
+// segment (pd_shm_session_start), and the group must stay usable.
+static int init_waits = 0;
+
 static int wait_op(MPI_Request *req, long group, const char *what, double timeout) {
     PdOp op = pd_op(what, group, PD_PEER_ALL);
-    if (pd_op_wait(req, MPI_STATUS_IGNORE, &op, timeout, 1) < 0) {
+    if (pd_op_wait(req, MPI_STATUS_IGNORE, &op, timeout, !init_waits) < 0) {
         if (*req != MPI_REQUEST_NULL) {
             pd_park(*req, NULL, 0);   // its buffer is leaked on purpose by the caller
         }
@@ -189,7 +193,33 @@ static void session_decref(Session *s) {
 // ---------------------------------------------------------------------------------------------------
 // The session segment (init / destroy)
 
+static int session_start(MPI_Comm world, double timeout);
+
+// A set-up that cannot complete (a rank's own init timed out and it went on without us, so our
+// collectives here never match) is not init's failure: init succeeds without a segment, as the rank
+// whose init timed out left it (tests/unit/test_departures.py). Only Ctrl-C ends init.
 int pd_shm_session_start(MPI_Comm world, double timeout) {
+    init_waits = 1;
+    int rc = session_start(world, timeout);
+    init_waits = 0;
+    if (rc < 0 && !PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyObject *text = value ? PyObject_Str(value) : NULL;
+        snprintf(unavailable, sizeof unavailable, "setting up the segment at init did not complete: %.200s",
+                 text && PyUnicode_Check(text) ? PyUnicode_AsUTF8(text) : "?");
+        Py_XDECREF(text);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        PyErr_Clear();
+        say_once(unavailable);
+        return 0;
+    }
+    return rc;
+}
+
+static int session_start(MPI_Comm world, double timeout) {
     int rc, wrank, wsize, nrank, nsize;
     MPI_Comm node = MPI_COMM_NULL;
     MPI_Request req = MPI_REQUEST_NULL;
@@ -199,7 +229,18 @@ int pd_shm_session_start(MPI_Comm world, double timeout) {
     PyMem_RawFree(node_of);
     node_of = NULL;
     world_size = 0;
-    // Every rank is here: init's own collectives have just completed.
+    if (getenv("PYDIST_SHM_BYTES") != NULL && env_bytes("PYDIST_SHM_BYTES", 1) == 0) {
+        snprintf(unavailable, sizeof unavailable, "PYDIST_SHM_BYTES=0 turns it off");
+        return 0;   // no collective at all: init is only its communicators' duplication
+    }
+    // Init's own collectives have completed here, but a rank whose init timed out has gone on without
+    // them: meet first through our interruptible wait, then split (blocking in MPI).
+    if ((rc = MPI_Ibarrier(world, &req)) != MPI_SUCCESS) {
+        return pd_raise_mpi_int(rc, "MPI_Ibarrier");
+    }
+    if (wait_op(&req, 0, "init_process_group (shared memory)", timeout) < 0) {
+        return -1;
+    }
     if ((rc = MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node)) != MPI_SUCCESS) {
         char text[MPI_MAX_ERROR_STRING];
         int len = 0;
@@ -232,7 +273,7 @@ int pd_shm_session_start(MPI_Comm world, double timeout) {
     world_size = wsize;
     size_t region = env_bytes("PYDIST_SHM_BYTES", DEFAULT_HEAP_BYTES) / PAGE * PAGE;
     if (region == 0) {
-        snprintf(unavailable, sizeof unavailable, "PYDIST_SHM_BYTES=0: dist.empty returns ordinary arrays");
+        snprintf(unavailable, sizeof unavailable, "PYDIST_SHM_BYTES is below one page: no segment");
         MPI_Comm_free(&node);
         return 0;
     }
