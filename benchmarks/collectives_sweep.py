@@ -21,7 +21,10 @@ What is timed, float32, SIZE being the whole buffer as nccl-tests counts it (R r
 
 The all_reduce table has a fourth column, ring: pydist's own ring (all_reduce(algorithm="ring")), and
 its summary says from which size up the ring is at least as fast as MPI's all-reduce (pydist's MPI
-path and raw C), or that it never is in the measured range.
+path and raw C), or that it never is in the measured range. `--programs ... shm shm-alloc` adds two
+more all_reduce columns: pydist's shared-memory all-reduce (algorithm="shm") on ordinary arrays, and
+on dist.empty arrays (reduced in place, no copy). The pydist column is all_reduce's automatic choice,
+which takes shm from 64 KiB up on one node (benchmarks/shm_allreduce.py compares them in detail).
 
 All of them measure the same way (collectives_raw.c's header): warm-up calls, a barrier, N timed calls,
 the slowest rank's elapsed time (an all-reduce with MAX) divided by N. Bandwidth follows nccl-tests:
@@ -47,8 +50,10 @@ BINARY = os.path.join(HERE, ".build", "collectives_raw")
 MPICC = shutil.which("mpicc.mpich") or shutil.which("mpicc")
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
-PROGRAMS = ("c", "pydist", "mpi4py", "ring")   # ring: pydist's all_reduce(algorithm="ring")
-RING_OPS = ("all_reduce",)                      # what the ring program runs
+PROGRAMS = ("c", "pydist", "mpi4py", "ring", "shm", "shm-alloc")   # ring, shm: all_reduce(algorithm=...)
+DEFAULT_PROGRAMS = ("c", "pydist", "mpi4py", "ring")
+RING_OPS = ("all_reduce",)                      # what the ring and shm programs run
+ALL_REDUCE_ONLY = ("ring", "shm", "shm-alloc")
 QUICK_SIZES = [4, 4 << 10, 1 << 20]
 SMALL_BYTES = 4 << 10  # "small messages" of the goal: up to 4 KiB
 MIN_ITERS = 3          # even 64 MiB gets a few timed calls, so one hiccup is not the whole answer
@@ -88,6 +93,11 @@ def ring_calls(in_, out, chunk):
     return {"all_reduce": lambda: dist.all_reduce(in_, algorithm="ring")}
 
 
+def shm_calls(in_, out, chunk):
+    import pydist as dist
+    return {"all_reduce": lambda: dist.all_reduce(in_, algorithm="shm")}
+
+
 def mpi4py_calls(in_, out, chunk):
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
@@ -102,11 +112,11 @@ def mpi4py_calls(in_, out, chunk):
 
 def worker(program, plan):
     import numpy as np
-    if program in ("pydist", "ring"):
+    if program in ("pydist", "ring", "shm", "shm-alloc"):
         import pydist as dist
         dist.init_process_group(backend="mpi")
         rank, ranks = dist.get_rank(), dist.get_world_size()
-        calls = pydist_calls if program == "pydist" else ring_calls
+        calls = {"pydist": pydist_calls, "ring": ring_calls}.get(program, shm_calls)
         barrier, slowest = dist.barrier, lambda a: dist.all_reduce(a, op=dist.ReduceOp.MAX)
     else:
         from mpi4py import MPI
@@ -117,6 +127,8 @@ def worker(program, plan):
     # Two arrays for all items, written up front (page faults are not timed); zeros stay zeros.
     largest = max(b for _, b, _ in plan) // 4
     in_buf, out_buf = np.zeros(largest, dtype=np.float32), np.zeros(largest, dtype=np.float32)
+    if program == "shm-alloc":   # in pydist's shared segment: reduced in place
+        in_buf = dist.zeros(largest, dtype=np.float32)
     in_buf.fill(0)
     out_buf.fill(0)
     elapsed = np.zeros(1, dtype=np.float64)
@@ -137,7 +149,7 @@ def worker(program, plan):
         slowest(elapsed)
         if rank == 0:
             print(f"result {op} {nbytes} {iters} {elapsed[0] / iters * 1e6:.4f}", flush=True)
-    if program in ("pydist", "ring"):
+    if program in ("pydist", "ring", "shm", "shm-alloc"):
         dist.destroy_process_group()
 
 
@@ -187,8 +199,8 @@ def human(nbytes):
 
 def print_table(op, ranks, items, med, programs):
     factor = bus_factor(op, ranks)
-    names = {"c": "C", "pydist": "pydist", "mpi4py": "mpi4py", "ring": "ring"}
-    cols = [p for p in PROGRAMS if p in programs and (p != "ring" or op in RING_OPS)]
+    names = {"c": "C", "pydist": "pydist", "mpi4py": "mpi4py", "ring": "ring", "shm": "shm", "shm-alloc": "alloc"}
+    cols = [p for p in PROGRAMS if p in programs and (p not in ALL_REDUCE_ONLY or op in RING_OPS)]
     head = f"{'size':>8} | " + " ".join(f"{names[p] + ' us':>10}" for p in cols) + " | " + \
         " ".join(f"{names[p][:6] + ' bus':>10}" for p in cols)
     extra = []
@@ -255,7 +267,7 @@ def ring_crossing(op, items, med):
 def sweep(args, ranks, sizes, programs):
     items_of = {op: sorted({item_bytes(op, b, ranks) for b in sizes}) for op in args.ops}
     cells = [(op, b) for op in args.ops for b in items_of[op]]
-    cells_of = {p: [c for c in cells if p != "ring" or c[0] in RING_OPS] for p in programs}
+    cells_of = {p: [c for c in cells if p not in ALL_REDUCE_ONLY or c[0] in RING_OPS] for p in programs}
     programs = [p for p in programs if cells_of[p]]
     # Calibrate each program on its own: at 4 ranks on 2 cores blocking MPI takes milliseconds where
     # pydist takes microseconds, and one shared count would make one side run for minutes or be noise.
@@ -290,9 +302,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes (default 2 4)")
     ap.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS), help="collectives (default all)")
-    ap.add_argument("--programs", nargs="+", choices=PROGRAMS, default=list(PROGRAMS),
+    ap.add_argument("--programs", nargs="+", choices=PROGRAMS, default=list(DEFAULT_PROGRAMS),
                     help="what to run beside each other (default c pydist mpi4py ring; pydist always "
-                         "runs; ring: all_reduce(algorithm=\"ring\"), in the all_reduce table only)")
+                         "runs; ring, shm, shm-alloc: all_reduce(algorithm=...), in the all_reduce table only)")
     ap.add_argument("--min-bytes", type=int, default=4, help="smallest message (default 4)")
     ap.add_argument("--max-bytes", type=int, default=64 << 20, help="largest message (default 64 MiB)")
     ap.add_argument("--factor", type=int, default=4, help="size step of the sweep (default 4)")

@@ -191,8 +191,11 @@ done:
     return ret;
 }
 
-// all_reduce's `algorithm` (pydist maps the names): MPI's own, or our ring (csrc/algorithms/ring.h).
-enum { ALGORITHM_MPI = 0, ALGORITHM_RING = 1 };
+// all_reduce's `algorithm` (pydist maps the names): MPI's own, our ring (csrc/algorithms/ring.h), our
+// shared-memory all-reduce (shared_memory.c), or automatic: shm from PD_SHM_AUTO_BYTES up on a group
+// whose ranks share a node when every rank's array is in the segment (decided inside, from what every
+// rank publishes), else MPI's.
+enum { ALGORITHM_MPI = 0, ALGORITHM_RING = 1, ALGORITHM_SHM = 2, ALGORITHM_AUTO = 3 };
 
 static void scratch_free(PyObject *capsule) {
     PyMem_RawFree(PyCapsule_GetPointer(capsule, "pydist.ring_scratch"));
@@ -287,11 +290,11 @@ done:
 }
 
 // _C.all_reduce(tensor, op, group, async_op[, algorithm]) -> None | Work. In place. algorithm: 0 MPI's
-// MPI_Iallreduce (the default), 1 our ring.
+// MPI_Iallreduce, 1 our ring, 2 our shared-memory all-reduce, 3 automatic (the default).
 PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     const char *fn = "all_reduce";
-    long op, group, algorithm = ALGORITHM_MPI;
+    long op, group, algorithm = ALGORITHM_AUTO;
     int async_op;
     PdBuf buf = {0};
     MPI_Op mop;
@@ -301,9 +304,9 @@ PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (pd_arg_long(args[4], fn, "algorithm", &algorithm) < 0) {
             return NULL;
         }
-        if (algorithm != ALGORITHM_MPI && algorithm != ALGORITHM_RING) {
-            PyErr_Format(PyExc_ValueError, "all_reduce(): `algorithm` must be 0 (MPI) or 1 (ring); got %ld",
-                         algorithm);
+        if (algorithm < ALGORITHM_MPI || algorithm > ALGORITHM_AUTO) {
+            PyErr_Format(PyExc_ValueError, "all_reduce(): `algorithm` must be 0 (MPI), 1 (ring), 2 (shm) or 3 "
+                         "(automatic); got %ld", algorithm);
             return NULL;
         }
         nargs = 4;
@@ -326,6 +329,10 @@ PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (algorithm == ALGORITHM_RING) {
         ret = all_reduce_ring(args[0], &buf, op, mop, group, async_op);
         goto done;
+    }
+    if ((algorithm == ALGORITHM_SHM || (algorithm == ALGORITHM_AUTO && pd_shm_auto(group, buf.nbytes))) &&
+        pd_shm_all_reduce(args[0], &buf, op, group, async_op, algorithm == ALGORITHM_SHM, &ret)) {
+        goto done;   // else (decided alike everywhere): MPI's
     }
     if (pd_persist_wanted((size_t)buf.nbytes)) {
         PdPersistKey key = persist_key(PD_PERSIST_ALLREDUCE, group, buf.count, buf.dtype->mpi,

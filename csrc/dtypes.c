@@ -133,6 +133,15 @@ static uint16_t float_to_half(float f) {
     return sign | (uint16_t)h;
 }
 
+// The same conversions for the shared-memory all-reduce's kernels (algorithms/shm.c).
+float pd_half_to_float(uint16_t h) {
+    return half_to_float(h);
+}
+
+uint16_t pd_float_to_half(float f) {
+    return float_to_half(f);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // float16 user ops. MPI calls them as inout[i] = in[i] (op) inout[i].
 

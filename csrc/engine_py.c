@@ -177,6 +177,17 @@ static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
         goto done;
     }
     e->strategy_comm = MPI_COMM_NULL;
+    // The gradients in pydist's shared segment when there is one, so that the data-parallel all-reduce
+    // of replicas on one node reduces them in place (shared_memory.c); else they stay malloc'd.
+    void *owner = NULL;
+    float *shared = pd_shm_alloc_floats(e->model.num_params, &owner);
+    if (shared != NULL) {
+        memcpy(shared, e->model.grads, sizeof(float) * (size_t)e->model.num_params);
+        free(e->model.grads);
+        e->model.grads = shared;
+        e->model.grads_release = pd_shm_owner_release;
+        e->model.grads_ctx = owner;
+    }
     e->momentum = PyMem_Calloc((size_t)e->model.num_params, sizeof(float));
     e->y = PyMem_Calloc((size_t)max_batch, sizeof(int32_t));
     e->gathered = PyMem_Calloc(2 * (size_t)e->model.num_params, sizeof(float));
@@ -416,6 +427,12 @@ static int sync_waitany(int n, MPI_Request *reqs, int first, int *index, MPI_Sta
     return pd_op_wait_any(n, reqs, first, index, status, &op, since);
 }
 
+// The shared-memory all-reduce of the gradients (1 done, 0 MPI's instead, -1 failed). GIL held.
+static int sync_shm_allreduce(float *buf, long n, void *ctx) {
+    SyncContext *s = ctx;
+    return pd_shm_allreduce_floats(s->group, buf, n);
+}
+
 static void sync_park(MPI_Request *req, void *ctx) {
     SyncContext *s = ctx;
     pd_park(*req, Py_NewRef((PyObject *)s->engine), 0);
@@ -475,7 +492,7 @@ static PyObject *strategy_error(const Strategy *st, int rc) {
 
 static Comm comm_for(MPI_Comm comm, int rank, int size) {
     Comm c = {comm, rank, size, sync_wait, sync_lock, sync_unlock, sync_park, NULL, {0, 0}, 0.0, MPI_SUCCESS, NULL,
-              sync_waitany};
+              sync_waitany, sync_shm_allreduce};
     return c;
 }
 

@@ -33,6 +33,7 @@ typedef struct {
     MPI_Request algo_dup;    // ALGO_DUPPING: the MPI_Comm_idup
     MPI_Comm *algo_dup_out;  // ALGO_DUPPING: where it writes the new handle (heap: it may outlive the slot)
     unsigned long algo_seq;  // rings started on this group: the next one's tag (mod the tag bound)
+    void *shm;               // the shared-memory all-reduce's channel (shared_memory.c); NULL until used
 } GroupSlot;
 
 enum { ALGO_NONE = 0, ALGO_DUPPING = 1, ALGO_READY = 2 };
@@ -254,6 +255,8 @@ static void slot_free(int slot) {
     GroupSlot *g = &groups[slot];
     if (g->in_use) {
         algo_release(slot);
+        pd_shm_group_release(g->shm);
+        g->shm = NULL;
     }
     if (g->in_use && g->comm != MPI_COMM_NULL) {
         MPI_Comm_free(&g->comm);
@@ -334,6 +337,7 @@ static int slot_set(int slot, MPI_Comm comm) {
     g->algo_dup = MPI_REQUEST_NULL;
     g->algo_dup_out = NULL;
     g->algo_seq = 0;
+    g->shm = NULL;
     return 0;
 error:
     PyMem_RawFree(world_ranks);
@@ -401,6 +405,20 @@ static int departed_check(void *ctx, double wait_started) {
     PyErr_Format(pd_DistError, "%s cannot complete: rank %d has exited (its script ended or called sys.exit) "
                  "while this rank was waiting for it", op->what, first);
     return -1;
+}
+
+int pd_op_check(const PdOp *op, double since) {
+    return departed_check((void *)op, since);
+}
+
+void pd_group_break(long handle, const char *why) {
+    if (handle >= 0 && handle < PD_MAX_GROUPS && groups[handle].in_use && !groups[handle].broken[0]) {
+        snprintf(groups[handle].broken, sizeof groups[handle].broken, "%s", why);
+    }
+}
+
+void **pd_group_shm(long handle) {
+    return &groups[handle].shm;
 }
 
 int pd_op_wait(MPI_Request *req, MPI_Status *status, const PdOp *op, double timeout, int timeout_breaks) {
@@ -642,6 +660,12 @@ PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &has_ub) == MPI_SUCCESS && has_ub && *ub > 0) {
         tag_ub = *ub;
     }
+    // The shared-memory segment of the node's ranks (collective; on failure pydist says so once and
+    // uses MPI's all-reduce instead).
+    if (pd_shm_session_start(groups[0].comm, timeout) < 0) {
+        slot_free(0);
+        return NULL;
+    }
     default_timeout = timeout;
     pd_persist_read_env();
     pd_initialized = 1;
@@ -660,6 +684,7 @@ PyObject *pd_destroy(PyObject *self, PyObject *unused) {
     algo_release_all();
     pd_parked_drain();
     free_groups();
+    pd_shm_session_stop();
     pd_initialized = 0;
     Py_RETURN_NONE;
 }
@@ -682,6 +707,7 @@ PyObject *pd_finalize(PyObject *self, PyObject *unused) {
             Py_RETURN_NONE;
         }
         free_groups();
+        pd_shm_session_stop();
         pd_initialized = 0;
         pd_ops_free();
         int rc;

@@ -27,7 +27,9 @@ static PyMethodDef module_methods[] = {
     FAST("barrier", pd_barrier, "barrier(group, async_op) -> None | Work"),
     FAST("broadcast", pd_broadcast, "broadcast(tensor, src, group, async_op) -> None | Work"),
     FAST("all_reduce", pd_all_reduce,
-         "all_reduce(tensor, op, group, async_op[, algorithm 0 MPI, 1 ring]) -> None | Work"),
+         "all_reduce(tensor, op, group, async_op[, algorithm 0 MPI, 1 ring, 2 shm, 3 auto]) -> None | Work"),
+    FAST("shm_empty", pd_shm_empty, "shm_empty(shape, dtype, zero) -> ndarray in this rank's shared segment"),
+    {"shm_info", pd_shm_info, METH_NOARGS, "shm_info() -> dict: the shared segment, or why there is none"},
     FAST("reduce", pd_reduce, "reduce(tensor, dst, op, group, async_op) -> None | Work"),
     FAST("all_gather_into_tensor", pd_all_gather_into_tensor,
          "all_gather_into_tensor(output, input, group, async_op) -> None | Work"),
@@ -81,7 +83,7 @@ static int module_exec(PyObject *m) {
                PyModule_AddObjectRef(m, "DistTimeoutError", pd_DistTimeoutError) < 0) {
         return -1;
     }
-    if (pd_work_type_init(m) < 0 || pd_engine_type_init(m) < 0) {
+    if (pd_work_type_init(m) < 0 || pd_engine_type_init(m) < 0 || pd_shm_type_init(m) < 0) {
         return -1;
     }
     static const struct { const char *name; int value; } ints[] = {
@@ -89,7 +91,7 @@ static int module_exec(PyObject *m) {
         {"OP_MIN", PD_OP_MIN}, {"OP_MAX", PD_OP_MAX}, {"OP_BAND", PD_OP_BAND},
         {"OP_BOR", PD_OP_BOR}, {"OP_BXOR", PD_OP_BXOR},
         {"WAIT_POLL", PD_WAIT_POLL}, {"WAIT_MPI", PD_WAIT_MPI},
-        {"MAX_GROUPS", PD_MAX_GROUPS},
+        {"MAX_GROUPS", PD_MAX_GROUPS}, {"SHM_AUTO_BYTES", PD_SHM_AUTO_BYTES},
     };
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         if (PyModule_AddIntConstant(m, ints[i].name, ints[i].value) < 0) {

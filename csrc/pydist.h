@@ -22,6 +22,7 @@
 #include <mpi.h>
 
 #include "algorithms/ring.h"
+#include "algorithms/shm.h"
 
 #if !defined(MPI_VERSION) || MPI_VERSION < 4
 #error "pydist needs an MPI 4 library (large-count calls); Debian/Ubuntu: apt-get install mpich libmpich-dev"
@@ -216,6 +217,45 @@ int pd_op_wait_any(int n, MPI_Request *reqs, int first, int *index, MPI_Status *
 // on the first call and waited for here), and the tag of this call's messages (the group's sequence
 // number of such calls). Every member must make these calls in the same order. NULL with an exception.
 MPI_Comm *pd_group_algo_comm(long handle, const char *fn, int *tag);
+// The departed-rank check of pd_op_wait, for waits that are not MPI requests (shared_memory.c):
+// 0, or -1 with DistError set when a rank `op` needs has been gone past its grace since `since`.
+int pd_op_check(const PdOp *op, double since);
+// Mark a group broken (its members no longer agree on what comes next): every later call refuses.
+void pd_group_break(long handle, const char *why);
+// The group's slot for shared_memory.c's channel (freed with the group by pd_shm_group_release).
+void **pd_group_shm(long handle);
+
+// ---------------------------------------------------------------------------------------------------
+// The shared-memory all-reduce and dist.empty (shared_memory.c over algorithms/shm.c)
+
+// all_reduce with algorithm "shm" or chosen automatically (bytes >= PD_SHM_AUTO_BYTES on a group whose
+// ranks share a node, and then only if every rank's array is in the segment). The crossover was
+// measured with benchmarks/shm_allreduce.py (README).
+#define PD_SHM_AUTO_BYTES (64 * 1024)
+// Whether the automatic choice takes shm for `nbytes` on this group: depends only on the size and the
+// group's layout, so every rank decides alike.
+int pd_shm_auto(long group, Py_ssize_t nbytes);
+// Run the shm all-reduce of buf (validated) on the group. Returns 1 with *ret set (the result, or
+// NULL with an exception), or 0 when the caller must use MPI's all-reduce: the group cannot use shared
+// memory (spans nodes, or its segment could not be made), or, when not forced (the automatic choice),
+// not every rank's array is in the segment (then MPICH's all-reduce is faster than copying through
+// ours; measured in README). Every rank decides alike (from the headers all ranks published).
+int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, long group, int async_op, int forced, PyObject **ret);
+// At init (collective over the world) and at destroy/finalize (local).
+int pd_shm_session_start(MPI_Comm world, double timeout);
+void pd_shm_session_stop(void);
+void pd_shm_group_release(void *channel);
+int pd_shm_type_init(PyObject *module);
+// n floats in this rank's heap region (zeroed), owned by *owner (release with pd_shm_owner_release, GIL
+// held); NULL when there is no segment or no room (no exception).
+float *pd_shm_alloc_floats(long n, void **owner);
+void pd_shm_owner_release(void *owner);
+// Sum buf[0..n) over the group in place with the shm all-reduce when pd_shm_auto says so for n floats:
+// 1 done, 0 not used (MPI's instead; the same answer on every rank), -1 failed (raised). GIL held.
+int pd_shm_allreduce_floats(long group, float *buf, long n);
+PyObject *pd_shm_empty(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *pd_shm_info(PyObject *self, PyObject *unused);
+
 // ---------------------------------------------------------------------------------------------------
 // Work handles (work.c): async_op=True, isend/irecv.
 

@@ -27,7 +27,7 @@ __all__ = [
     "reduce", "all_gather", "all_gather_into_tensor", "gather", "scatter", "reduce_scatter",
     "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "new_group", "get_global_rank",
     "get_group_rank", "get_process_group_ranks", "P2POp", "batch_isend_irecv", "monitored_barrier",
-    "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
+    "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list", "empty", "zeros",
 ]
 
 DistError = _C.DistError
@@ -388,15 +388,16 @@ def broadcast(tensor, src, group=None, async_op=False):
     return _C.broadcast(tensor, src, handle, async_op)
 
 
-_ALGORITHMS = {None: 0, "mpi": 0, "ring": 1}   # all_reduce's `algorithm` -> _C's code
+_ALGORITHMS = {"mpi": 0, "ring": 1, "shm": 2}   # all_reduce's `algorithm` -> _C's code (None: 3, automatic)
 
 
 def _algorithm_code(algorithm):
     if not isinstance(algorithm, str):
-        raise TypeError(f"all_reduce(): `algorithm` must be None, \"mpi\" or \"ring\"; got {type(algorithm).__name__}")
+        raise TypeError(f"all_reduce(): `algorithm` must be None, \"mpi\", \"ring\" or \"shm\"; "
+                        f"got {type(algorithm).__name__}")
     code = _ALGORITHMS.get(algorithm)
     if code is None:
-        raise ValueError(f"all_reduce(): `algorithm` must be None, \"mpi\" or \"ring\"; got {algorithm!r}")
+        raise ValueError(f"all_reduce(): `algorithm` must be None, \"mpi\", \"ring\" or \"shm\"; got {algorithm!r}")
     return code
 
 
@@ -411,7 +412,17 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm
         array([0.])
 
     Args:
-        algorithm: ``None`` or ``"mpi"``: MPI's own all-reduce (MPICH picks its algorithm by size).
+        algorithm: ``None`` (automatic): pydist's shared-memory all-reduce, in place, when every rank
+            passes an array from :func:`empty`/:func:`zeros` of at least ``_C.SHM_AUTO_BYTES`` (64 KiB)
+            on a group whose ranks share one node; else MPI's (for ordinary arrays MPICH's all-reduce
+            is faster than copying through shared memory).
+            ``"mpi"``: MPI's own all-reduce (MPICH picks its algorithm by size).
+            ``"shm"``: pydist's shared-memory all-reduce (each rank reduces 1/R of the elements of every
+            rank's contribution in a segment the node's ranks share); arrays from :func:`empty` /
+            :func:`zeros` on every rank are reduced in place with no copy at all. On a group spanning
+            nodes it falls back to MPI's. With ``async_op=True`` it runs at once and returns a
+            completed Work. Every member must pass the same count, dtype and op (a mismatch is a
+            ``ValueError`` on every rank).
             ``"ring"``: pydist's ring (scatter-reduce, then all-gather around the ring of the group's
             ranks, 2(R-1) steps each moving about n/R elements to the next rank), which sends the
             least data per rank of any all-reduce (2(R-1)/R of the buffer) but pays R-1 latencies
@@ -436,6 +447,49 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm
     if handle < 0:
         return None
     return _C.all_reduce(tensor, op, handle, async_op, code)
+
+
+def _factory(fn, shape, dtype, group, zero):
+    if group is not None:
+        if _group_handle(group, fn) < 0:
+            raise ValueError(f"{fn}(): this rank is not a member of `group`")
+    elif not _C.is_initialized():
+        raise ValueError(f"{fn}(): the default process group has not been initialized; "
+                         "call pydist.init_process_group(backend=\"mpi\") first")
+    if isinstance(shape, bool) or not isinstance(shape, (int, tuple, list)) and not hasattr(shape, "__index__"):
+        raise TypeError(f"{fn}(): `shape` must be an int or a tuple of ints; got {type(shape).__name__}")
+    dims = (shape,) if not isinstance(shape, (tuple, list)) else tuple(shape)
+    for i, d in enumerate(dims):
+        if isinstance(d, bool) or not hasattr(d, "__index__"):
+            raise TypeError(f"{fn}(): `shape` must hold ints; got {type(d).__name__} at index {i}")
+        if operator.index(d) < 0:
+            raise ValueError(f"{fn}(): `shape` must hold non-negative sizes; got {d} at index {i}")
+    return _C.shm_empty(tuple(operator.index(d) for d in dims), dtype, zero)
+
+
+def empty(shape, dtype="float32", group=None):
+    """A NumPy array (uninitialised) in this rank's part of pydist's shared-memory segment.
+
+    ``all_reduce`` (``algorithm="shm"`` or automatic) of such arrays on every rank of a group whose
+    ranks share a node reduces them in place: each rank sums its slice straight out of every rank's
+    array and writes the result into all of them, with no copy in or out. They work with every other
+    call as ordinary arrays. The memory stays valid for as long as the array lives, even after
+    ``destroy_process_group()`` (a later session treats it as an ordinary array). Without a segment
+    (``PYDIST_SHM_BYTES=0``, or one that could not be made) it is an ordinary array. ``group`` is
+    checked (this rank must be a member); the memory is this rank's whatever the group.
+
+    Example (``mpiexec -n 2``)::
+
+        >>> g = dist.zeros(1 << 20)            # float32, in the segment
+        >>> g += dist.get_rank() + 1
+        >>> dist.all_reduce(g)                  # no copies: g == 3 on both ranks
+    """
+    return _factory("empty", shape, dtype, group, False)
+
+
+def zeros(shape, dtype="float32", group=None):
+    """As :func:`empty`, filled with zeros."""
+    return _factory("zeros", shape, dtype, group, True)
 
 
 def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False):

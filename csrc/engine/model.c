@@ -231,7 +231,11 @@ void model_free(Model *m) {
     free(m->argmax);
     free(m->workspace);
     free(m->params);
-    free(m->grads);
+    if (m->grads_release != NULL) {
+        m->grads_release(m->grads_ctx);
+    } else {
+        free(m->grads);
+    }
     free(m->layers);
     memset(m, 0, sizeof(*m));
 }

@@ -33,6 +33,10 @@ typedef struct {
     int in_c, in_h, in_w, classes;
     long num_params;
     float *params, *grads;   // [num_params] each
+    // Set when grads was not malloc'd (pydist's shared segment, engine_py.c): model_free hands it back
+    // through this instead of free().
+    void (*grads_release)(void *ctx);
+    void *grads_ctx;
     int max_batch;
     // Views into one block, workspace (model.c's carve_workspace says what is left out, NULL):
     float **act;             // act[0] input, act[i+1] output of layer i: [max_batch * size]

@@ -64,6 +64,10 @@ typedef struct {
     // same contract as wait (nothing parked on failure). *index: which one (-1: all were null).
     // since: when the caller's loop of waits began (a rank that left is given its grace from then).
     int (*waitany)(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, double since, void *ctx);
+    // The shared-memory all-reduce (sum of floats in place), called between lock() and unlock(): 1 done,
+    // 0 not usable for this buffer on this group (the same answer on every rank: MPI's is used), -1 failed
+    // (the caller's error is set). NULL: none.
+    int (*shm_allreduce)(float *buf, long n, void *ctx);
 } Comm;
 
 // What the asynchronous servers saw (summed over this rank's calls; a worker's stay 0 but exchanges).
@@ -175,6 +179,10 @@ long shard_lo(long n, int servers, int j);
 // Sum buf[0..n) over the ranks in place: MPI's all-reduce (counted as a ring sends: 2(R-1)/R of the
 // buffer in 2(R-1) messages; MPICH may choose another algorithm), or our ring (counted exactly).
 int comm_allreduce_sum(Comm *c, float *buf, long n);
+// The same with the shared-memory all-reduce where the Comm has one and it is usable for the group (a
+// node-local group; no copy when buf lives in the segment, as the engine's gradients do), else MPI's.
+// Only for a Comm over the whole group the caller's shm_allreduce belongs to.
+int comm_allreduce_sum_shm(Comm *c, float *buf, long n);
 int comm_ring_allreduce_sum(Comm *c, float *buf, long n, float *tmp);
 int comm_allreduce_max_int(Comm *c, int *value);
 // MPI's broadcast (counted as a flat tree: the root sends the buffer to each other rank).

@@ -1,7 +1,9 @@
 /*
  * sync.c: the synchronous strategies, each equal to one process taking the whole global batch
  * (tests/mpi/test_strategies.py checks each against allreduce):
- *   allreduce  MPI's all-reduce of the gradients, then every rank applies the same update;
+ *   allreduce  the all-reduce of the gradients (our shared-memory one when the replicas share a node and
+ *              the gradients are large enough, as all_reduce's automatic choice; else MPI's), then
+ *              every rank applies the same update;
  *   ring       the same with our ring all-reduce (csrc/algorithms/ring.c);
  *   central    tf.distribute's central storage: gradients to rank 0, which alone keeps the optimizer
  *              state and updates, then sends the weights to every rank;
@@ -83,7 +85,7 @@ int sync_step(Strategy *s, float *params, float *grads, float *momentum, int *st
             sgd_step(&s->sgd, params, grads, momentum, started, s->n), 0);
         case STRATEGY_PS: return ps_push_pull(s, params, grads);
         case STRATEGY_RING: rc = comm_ring_allreduce_sum(&s->comm, grads, s->n, s->scratch); break;
-        default: rc = comm_allreduce_sum(&s->comm, grads, s->n); break;
+        default: rc = comm_allreduce_sum_shm(&s->comm, grads, s->n); break;
     }
     if (rc < 0) {
         return rc;

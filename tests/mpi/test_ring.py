@@ -184,7 +184,7 @@ def test_ring_on_a_group_of_everyone_then_destroyed():
 
 def test_ring_bad_algorithm_values():
     x = np.zeros(3)
-    with pytest.raises(ValueError, match=r"all_reduce\(\): `algorithm` must be None, \"mpi\" or \"ring\"; got 'Ring'"):
+    with pytest.raises(ValueError, match=r"all_reduce\(\): `algorithm` must be None, \"mpi\", \"ring\" or \"shm\"; got 'Ring'"):
         dist.all_reduce(x, algorithm="Ring")
     with pytest.raises(TypeError, match=r"all_reduce\(\): `algorithm` must be .*; got int"):
         dist.all_reduce(x, algorithm=1)

@@ -152,3 +152,15 @@ def test_startup_one_round():
     numpy_ms, import_ms, init_ms = (float(x) for x in rows["pydist"].split("|")[1].split())
     assert numpy_ms > 0 and import_ms > 0 and init_ms > 0, rows["pydist"]
     assert "pydist import + init_process_group:" in proc.stdout and "goal <= 250 ms" in proc.stdout
+
+
+def test_shm_allreduce_quick():
+    """benchmarks/shm_allreduce.py: MPI, shm, shm on dist.empty arrays and memcpy, one table, at 2 ranks."""
+    proc = subprocess.run([sys.executable, "benchmarks/shm_allreduce.py", "--quick"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line.split("|") for line in proc.stdout.splitlines() if re.match(r"\s+\d+ (KiB|MiB) \|", line)]
+    assert len(rows) == 3, proc.stdout
+    for row in rows:
+        assert all(float(t) > 0 for t in row[1].split()) and len(row[2].split()) == 4, row
+    assert "shm-alloc: at least as fast as MPI from" in proc.stdout and "load average" in proc.stdout, proc.stdout

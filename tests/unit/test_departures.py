@@ -107,7 +107,10 @@ def test_init_timeout_leaves_nothing_half_made(tmp_path):
             dist.init_process_group(timeout=30)
             out(f"INIT {dist.get_rank()} {dist.get_world_size()} {C.mpi_info()['thread_level']}")
         os._exit(0)
-    """, timeout=60)
+    """, timeout=60, env_extra={"PYDIST_SHM_BYTES": "0"})
+    # PYDIST_SHM_BYTES=0: init's shared-memory set-up is one more collective after the duplications,
+    # which rank 1 cannot complete against a rank 0 that gave up (it would wait for its own timeout,
+    # then go on without a segment); without it init is only the duplications, as this test needs.
     r0 = reports(tmp_path, 0)
     assert len(r0) == 3, (r0, proc.stderr)
     assert r0[0].startswith("TIMEOUT ") and "init_process_group timed out" in r0[0], r0
@@ -115,3 +118,30 @@ def test_init_timeout_leaves_nothing_half_made(tmp_path):
     assert r0[1] == "PARKED 2", r0    # the world's dup and the liveness channel's
     assert r0[2].startswith("SECOND DistError") and "earlier init_process_group did not complete" in r0[2], r0
     assert reports(tmp_path, 1) == ["INIT 1 2 3"], proc.stderr   # mpi4py asks for MPI_THREAD_MULTIPLE (3)
+
+
+def test_departure_ends_a_shared_memory_all_reduce(tmp_path):
+    """Rank 1's script ends while rank 0 waits in an all_reduce(algorithm="shm") that needs it: rank 0's
+    spin on the shared counters runs the departed-rank check too, and fails naming rank 1 (after the
+    grace), instead of waiting forever."""
+    proc, _ = run_job(tmp_path, 2, """
+        dist.init_process_group()
+        r = dist.get_rank()
+        x = dist.zeros(1000)
+        dist.all_reduce(x, algorithm="shm")   # the channel exists on both ranks
+        dist.barrier()
+        if r == 1:
+            report("LEAVING")
+            sys.exit(0)
+        t = time.monotonic()
+        try:
+            dist.all_reduce(x, algorithm="shm")
+            report("COMPLETED")
+        except dist.DistError as e:
+            report(f"ERROR {time.monotonic() - t:.1f} {e}")
+        os._exit(0)
+    """, timeout=90)
+    assert reports(tmp_path, 1) == ["LEAVING"], proc.stderr
+    r0 = reports(tmp_path, 0)
+    assert len(r0) == 1 and r0[0].startswith("ERROR"), (r0, proc.stderr)
+    assert "all_reduce (shm) cannot complete: rank 1 has exited" in r0[0] and 1.5 < float(r0[0].split()[1]) < 30, r0

@@ -34,14 +34,14 @@ def test_ring_of_one_rank_async(n):
 
 @pytest.mark.parametrize("bad", ["Ring", "nccl", "", "ring "])
 def test_unknown_algorithm_is_a_value_error(bad):
-    with pytest.raises(ValueError, match=r"all_reduce\(\): `algorithm` must be None, \"mpi\" or \"ring\"; got "
+    with pytest.raises(ValueError, match=r"all_reduce\(\): `algorithm` must be None, \"mpi\", \"ring\" or \"shm\"; got "
                        + repr(bad).replace("'", "'")):
         dist.all_reduce(np.zeros(2), algorithm=bad)
 
 
 @pytest.mark.parametrize("bad", [1, b"ring", ["ring"], True])
 def test_non_str_algorithm_is_a_type_error(bad):
-    with pytest.raises(TypeError, match=r"all_reduce\(\): `algorithm` must be None, \"mpi\" or \"ring\"; got "
+    with pytest.raises(TypeError, match=r"all_reduce\(\): `algorithm` must be None, \"mpi\", \"ring\" or \"shm\"; got "
                        + type(bad).__name__):
         dist.all_reduce(np.zeros(2), algorithm=bad)
 
@@ -63,7 +63,7 @@ def test_ring_validates_the_array_as_mpi_does():
 
 
 def test_c_level_algorithm_code_is_checked():
-    with pytest.raises(ValueError, match=r"all_reduce\(\): `algorithm` must be 0 \(MPI\) or 1 \(ring\); got 7"):
+    with pytest.raises(ValueError, match=r"all_reduce\(\): `algorithm` must be 0 \(MPI\), 1 \(ring\), 2 \(shm\) or 3 \(automatic\); got 7"):
         _C.all_reduce(np.zeros(2), 0, 0, False, 7)
     with pytest.raises(TypeError, match="algorithm"):
         _C.all_reduce(np.zeros(2), 0, 0, False, "ring")

@@ -1,0 +1,744 @@
+/*
+ * shared_memory.c: the Python side of the shared-memory all-reduce (algorithms/shm.c): the segments,
+ * all_reduce(algorithm="shm"), and dist.empty/zeros, whose arrays live in this rank's part of the
+ * session segment so that the all-reduce reads and writes them in place, with no copy.
+ *
+ * Segments are POSIX shared memory (shm_open + mmap), not MPI windows: an MPI window is freed
+ * collectively (MPI_Win_free), which destroy_process_group (a local call) cannot do when a peer has
+ * gone, and it would pull the memory from under arrays that outlive the session. A mapping here is
+ * reference counted: the session holds one reference and every dist.empty block another, so such an
+ * array stays valid memory after destroy_process_group (a later session treats it as an ordinary array).
+ * The name exists only while the ranks open it: the creator unlinks it once everyone has mapped it,
+ * so nothing is left in /dev/shm whatever happens to the job later.
+ *
+ * Collective points, each reached alike by every rank: the session segment at init_process_group (over
+ * the node's ranks, MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)); a group's channel at its first shm
+ * all-reduce. A group whose ranks are not all on one node uses MPI's all-reduce (decided from the node
+ * of every world rank, gathered at init, so every rank decides alike), and so does one whose segment
+ * could not be made (decided collectively). Either is said once on stderr and in _C.shm_info().
+ *
+ * Sizes: PYDIST_SHM_BYTES (bytes of heap per rank, default 256 MiB of address space; memory is committed
+ * only as blocks are allocated, with fallocate, so a full /dev/shm is a MemoryError, never a SIGBUS;
+ * 0 turns shared memory off, and init makes no collective call of its own for it) and PYDIST_SHM_STAGE (bytes per staging buffer, default 1 MiB, read
+ * on the group's first rank; tests make it small to reach the multi-chunk path cheaply).
+ *
+ * async_op=True runs the all-reduce at once and returns a completed Work.
+ */
+#include "pydist.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define DEFAULT_HEAP_BYTES ((size_t)256 << 20)
+#define DEFAULT_STAGE_BYTES ((size_t)1 << 20)
+#define PAGE 4096
+
+// ---------------------------------------------------------------------------------------------------
+// Mappings and how they are made
+
+typedef struct {
+    long refs;            // the session (while current) and every live dist.empty block
+    char *base;
+    size_t bytes;
+    int fd;               // kept open: blocks commit their pages with fallocate
+    ShmSession view;
+    ShmHeap heap;
+} Session;
+
+static Session *session = NULL;     // the current session's segment; NULL: none
+static int *node_of = NULL;         // [world size]: each world rank's node (its node's first world rank)
+static int world_size = 0;
+static char unavailable[300];       // why there is no segment (empty: there is one)
+static int said_unavailable = 0;
+static unsigned segments_made = 0;
+static long long calls_copied = 0, calls_in_place = 0;   // shm all-reduces by path (for tests)
+static long long calls_declined = 0;                     // automatic ones left to MPI (not all in place)
+
+static void say_once(const char *what) {
+    if (!said_unavailable) {
+        said_unavailable = 1;
+        fprintf(stderr, "pydist: shared-memory all-reduce unavailable (%s); using MPI's all-reduce instead\n", what);
+    }
+}
+
+static size_t env_bytes(const char *name, size_t dflt) {
+    const char *v = getenv(name);
+    if (v == NULL || *v == 0) {
+        return dflt;
+    }
+    char *end;
+    unsigned long long x = strtoull(v, &end, 10);
+    return *end == 0 ? (size_t)x : dflt;
+}
+
+// Set-up waits at init do not break the world group when they time out: init then goes on without a
+// segment (pd_shm_session_start), and the group must stay usable.
+static int init_waits = 0;
+
+static int wait_op(MPI_Request *req, long group, const char *what, double timeout) {
+    PdOp op = pd_op(what, group, PD_PEER_ALL);
+    if (pd_op_wait(req, MPI_STATUS_IGNORE, &op, timeout, !init_waits) < 0) {
+        if (*req != MPI_REQUEST_NULL) {
+            pd_park(*req, NULL, 0);   // its buffer is leaked on purpose by the caller
+        }
+        return -1;
+    }
+    return 0;
+}
+
+// Make and map a segment of `bytes` over comm (rank 0 creates it; all map it; rank 0 unlinks it once
+// all have). commit: reserve the pages now (fallocate). Returns 1 made (*base, *fd), 0 not made (the
+// same on every rank; why in `why`), -1 a wait failed (its error stands).
+static int segment_make(MPI_Comm comm, int rank, size_t bytes, int commit, long group, double timeout,
+                        size_t *stage, char **base, int *fd, char *why, size_t whylen) {
+    // What rank 0 tells the others: the name, whether it worked, and the staging size. On the heap: a
+    // broadcast given up may still write it later.
+    typedef struct { char name[64]; int err; unsigned long long stage; int ok, all_ok; } Msg;
+    Msg *msg = PyMem_RawCalloc(1, sizeof(Msg));
+    char name[64] = {0};
+    int rc, made_name = 0;
+    MPI_Request req = MPI_REQUEST_NULL;
+    *fd = -1;
+    *base = NULL;
+    if (msg == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (rank == 0) {
+        snprintf(msg->name, sizeof msg->name, "/pydist-%d-%u", (int)getpid(), segments_made++);
+        memcpy(name, msg->name, sizeof name);
+        msg->stage = stage ? *stage : 0;
+        *fd = shm_open(msg->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+        made_name = *fd >= 0;
+        if (*fd < 0 || ftruncate(*fd, (off_t)bytes) != 0 ||
+            (commit && (errno = posix_fallocate(*fd, 0, (off_t)bytes)) != 0)) {
+            msg->err = errno ? errno : EIO;
+        }
+    }
+    if ((rc = MPI_Ibcast(msg, (int)offsetof(Msg, ok), MPI_BYTE, 0, comm, &req)) != MPI_SUCCESS) {
+        pd_raise_mpi(rc, "MPI_Ibcast");
+        goto fail;
+    }
+    if (wait_op(&req, group, "all_reduce (shm set-up)", timeout) < 0) {
+        msg = NULL;   // MPI may still write it
+        goto fail;
+    }
+    if (stage) {
+        *stage = (size_t)msg->stage;
+    }
+    msg->ok = 1;
+    if (msg->err) {
+        snprintf(why, whylen, "making a %zu-byte segment in /dev/shm failed: %s", bytes, strerror(msg->err));
+        msg->ok = 0;
+    } else {
+        if (rank != 0) {
+            *fd = shm_open(msg->name, O_RDWR, 0600);
+        }
+        void *p = *fd < 0 ? MAP_FAILED : mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+        if (p == MAP_FAILED) {
+            snprintf(why, whylen, "mapping the segment failed on a rank: %s", strerror(errno));
+            msg->ok = 0;
+        } else {
+            *base = p;
+        }
+    }
+    if ((rc = MPI_Iallreduce(&msg->ok, &msg->all_ok, 1, MPI_INT, MPI_MIN, comm, &req)) != MPI_SUCCESS) {
+        pd_raise_mpi(rc, "MPI_Iallreduce");
+        goto fail;
+    }
+    if (wait_op(&req, group, "all_reduce (shm set-up)", timeout) < 0) {
+        msg = NULL;   // MPI may still write it
+        goto fail;
+    }
+    if (made_name) {
+        shm_unlink(name);   // every rank has opened it (or failed to): nothing may find it any more
+    }
+    int all_ok = msg->all_ok;
+    if (!all_ok) {
+        if (why[0] == 0) {
+            snprintf(why, whylen, "making the shared segment failed on another rank");
+        }
+        if (*base) munmap(*base, bytes);
+        if (*fd >= 0) close(*fd);
+        *base = NULL;
+        *fd = -1;
+    }
+    PyMem_RawFree(msg);
+    return all_ok ? 1 : 0;
+fail:
+    if (made_name) {
+        shm_unlink(name);
+    }
+    if (*base) munmap(*base, bytes);
+    if (*fd >= 0) close(*fd);
+    *base = NULL;
+    *fd = -1;
+    PyMem_RawFree(msg);
+    return -1;
+}
+
+static void session_decref(Session *s) {
+    if (s != NULL && --s->refs == 0) {
+        munmap(s->base, s->bytes);
+        close(s->fd);
+        shm_heap_free_all(&s->heap);
+        PyMem_RawFree(s);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The session segment (init / destroy)
+
+static int session_start(MPI_Comm world, double timeout);
+
+// A set-up that cannot complete (a rank's own init timed out and it went on without us, so our
+// collectives here never match) is not init's failure: init succeeds without a segment, as the rank
+// whose init timed out left it (tests/unit/test_departures.py). Only Ctrl-C ends init.
+int pd_shm_session_start(MPI_Comm world, double timeout) {
+    init_waits = 1;
+    int rc = session_start(world, timeout);
+    init_waits = 0;
+    if (rc < 0 && !PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyObject *text = value ? PyObject_Str(value) : NULL;
+        snprintf(unavailable, sizeof unavailable, "setting up the segment at init did not complete: %.200s",
+                 text && PyUnicode_Check(text) ? PyUnicode_AsUTF8(text) : "?");
+        Py_XDECREF(text);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        PyErr_Clear();
+        say_once(unavailable);
+        return 0;
+    }
+    return rc;
+}
+
+static int session_start(MPI_Comm world, double timeout) {
+    int rc, wrank, wsize, nrank, nsize;
+    MPI_Comm node = MPI_COMM_NULL;
+    MPI_Request req = MPI_REQUEST_NULL;
+    unavailable[0] = 0;
+    MPI_Comm_rank(world, &wrank);
+    MPI_Comm_size(world, &wsize);
+    PyMem_RawFree(node_of);
+    node_of = NULL;
+    world_size = 0;
+    if (getenv("PYDIST_SHM_BYTES") != NULL && env_bytes("PYDIST_SHM_BYTES", 1) == 0) {
+        snprintf(unavailable, sizeof unavailable, "PYDIST_SHM_BYTES=0 turns it off");
+        return 0;   // no collective at all: init is only its communicators' duplication
+    }
+    // Init's own collectives have completed here, but a rank whose init timed out has gone on without
+    // them: meet first through our interruptible wait, then split (blocking in MPI).
+    if ((rc = MPI_Ibarrier(world, &req)) != MPI_SUCCESS) {
+        return pd_raise_mpi_int(rc, "MPI_Ibarrier");
+    }
+    if (wait_op(&req, 0, "init_process_group (shared memory)", timeout) < 0) {
+        return -1;
+    }
+    if ((rc = MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node)) != MPI_SUCCESS) {
+        char text[MPI_MAX_ERROR_STRING];
+        int len = 0;
+        MPI_Error_string(rc, text, &len);
+        snprintf(unavailable, sizeof unavailable, "MPI_Comm_split_type failed: %.200s", text);
+        say_once(unavailable);   // every rank fails alike here or MPI itself is broken
+        return 0;
+    }
+    MPI_Comm_set_errhandler(node, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(node, &nrank);
+    MPI_Comm_size(node, &nsize);
+    // Each rank's node, named by the node's first world rank (the lowest: split_type keeps world order).
+    int *nodes = PyMem_RawMalloc(sizeof(int) * (size_t)wsize), leader = wrank;
+    if (nodes == NULL) {
+        MPI_Comm_free(&node);
+        PyErr_NoMemory();
+        return -1;
+    }
+    MPI_Allreduce(&wrank, &leader, 1, MPI_INT, MPI_MIN, node);   // blocking: the node's ranks are all here
+    if ((rc = MPI_Iallgather(&leader, 1, MPI_INT, nodes, 1, MPI_INT, world, &req)) != MPI_SUCCESS) {
+        MPI_Comm_free(&node);
+        PyMem_RawFree(nodes);
+        return pd_raise_mpi_int(rc, "MPI_Iallgather");
+    }
+    if (wait_op(&req, 0, "init_process_group", timeout) < 0) {
+        MPI_Comm_free(&node);
+        return -1;   // nodes leaked on purpose: MPI may still write it
+    }
+    node_of = nodes;
+    world_size = wsize;
+    size_t region = env_bytes("PYDIST_SHM_BYTES", DEFAULT_HEAP_BYTES) / PAGE * PAGE;
+    if (region == 0) {
+        snprintf(unavailable, sizeof unavailable, "PYDIST_SHM_BYTES is below one page: no segment");
+        MPI_Comm_free(&node);
+        return 0;
+    }
+    char *base;
+    int fd;
+    size_t bytes = region * (size_t)nsize;
+    int made = segment_make(node, nrank, bytes, 0, 0, timeout, NULL, &base, &fd, unavailable, sizeof unavailable);
+    MPI_Comm_free(&node);
+    if (made < 0) {
+        return -1;
+    }
+    if (made == 0) {
+        say_once(unavailable);
+        return 0;
+    }
+    Session *s = PyMem_RawCalloc(1, sizeof *s);
+    if (s == NULL || shm_heap_init(&s->heap, region * (size_t)nrank, region * (size_t)(nrank + 1)) < 0) {
+        PyMem_RawFree(s);
+        munmap(base, bytes);
+        close(fd);
+        snprintf(unavailable, sizeof unavailable, "out of memory");
+        return 0;   // this rank alone has no heap: its arrays are ordinary, which every path handles
+    }
+    s->refs = 1;
+    s->base = base;
+    s->bytes = bytes;
+    s->fd = fd;
+    s->view = (ShmSession){base, region, nrank, nsize};
+    session = s;
+    return 0;
+}
+
+void pd_shm_session_stop(void) {
+    Session *s = session;
+    session = NULL;
+    session_decref(s);   // the mapping stays while dist.empty arrays use it
+}
+
+// ---------------------------------------------------------------------------------------------------
+// A group's channel
+
+typedef struct {
+    int state;            // CHANNEL_READY, CHANNEL_MPI (fall back), CHANNEL_BROKEN
+    int busy;             // a thread is inside an all-reduce on it (or making it)
+    int orphaned;         // its group was destroyed meanwhile: that thread frees it when it leaves
+    ShmChannel ch;
+    int fd;
+    char why[300];
+} GroupChannel;
+
+enum { CHANNEL_READY = 1, CHANNEL_MPI = 2, CHANNEL_BROKEN = 3 };
+
+void pd_shm_group_release(void *p) {
+    GroupChannel *g = p;
+    if (g == NULL) {
+        return;
+    }
+    if (g->busy) {
+        g->orphaned = 1;   // another thread still waits on its mapping (the GIL released)
+        return;
+    }
+    if (g->ch.base != NULL) {
+        munmap(g->ch.base, g->ch.bytes);
+    }
+    if (g->fd >= 0) {
+        close(g->fd);
+    }
+    shm_channel_release(&g->ch);
+    PyMem_RawFree(g);
+}
+
+// Whether the group's ranks all share this rank's node (the same answer on every member).
+static int group_on_one_node(long group) {
+    if (node_of == NULL) {
+        return 0;
+    }
+    int size = pd_group_size(group), first = node_of[pd_group_to_global(group, 0)];
+    for (int r = 1; r < size; r++) {
+        if (node_of[pd_group_to_global(group, r)] != first) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+int pd_shm_auto(long group, Py_ssize_t nbytes) {
+    return nbytes >= PD_SHM_AUTO_BYTES && pd_group_size(group) > 1 && group_on_one_node(group);
+}
+
+// The group's channel, made on first use. NULL with *fallback = 1: use MPI; NULL otherwise: raised.
+static GroupChannel *channel_of(long group, int *fallback) {
+    void **slot = pd_group_shm(group);
+    GroupChannel *g = *slot;
+    *fallback = 0;
+    if (g == NULL) {
+        if ((g = PyMem_RawCalloc(1, sizeof *g)) == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        g->fd = -1;
+        g->busy = 1;   // while it is made (the waits release the GIL): other threads keep off
+        *slot = g;
+        if (!group_on_one_node(group)) {
+            g->state = CHANNEL_MPI;
+            g->busy = 0;
+            snprintf(g->why, sizeof g->why, "the group's ranks are on more than one node");
+        } else {
+            int rank = pd_group_rank(group), size = pd_group_size(group);
+            size_t stage = env_bytes("PYDIST_SHM_STAGE", DEFAULT_STAGE_BYTES);
+            stage = stage < 64 ? 64 : stage / 64 * 64;   // room for one element of every dtype
+            char *base;
+            MPI_Comm *comm = pd_group_comm(group, "all_reduce");
+            if (comm == NULL) {
+                g->state = CHANNEL_BROKEN;
+                g->busy = 0;
+                snprintf(g->why, sizeof g->why, "its group was unusable when it was first used");
+                return NULL;
+            }
+            // rank 0's staging size wins (it is in the broadcast), so every rank lays the channel out alike
+            size_t bytes_guess = shm_channel_bytes(size, stage);
+            int made = segment_make(*comm, rank, bytes_guess, 1, group, pd_session_timeout(), &stage, &base, &g->fd,
+                                    g->why, sizeof g->why);
+            if (made < 0 || g->orphaned) {
+                g->state = CHANNEL_BROKEN;
+                snprintf(g->why, sizeof g->why, "setting up its shared segment did not complete");
+                if (g->orphaned) {
+                    if (made == 1) munmap(base, bytes_guess);
+                    g->busy = 0;
+                    pd_shm_group_release(g);
+                    if (made >= 0) {
+                        PyErr_SetString(PyExc_ValueError, "all_reduce(): `group` was destroyed while this call waited");
+                    }
+                    return NULL;
+                }
+                g->busy = 0;
+                return NULL;
+            }
+            if (made == 1 && shm_channel_bytes(size, stage) != bytes_guess) {
+                // this rank's PYDIST_SHM_STAGE differs from rank 0's: the mapping is rank 0's size
+                made = 0;
+                snprintf(g->why, sizeof g->why, "PYDIST_SHM_STAGE differs between ranks");
+                munmap(base, bytes_guess);
+            }
+            if (made == 1 && shm_channel_init(&g->ch, base, rank, size, stage) < 0) {
+                munmap(base, bytes_guess);
+                g->ch.base = NULL;
+                g->state = CHANNEL_BROKEN;
+                g->busy = 0;
+                snprintf(g->why, sizeof g->why, "out of memory");
+                PyErr_NoMemory();
+                return NULL;
+            }
+            g->state = made == 1 ? CHANNEL_READY : CHANNEL_MPI;
+            g->busy = 0;
+            if (made == 0) {
+                say_once(g->why);
+            }
+        }
+    }
+    if (g->state == CHANNEL_MPI) {
+        *fallback = 1;
+        return NULL;
+    }
+    if (g->state == CHANNEL_BROKEN) {
+        PyErr_Format(pd_DistError, "all_reduce(): the group's shared-memory channel is out of step (%s); "
+                     "use algorithm=\"mpi\" or recreate the group", g->why);
+        return NULL;
+    }
+    if (g->busy) {
+        PyErr_SetString(pd_DistError, "all_reduce(): another thread is in a shared-memory all-reduce on this "
+                        "group; collectives on one group must not be called from two threads at once");
+        return NULL;
+    }
+    return g;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The all-reduce
+
+typedef struct {
+    PyThreadState *released;
+    PdOp op;
+    double start, timeout;
+} SliceCtx;
+
+// Every slice of a wait: the GIL, the wait hook, signals, departed ranks, the deadline.
+static int wait_slice(void *p) {
+    SliceCtx *w = p;
+    int rc = 0;
+    PyEval_RestoreThread(w->released);
+    if (pd_wait_hook != NULL) {
+        pd_wait_hook();
+    }
+    if (PyErr_CheckSignals() < 0 || pd_op_check(&w->op, w->start) < 0) {
+        rc = -1;
+    } else {
+        double waited = MPI_Wtime() - w->start;
+        if (w->timeout >= 0 && waited >= w->timeout) {
+            pd_raise_timeout(w->op.what, waited, w->timeout, "another rank may not have called it");
+            rc = -1;
+        }
+    }
+    w->released = PyEval_SaveThread();
+    return rc;
+}
+
+static int dtype_code(const PdBuf *buf) {
+    const PdDtype *d = buf->dtype;
+    int size = (int)PyArray_ITEMSIZE(buf->arr);
+    switch (d->kind) {
+    case 'b': return SHM_BOOL;
+    case 'i': return size == 1 ? SHM_I8 : size == 2 ? SHM_I16 : size == 4 ? SHM_I32 : SHM_I64;
+    case 'u': return size == 1 ? SHM_U8 : size == 2 ? SHM_U16 : size == 4 ? SHM_U32 : SHM_U64;
+    case 'f': return size == 2 ? SHM_F16 : size == 4 ? SHM_F32 : SHM_F64;
+    default: return size == 8 ? SHM_C64 : SHM_C128;
+    }
+}
+
+// The all-reduce on the group's channel, the GIL released meanwhile. 0 done, -1 raised.
+// 0 done, 2 not done (copy_ok = 0 and some rank's array is not in the segment), -1 raised.
+static int run(GroupChannel *g, long group, const char *what, void *data, int64_t count, int dtype, long op,
+               int copy_ok) {
+    char err[600] = {0};
+    SliceCtx ctx = {NULL, pd_op(what, group, PD_PEER_ALL), MPI_Wtime(), pd_session_timeout()};
+    ShmWait wait = {wait_slice, &ctx};
+    g->busy = 1;
+    ctx.released = PyEval_SaveThread();
+    int rc = shm_allreduce(&g->ch, session ? &session->view : NULL, data, count, dtype, (int)op, copy_ok, &wait,
+                           err, sizeof err);
+    PyEval_RestoreThread(ctx.released);
+    g->busy = 0;
+    if (g->orphaned) {   // another thread destroyed the group meanwhile: the channel is ours to free
+        pd_shm_group_release(g);
+        g = NULL;
+    }
+    if (rc == -1) {
+        // The ranks are no longer in step on this channel; a timeout breaks the group, as MPI's do.
+        if (g != NULL) {
+            g->state = CHANNEL_BROKEN;
+            snprintf(g->why, sizeof g->why, "an all-reduce on it was interrupted or timed out");
+            if (PyErr_ExceptionMatches(pd_DistTimeoutError)) {
+                pd_group_break(group, "all_reduce (shm) timed out");
+            }
+        }
+        return -1;
+    }
+    if (rc == -2) {
+        PyErr_Format(PyExc_ValueError, "all_reduce(algorithm=\"shm\"): %s", err);
+        return -1;
+    }
+    if (rc == 2) {
+        return 2;
+    }
+    if (rc == 1) {
+        calls_in_place++;
+    } else {
+        calls_copied++;
+    }
+    return 0;
+}
+
+int pd_shm_allreduce_floats(long group, float *buf, long n) {
+    int fallback;
+    if (!pd_shm_auto(group, (Py_ssize_t)n * (Py_ssize_t)sizeof(float))) {
+        return 0;
+    }
+    GroupChannel *g = channel_of(group, &fallback);
+    if (g == NULL) {
+        return fallback ? 0 : -1;
+    }
+    int rc = run(g, group, "the training step's all-reduce (shm)", buf, n, SHM_F32, SHM_SUM, 0);
+    return rc < 0 ? -1 : rc == 2 ? 0 : 1;
+}
+
+int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, long group, int async_op, int forced, PyObject **ret) {
+    int fallback;
+    *ret = NULL;
+    GroupChannel *g = channel_of(group, &fallback);
+    if (g == NULL) {
+        return fallback ? 0 : 1;
+    }
+    int rc = run(g, group, "all_reduce (shm)", buf->data, (int64_t)buf->count, dtype_code(buf), op, forced);
+    if (rc < 0) {
+        return 1;
+    }
+    if (rc == 2) {
+        calls_declined++;
+        return 0;   // automatic, and not every rank's array is in the segment: MPI's is faster (README)
+    }
+    if (!async_op) {
+        *ret = Py_NewRef(Py_None);
+        return 1;
+    }
+    // Done already: a completed Work whose result is the array.
+    PyObject *list = PyList_New(1);
+    if (list == NULL) {
+        return 1;
+    }
+    PyList_SET_ITEM(list, 0, Py_NewRef(tensor));
+    PdOp wop = pd_op("all_reduce (shm)", group, PD_PEER_ALL);
+    *ret = (PyObject *)pd_work_new(MPI_REQUEST_NULL, &wop, NULL, list, 0);
+    Py_DECREF(list);
+    return 1;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// dist.empty / dist.zeros: arrays in this rank's heap region. The array's base is a ShmBlock, which
+// returns the block to the heap and drops its reference to the mapping when the array goes.
+
+typedef struct {
+    PyObject_HEAD
+    Session *session;
+    size_t offset, len;
+} ShmBlockObject;
+
+static PyTypeObject *ShmBlockType = NULL;
+
+static void block_dealloc(ShmBlockObject *b) {
+    if (b->session != NULL) {
+        shm_heap_release(&b->session->heap, b->offset, b->len);
+        session_decref(b->session);
+    }
+    PyTypeObject *tp = Py_TYPE(b);
+    tp->tp_free(b);
+    Py_DECREF(tp);
+}
+
+static PyType_Slot block_slots[] = {
+    {Py_tp_dealloc, block_dealloc},
+    {Py_tp_doc, "A block of pydist's shared-memory segment, owned by the array that lives in it."},
+    {0, NULL},
+};
+
+static PyType_Spec block_spec = {"pydist._C.ShmBlock", sizeof(ShmBlockObject), 0, Py_TPFLAGS_DEFAULT, block_slots};
+
+int pd_shm_type_init(PyObject *module) {
+    ShmBlockType = (PyTypeObject *)PyType_FromModuleAndSpec(module, &block_spec, NULL);
+    return ShmBlockType == NULL ? -1 : 0;
+}
+
+// A block of nbytes in this rank's region, its pages committed; NULL with MemoryError.
+static ShmBlockObject *block_new(const char *fn, size_t nbytes) {
+    size_t offset;
+    if (shm_heap_alloc(&session->heap, nbytes, &offset) < 0) {
+        PyErr_Format(PyExc_MemoryError, "%s(): %zu bytes do not fit in this rank's shared segment (%zu of %zu "
+                     "bytes in use; PYDIST_SHM_BYTES sets its size)", fn, nbytes, session->heap.used,
+                     session->view.region_bytes);
+        return NULL;
+    }
+    size_t len = shm_heap_rounded(nbytes), lo = offset / PAGE * PAGE, hi = (offset + len + PAGE - 1) / PAGE * PAGE;
+    int e = posix_fallocate(session->fd, (off_t)lo, (off_t)(hi - lo));   // commit now: no SIGBUS later
+    if (e != 0) {
+        shm_heap_release(&session->heap, offset, nbytes);
+        PyErr_Format(PyExc_MemoryError, "%s(): /dev/shm has no room for %zu bytes (%s)", fn, nbytes, strerror(e));
+        return NULL;
+    }
+    ShmBlockObject *block = PyObject_New(ShmBlockObject, ShmBlockType);
+    if (block == NULL) {
+        shm_heap_release(&session->heap, offset, nbytes);
+        return NULL;
+    }
+    block->session = session;
+    block->offset = offset;
+    block->len = nbytes;
+    session->refs++;
+    return block;
+}
+
+float *pd_shm_alloc_floats(long n, void **owner) {
+    *owner = NULL;
+    if (session == NULL || n < 0) {
+        return NULL;
+    }
+    ShmBlockObject *block = block_new("Engine", sizeof(float) * (size_t)n);
+    if (block == NULL) {
+        PyErr_Clear();   // the caller keeps its own buffer
+        return NULL;
+    }
+    *owner = block;
+    char *data = block->session->base + block->offset;
+    memset(data, 0, sizeof(float) * (size_t)n);
+    return (float *)data;
+}
+
+void pd_shm_owner_release(void *owner) {
+    Py_XDECREF((PyObject *)owner);
+}
+
+// _C.shm_empty(shape, dtype, zero) -> ndarray in the segment (an ordinary one when there is no segment).
+PyObject *pd_shm_empty(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    const char *fn = nargs == 3 && PyObject_IsTrue(args[2]) == 1 ? "zeros" : "empty";
+    PyArray_Dims shape = {NULL, 0};
+    PyArray_Descr *descr = NULL;
+    PyObject *arr = NULL;
+    int zero;
+    if (pd_check_nargs(nargs, 3, fn) < 0 || pd_arg_bool(args[2], fn, "zero", &zero) < 0) {
+        return NULL;
+    }
+    if (!PyArray_IntpConverter(args[0], &shape) || !PyArray_DescrConverter(args[1], &descr)) {
+        goto done;
+    }
+    char kinds[] = "biufc";
+    int esize = (int)PyDataType_ELSIZE(descr);
+    if (strchr(kinds, descr->kind) == NULL || PyDataType_HASFIELDS(descr) || PyDataType_HASSUBARRAY(descr) ||
+        (descr->kind == 'f' && esize > 8) || (descr->kind == 'c' && esize > 16) || !PyArray_ISNBO(descr->byteorder)) {
+        PyErr_Format(PyExc_TypeError, "%s(): `dtype` must be one pydist moves (bool, int8..int64, uint8..uint64, "
+                     "float16, float32, float64, complex64, complex128) in native byte order; got %R", fn,
+                     (PyObject *)descr);
+        goto done;
+    }
+    size_t nbytes = (size_t)esize;
+    for (int i = 0; i < shape.len; i++) {
+        if (shape.ptr[i] < 0) {
+            PyErr_Format(PyExc_ValueError, "%s(): `shape` must hold non-negative sizes; got %zd at index %d", fn,
+                         (Py_ssize_t)shape.ptr[i], i);
+            goto done;
+        }
+        if (shape.ptr[i] > 0 && nbytes > (size_t)PY_SSIZE_T_MAX / (size_t)shape.ptr[i]) {
+            PyErr_Format(PyExc_ValueError, "%s(): `shape` is too large to allocate", fn);
+            goto done;
+        }
+        nbytes *= (size_t)shape.ptr[i];
+    }
+    if (session == NULL) {   // no segment: an ordinary array (every algorithm takes it)
+        arr = zero ? PyArray_Zeros(shape.len, shape.ptr, descr, 0) : PyArray_Empty(shape.len, shape.ptr, descr, 0);
+        descr = NULL;   // stolen
+        goto done;
+    }
+    ShmBlockObject *block = block_new(fn, nbytes);
+    if (block == NULL) {
+        goto done;
+    }
+    char *data = session->base + block->offset;
+    arr = PyArray_NewFromDescr(&PyArray_Type, descr, shape.len, shape.ptr, NULL, data, NPY_ARRAY_CARRAY, NULL);
+    descr = NULL;   // stolen
+    if (arr == NULL) {
+        Py_DECREF(block);
+        goto done;
+    }
+    if (PyArray_SetBaseObject((PyArrayObject *)arr, (PyObject *)block) < 0) {   // steals block, even failing
+        Py_CLEAR(arr);
+        goto done;
+    }
+    if (zero) {
+        memset(data, 0, nbytes);
+    }
+done:
+    Py_XDECREF(descr);
+    if (shape.ptr != NULL) {
+        PyDimMem_FREE(shape.ptr);
+    }
+    return arr;
+}
+
+// _C.shm_info() -> dict: whether the segment exists, why not, and its sizes.
+PyObject *pd_shm_info(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    Session *s = session;
+    return Py_BuildValue("{s:O,s:s,s:n,s:n,s:i,s:i,s:n,s:n,s:L,s:L,s:L}", "segment", s ? Py_True : Py_False,
+                         "unavailable", unavailable, "region_bytes", (Py_ssize_t)(s ? s->view.region_bytes : 0),
+                         "heap_used", (Py_ssize_t)(s ? s->heap.used : 0), "node_rank", s ? s->view.node_rank : -1,
+                         "node_size", s ? s->view.node_size : 0, "auto_min_bytes", (Py_ssize_t)PD_SHM_AUTO_BYTES,
+                         "stage_bytes", (Py_ssize_t)env_bytes("PYDIST_SHM_STAGE", DEFAULT_STAGE_BYTES),
+                         "calls_copied", calls_copied, "calls_in_place", calls_in_place,
+                         "calls_declined", calls_declined);
+}
