@@ -16,7 +16,26 @@ import traceback
 import warnings
 import weakref
 
-from . import _C
+import numpy  # noqa: F401  (before _C, so that NumPy's own BLAS starts with the user's settings)
+
+
+def _load_C():
+    """Import _C with its OpenBLAS (the engine's) starting one thread. A pthreads OpenBLAS starts its
+    pool when it is loaded, and the idle threads spin for a while: on 2 cores that left MPI_Init and
+    init_process_group at 2 ranks 110 ms instead of 30 (benchmarks/startup.py). The engine runs one BLAS
+    thread per rank anyway (Trainer's blas_threads, which may raise it). A user's own setting wins."""
+    if "OPENBLAS_NUM_THREADS" in os.environ:
+        from . import _C
+        return _C
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        from . import _C
+    finally:
+        del os.environ["OPENBLAS_NUM_THREADS"]
+    return _C
+
+
+_C = _load_C()
 
 __all__ = [
     "ReduceOp", "reduce_op", "Backend", "GroupMember", "ProcessGroup", "Work",

@@ -108,3 +108,18 @@ def test_hwloc_setting_is_for_mpi_init_only():
     proc = run(script, HWLOC_COMPONENTS="x86")
     assert proc.returncode == 0, proc.stderr
     assert "[x86]" in proc.stdout, proc.stdout
+
+
+def test_import_starts_no_blas_threads_and_leaves_the_environment():
+    # The engine's OpenBLAS is loaded with one thread (an idle pthreads pool spins, and slowed
+    # MPI_Init at 2 ranks on 2 cores from 30 to 110 ms); NumPy's and the user's settings are untouched.
+    script = ("import os, numpy\n"
+              "before = len(os.listdir('/proc/self/task'))\n"
+              "import pydist\n"
+              "print(len(os.listdir('/proc/self/task')) - before, os.environ.get('OPENBLAS_NUM_THREADS'))")
+    proc = run(script)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["0", "None"], proc.stdout
+    proc = run(script, OPENBLAS_NUM_THREADS="3")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[1] == "3", proc.stdout
