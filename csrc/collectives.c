@@ -39,6 +39,19 @@ static MPI_Comm *group_and_async(PyObject *const *args, Py_ssize_t nargs, Py_ssi
     return pd_group_comm(*group, fn);
 }
 
+// What Work.result() returns for `result` (borrowed; NULL: nothing): a new list holding it, or the
+// list itself.
+static PyObject *result_list(PyObject *result) {
+    if (result != NULL && PyList_Check(result)) {
+        return Py_NewRef(result);
+    }
+    PyObject *list = PyList_New(result == NULL ? 0 : 1);
+    if (list != NULL && result != NULL) {
+        PyList_SET_ITEM(list, 0, Py_NewRef(result));
+    }
+    return list;
+}
+
 // Finish a started collective: wait (blocking) or return a Work (async). `keep` owns every byte MPI
 // touches; `result` is what Work.result() returns (borrowed; NULL: an empty list). When avg_buf is
 // set, its avg_count elements are divided by the group size once the operation has completed.
@@ -55,10 +68,7 @@ static PyObject *finish(MPI_Request req, const char *what, long group, int async
         }
         Py_RETURN_NONE;
     }
-    PyObject *list = result == NULL ? PyList_New(0) : PyList_Check(result) ? Py_NewRef(result) : PyList_New(1);
-    if (list != NULL && result != NULL && !PyList_Check(result)) {
-        PyList_SET_ITEM(list, 0, Py_NewRef(result));
-    }
+    PyObject *list = result_list(result);
     if (list == NULL) {
         pd_park(req, Py_XNewRef(keep), 0);  // nobody can own it now: keep its memory alive
         return NULL;
@@ -94,14 +104,8 @@ static PyObject *finish_persistent(const char *what, long group, MPI_Comm comm, 
                                    PyObject *result) {
     PdOp op = pd_op(what, group, PD_PEER_ALL);
     PyObject *list = NULL;
-    if (async_op) {
-        list = result == NULL ? PyList_New(0) : PyList_Check(result) ? Py_NewRef(result) : PyList_New(1);
-        if (list == NULL) {
-            return NULL;
-        }
-        if (result != NULL && !PyList_Check(result)) {
-            PyList_SET_ITEM(list, 0, Py_NewRef(result));
-        }
+    if (async_op && (list = result_list(result)) == NULL) {
+        return NULL;
     }
     PyObject *ret = pd_persist_run(&op, comm, key, call, keep, list);
     Py_XDECREF(list);

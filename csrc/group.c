@@ -512,6 +512,16 @@ static int skip_hwloc_io(void) {
     return getenv("HWLOC_COMPONENTS") == NULL && setenv("HWLOC_COMPONENTS", HWLOC_SKIP_IO, 0) == 0;
 }
 
+size_t pd_env_bytes(const char *name, size_t dflt) {
+    const char *v = getenv(name);
+    if (v == NULL || *v < '0' || *v > '9') {
+        return dflt;   // unset, empty, or signed: strtoull would wrap "-1" to a huge count
+    }
+    char *end;
+    unsigned long long x = strtoull(v, &end, 10);
+    return *end == 0 ? (size_t)x : dflt;
+}
+
 static const char *level_name(int level) {
     return level == MPI_THREAD_MULTIPLE ? "MPI_THREAD_MULTIPLE"
          : level == MPI_THREAD_SERIALIZED ? "MPI_THREAD_SERIALIZED"

@@ -38,7 +38,6 @@
  */
 #include "pydist.h"
 
-#include <sched.h>
 
 // Requests per key: async calls of one key may overlap this deep before the oldest must complete.
 #define KEY_ENTRIES 4
@@ -281,23 +280,10 @@ static PdPersistEntry *entry_new(const PdPersistKey *k, MPI_Comm comm) {
 // ---------------------------------------------------------------------------------------------------
 // Waiting
 
-// Another thread tests this entry's request: let it finish (or give up) first. -1 on a signal or the
-// session's timeout.
-static int wait_for_other_thread(PdPersistEntry *e, const char *what) {
-    double start = MPI_Wtime(), timeout = pd_session_timeout();
-    while (e->active && (e->waiting || (e->work != NULL && e->work->waiting))) {
-        Py_BEGIN_ALLOW_THREADS
-        sched_yield();
-        Py_END_ALLOW_THREADS
-        if (PyErr_CheckSignals() < 0) {
-            return -1;
-        }
-        double waited = MPI_Wtime() - start;
-        if (timeout >= 0 && waited >= timeout) {
-            return pd_raise_timeout(what, waited, timeout, "another thread was waiting for its cached request");
-        }
-    }
-    return 0;
+// Another thread tests this entry's request (a blocking call, or its Work's wait()).
+static int other_thread_tests(const void *p) {
+    const PdPersistEntry *e = p;
+    return e->active && (e->waiting || (e->work != NULL && e->work->waiting));
 }
 
 // Complete the earlier call still active on `e` (this rank started it; every rank has): wait for it
@@ -309,7 +295,8 @@ static int entry_reclaim(Cache *c, PdPersistEntry *e, const PdOp *op) {
     while (e->active && e->in_cache && rc == 0) {
         if (e->waiting || (e->work != NULL && e->work->waiting)) {
             c->waits++;
-            rc = wait_for_other_thread(e, op->what);
+            rc = pd_yield_while(other_thread_tests, e, pd_session_timeout(), op->what,
+                                "another thread was waiting for its cached request");
             c->waits--;
             continue;
         }
@@ -504,14 +491,8 @@ void pd_persist_read_env(void) {
     for (size_t i = 0; algorithm != NULL && i < sizeof ALLGATHER_RESTARTABLE / sizeof *ALLGATHER_RESTARTABLE; i++) {
         pd_persist_allgather_ok |= strcmp(algorithm, ALLGATHER_RESTARTABLE[i]) == 0;
     }
-    const char *v = getenv("PYDIST_PERSISTENT_BYTES");
-    if (v != NULL && *v) {
-        char *end;
-        long long n = strtoll(v, &end, 10);
-        if (*end == 0 && n >= 0) {
-            pd_persist_bytes = n > INT_MAX ? INT_MAX : (Py_ssize_t)n;
-        }
-    }
+    size_t n = pd_env_bytes("PYDIST_PERSISTENT_BYTES", (size_t)pd_persist_bytes);
+    pd_persist_bytes = n > INT_MAX ? INT_MAX : (Py_ssize_t)n;
 }
 
 // _C.persistent_stats(group) -> (keys, entries, active entries, staging bytes), for tests.

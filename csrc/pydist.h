@@ -149,6 +149,9 @@ extern void (*pd_wait_hook)(void);
 
 // Raise DistTimeoutError "<what> timed out after <waited> s (timeout <timeout> s): <why>"; returns -1.
 int pd_raise_timeout(const char *what, double waited, double timeout, const char *why);
+// Yield (GIL released) while busy(ctx): another thread is finishing what we need. Checks signals and
+// `timeout` (raising DistTimeoutError "<what> timed out ...: <why>"). 0, or -1 with the error set.
+int pd_yield_while(int (*busy)(const void *), const void *ctx, double timeout, const char *what, const char *why);
 
 // Move a pending request and a reference to its owners onto the parked list (steals `keep`), so MPI
 // never writes into freed memory. GIL held.
@@ -224,6 +227,9 @@ int pd_op_check(const PdOp *op, double since);
 void pd_group_break(long handle, const char *why);
 // The group's slot for shared_memory.c's channel (freed with the group by pd_shm_group_release).
 void **pd_group_shm(long handle);
+
+// A byte count from the environment (group.c): `dflt` when unset, empty or not a plain decimal number.
+size_t pd_env_bytes(const char *name, size_t dflt);
 
 // ---------------------------------------------------------------------------------------------------
 // The shared-memory all-reduce and dist.empty (shared_memory.c over algorithms/shm.c)

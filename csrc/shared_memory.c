@@ -65,16 +65,6 @@ static void say_once(const char *what) {
     }
 }
 
-static size_t env_bytes(const char *name, size_t dflt) {
-    const char *v = getenv(name);
-    if (v == NULL || *v == 0) {
-        return dflt;
-    }
-    char *end;
-    unsigned long long x = strtoull(v, &end, 10);
-    return *end == 0 ? (size_t)x : dflt;
-}
-
 // Set-up waits at init do not break the world group when they time out: init then goes on without a
 // segment (pd_shm_session_start), and the group must stay usable.
 static int init_waits = 0;
@@ -90,14 +80,15 @@ static int wait_op(MPI_Request *req, long group, const char *what, double timeou
     return 0;
 }
 
-// Make and map a segment of `bytes` over comm (rank 0 creates it; all map it; rank 0 unlinks it once
-// all have). commit: reserve the pages now (fallocate). Returns 1 made (*base, *fd), 0 not made (the
+// Make and map a segment of *bytes over comm (rank 0 creates it; all map it; rank 0 unlinks it once
+// all have). Rank 0's *bytes and *stage are broadcast and win on every rank, so all lay the segment out
+// alike even if their environments differ. commit: reserve the pages now (fallocate). Returns 1 made (*base, *fd), 0 not made (the
 // same on every rank; why in `why`), -1 a wait failed (its error stands).
-static int segment_make(MPI_Comm comm, int rank, size_t bytes, int commit, long group, double timeout,
+static int segment_make(MPI_Comm comm, int rank, size_t *bytes, int commit, long group, double timeout,
                         size_t *stage, char **base, int *fd, char *why, size_t whylen) {
-    // What rank 0 tells the others: the name, whether it worked, and the staging size. On the heap: a
-    // broadcast given up may still write it later.
-    typedef struct { char name[64]; int err; unsigned long long stage; int ok, all_ok; } Msg;
+    // What rank 0 tells the others: the name, whether it worked, the size and the staging size. On the
+    // heap: a broadcast given up may still write it later.
+    typedef struct { char name[64]; int err; unsigned long long bytes, stage; int ok, all_ok; } Msg;
     Msg *msg = PyMem_RawCalloc(1, sizeof(Msg));
     char name[64] = {0};
     int rc, made_name = 0;
@@ -111,11 +102,12 @@ static int segment_make(MPI_Comm comm, int rank, size_t bytes, int commit, long 
     if (rank == 0) {
         snprintf(msg->name, sizeof msg->name, "/pydist-%d-%u", (int)getpid(), segments_made++);
         memcpy(name, msg->name, sizeof name);
+        msg->bytes = *bytes;
         msg->stage = stage ? *stage : 0;
         *fd = shm_open(msg->name, O_CREAT | O_EXCL | O_RDWR, 0600);
         made_name = *fd >= 0;
-        if (*fd < 0 || ftruncate(*fd, (off_t)bytes) != 0 ||
-            (commit && (errno = posix_fallocate(*fd, 0, (off_t)bytes)) != 0)) {
+        if (*fd < 0 || ftruncate(*fd, (off_t)*bytes) != 0 ||
+            (commit && (errno = posix_fallocate(*fd, 0, (off_t)*bytes)) != 0)) {
             msg->err = errno ? errno : EIO;
         }
     }
@@ -127,18 +119,19 @@ static int segment_make(MPI_Comm comm, int rank, size_t bytes, int commit, long 
         msg = NULL;   // MPI may still write it
         goto fail;
     }
+    *bytes = (size_t)msg->bytes;
     if (stage) {
         *stage = (size_t)msg->stage;
     }
     msg->ok = 1;
     if (msg->err) {
-        snprintf(why, whylen, "making a %zu-byte segment in /dev/shm failed: %s", bytes, strerror(msg->err));
+        snprintf(why, whylen, "making a %zu-byte segment in /dev/shm failed: %s", *bytes, strerror(msg->err));
         msg->ok = 0;
     } else {
         if (rank != 0) {
             *fd = shm_open(msg->name, O_RDWR, 0600);
         }
-        void *p = *fd < 0 ? MAP_FAILED : mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+        void *p = *fd < 0 ? MAP_FAILED : mmap(NULL, *bytes, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
         if (p == MAP_FAILED) {
             snprintf(why, whylen, "mapping the segment failed on a rank: %s", strerror(errno));
             msg->ok = 0;
@@ -162,7 +155,7 @@ static int segment_make(MPI_Comm comm, int rank, size_t bytes, int commit, long 
         if (why[0] == 0) {
             snprintf(why, whylen, "making the shared segment failed on another rank");
         }
-        if (*base) munmap(*base, bytes);
+        if (*base) munmap(*base, *bytes);
         if (*fd >= 0) close(*fd);
         *base = NULL;
         *fd = -1;
@@ -173,7 +166,7 @@ fail:
     if (made_name) {
         shm_unlink(name);
     }
-    if (*base) munmap(*base, bytes);
+    if (*base) munmap(*base, *bytes);
     if (*fd >= 0) close(*fd);
     *base = NULL;
     *fd = -1;
@@ -229,7 +222,7 @@ static int session_start(MPI_Comm world, double timeout) {
     PyMem_RawFree(node_of);
     node_of = NULL;
     world_size = 0;
-    if (getenv("PYDIST_SHM_BYTES") != NULL && env_bytes("PYDIST_SHM_BYTES", 1) == 0) {
+    if (pd_env_bytes("PYDIST_SHM_BYTES", 1) == 0) {
         snprintf(unavailable, sizeof unavailable, "PYDIST_SHM_BYTES=0 turns it off");
         return 0;   // no collective at all: init is only its communicators' duplication
     }
@@ -271,17 +264,13 @@ static int session_start(MPI_Comm world, double timeout) {
     }
     node_of = nodes;
     world_size = wsize;
-    size_t region = env_bytes("PYDIST_SHM_BYTES", DEFAULT_HEAP_BYTES) / PAGE * PAGE;
-    if (region == 0) {
-        snprintf(unavailable, sizeof unavailable, "PYDIST_SHM_BYTES is below one page: no segment");
-        MPI_Comm_free(&node);
-        return 0;
-    }
+    size_t region = pd_env_bytes("PYDIST_SHM_BYTES", DEFAULT_HEAP_BYTES) / PAGE * PAGE;
     char *base;
     int fd;
-    size_t bytes = region * (size_t)nsize;
-    int made = segment_make(node, nrank, bytes, 0, 0, timeout, NULL, &base, &fd, unavailable, sizeof unavailable);
+    size_t bytes = (region > PAGE ? region : PAGE) * (size_t)nsize;
+    int made = segment_make(node, nrank, &bytes, 0, 0, timeout, NULL, &base, &fd, unavailable, sizeof unavailable);
     MPI_Comm_free(&node);
+    region = bytes / (size_t)nsize;   // rank 0's
     if (made < 0) {
         return -1;
     }
@@ -363,6 +352,59 @@ int pd_shm_auto(long group, Py_ssize_t nbytes) {
     return nbytes >= PD_SHM_AUTO_BYTES && pd_group_size(group) > 1 && group_on_one_node(group);
 }
 
+// Make the group's channel (g is in its slot, busy: the waits release the GIL). Sets g->state; returns
+// 0, or with an exception set -1 (the call cannot go on) or -2 (its group was destroyed meanwhile: g is
+// freed).
+static int channel_make(GroupChannel *g, long group) {
+    if (!group_on_one_node(group)) {
+        g->state = CHANNEL_MPI;
+        snprintf(g->why, sizeof g->why, "the group's ranks are on more than one node");
+        return 0;
+    }
+    MPI_Comm *comm = pd_group_comm(group, "all_reduce");
+    if (comm == NULL) {
+        g->state = CHANNEL_BROKEN;
+        snprintf(g->why, sizeof g->why, "its group was unusable when it was first used");
+        return -1;
+    }
+    int rank = pd_group_rank(group), size = pd_group_size(group);
+    size_t stage = pd_env_bytes("PYDIST_SHM_STAGE", DEFAULT_STAGE_BYTES);
+    stage = stage < 64 ? 64 : stage / 64 * 64;   // room for one element of every dtype
+    size_t bytes = shm_channel_bytes(size, stage);
+    char *base;
+    // rank 0's size and staging win (segment_make), so every rank lays the channel out alike
+    int made = segment_make(*comm, rank, &bytes, 1, group, pd_session_timeout(), &stage, &base, &g->fd,
+                            g->why, sizeof g->why);
+    if (g->orphaned) {   // its group was destroyed while we waited
+        if (made == 1) munmap(base, bytes);
+        g->busy = 0;
+        pd_shm_group_release(g);
+        if (made >= 0) {
+            PyErr_SetString(PyExc_ValueError, "all_reduce(): `group` was destroyed while this call waited");
+        }
+        return -2;
+    }
+    if (made < 0) {
+        g->state = CHANNEL_BROKEN;
+        snprintf(g->why, sizeof g->why, "setting up its shared segment did not complete");
+        return -1;
+    }
+    if (made == 0) {
+        g->state = CHANNEL_MPI;
+        say_once(g->why);
+        return 0;
+    }
+    if (shm_channel_init(&g->ch, base, rank, size, stage) < 0) {
+        munmap(base, bytes);
+        g->state = CHANNEL_BROKEN;
+        snprintf(g->why, sizeof g->why, "out of memory");
+        PyErr_NoMemory();
+        return -1;
+    }
+    g->state = CHANNEL_READY;
+    return 0;
+}
+
 // The group's channel, made on first use. NULL with *fallback = 1: use MPI; NULL otherwise: raised.
 static GroupChannel *channel_of(long group, int *fallback) {
     void **slot = pd_group_shm(group);
@@ -376,61 +418,13 @@ static GroupChannel *channel_of(long group, int *fallback) {
         g->fd = -1;
         g->busy = 1;   // while it is made (the waits release the GIL): other threads keep off
         *slot = g;
-        if (!group_on_one_node(group)) {
-            g->state = CHANNEL_MPI;
-            g->busy = 0;
-            snprintf(g->why, sizeof g->why, "the group's ranks are on more than one node");
-        } else {
-            int rank = pd_group_rank(group), size = pd_group_size(group);
-            size_t stage = env_bytes("PYDIST_SHM_STAGE", DEFAULT_STAGE_BYTES);
-            stage = stage < 64 ? 64 : stage / 64 * 64;   // room for one element of every dtype
-            char *base;
-            MPI_Comm *comm = pd_group_comm(group, "all_reduce");
-            if (comm == NULL) {
-                g->state = CHANNEL_BROKEN;
-                g->busy = 0;
-                snprintf(g->why, sizeof g->why, "its group was unusable when it was first used");
-                return NULL;
-            }
-            // rank 0's staging size wins (it is in the broadcast), so every rank lays the channel out alike
-            size_t bytes_guess = shm_channel_bytes(size, stage);
-            int made = segment_make(*comm, rank, bytes_guess, 1, group, pd_session_timeout(), &stage, &base, &g->fd,
-                                    g->why, sizeof g->why);
-            if (made < 0 || g->orphaned) {
-                g->state = CHANNEL_BROKEN;
-                snprintf(g->why, sizeof g->why, "setting up its shared segment did not complete");
-                if (g->orphaned) {
-                    if (made == 1) munmap(base, bytes_guess);
-                    g->busy = 0;
-                    pd_shm_group_release(g);
-                    if (made >= 0) {
-                        PyErr_SetString(PyExc_ValueError, "all_reduce(): `group` was destroyed while this call waited");
-                    }
-                    return NULL;
-                }
-                g->busy = 0;
-                return NULL;
-            }
-            if (made == 1 && shm_channel_bytes(size, stage) != bytes_guess) {
-                // this rank's PYDIST_SHM_STAGE differs from rank 0's: the mapping is rank 0's size
-                made = 0;
-                snprintf(g->why, sizeof g->why, "PYDIST_SHM_STAGE differs between ranks");
-                munmap(base, bytes_guess);
-            }
-            if (made == 1 && shm_channel_init(&g->ch, base, rank, size, stage) < 0) {
-                munmap(base, bytes_guess);
-                g->ch.base = NULL;
-                g->state = CHANNEL_BROKEN;
-                g->busy = 0;
-                snprintf(g->why, sizeof g->why, "out of memory");
-                PyErr_NoMemory();
-                return NULL;
-            }
-            g->state = made == 1 ? CHANNEL_READY : CHANNEL_MPI;
-            g->busy = 0;
-            if (made == 0) {
-                say_once(g->why);
-            }
+        int rc = channel_make(g, group);
+        if (rc == -2) {
+            return NULL;   // freed with its destroyed group
+        }
+        g->busy = 0;
+        if (rc < 0) {
+            return NULL;
         }
     }
     if (g->state == CHANNEL_MPI) {
@@ -738,7 +732,7 @@ PyObject *pd_shm_info(PyObject *self, PyObject *unused) {
                          "unavailable", unavailable, "region_bytes", (Py_ssize_t)(s ? s->view.region_bytes : 0),
                          "heap_used", (Py_ssize_t)(s ? s->heap.used : 0), "node_rank", s ? s->view.node_rank : -1,
                          "node_size", s ? s->view.node_size : 0, "auto_min_bytes", (Py_ssize_t)PD_SHM_AUTO_BYTES,
-                         "stage_bytes", (Py_ssize_t)env_bytes("PYDIST_SHM_STAGE", DEFAULT_STAGE_BYTES),
+                         "stage_bytes", (Py_ssize_t)pd_env_bytes("PYDIST_SHM_STAGE", DEFAULT_STAGE_BYTES),
                          "calls_copied", calls_copied, "calls_in_place", calls_in_place,
                          "calls_declined", calls_declined);
 }

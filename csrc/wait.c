@@ -148,6 +148,25 @@ int pd_wait_any(int n, MPI_Request *reqs, int first, int *index, MPI_Status *sta
     }
 }
 
+// Another thread is finishing what we need (busy(ctx) true meanwhile): yield until it has, checking
+// signals and our own deadline. 0, or -1 with the error set.
+int pd_yield_while(int (*busy)(const void *), const void *ctx, double timeout, const char *what, const char *why) {
+    double start = MPI_Wtime();
+    while (busy(ctx)) {
+        Py_BEGIN_ALLOW_THREADS
+        sched_yield();
+        Py_END_ALLOW_THREADS
+        if (PyErr_CheckSignals() < 0) {
+            return -1;
+        }
+        double waited = MPI_Wtime() - start;
+        if (timeout >= 0 && waited >= timeout && busy(ctx)) {
+            return pd_raise_timeout(what, waited, timeout, why);
+        }
+    }
+    return 0;
+}
+
 int pd_raise_timeout(const char *what, double waited, double timeout, const char *why) {
     // PyErr_Format has no float conversions: format the message first
     char msg[400];

@@ -27,7 +27,6 @@
  */
 #include "pydist.h"
 
-#include <sched.h>
 
 PyTypeObject *pd_WorkType = NULL;
 
@@ -284,22 +283,9 @@ static int timeout_arg(PyObject *t, double *out) {
     return 0;
 }
 
-// Another thread is waiting on this request: poll until it is done (or our own deadline or a signal).
-static int wait_for_other_waiter(PdWorkObject *w, double timeout) {
-    double start = MPI_Wtime();
-    while (w->waiting) {
-        Py_BEGIN_ALLOW_THREADS
-        sched_yield();
-        Py_END_ALLOW_THREADS
-        if (PyErr_CheckSignals() < 0) {
-            return -1;
-        }
-        double waited = MPI_Wtime() - start;
-        if (timeout >= 0 && waited >= timeout && w->waiting) {
-            return pd_raise_timeout(w->op.what, waited, timeout, "another thread was waiting for it");
-        }
-    }
-    return 0;
+// Another thread is waiting on this Work's request.
+static int other_thread_waits(const void *p) {
+    return ((const PdWorkObject *)p)->waiting;
 }
 
 static PyObject *work_wait(PdWorkObject *w, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
@@ -323,7 +309,8 @@ static PyObject *work_wait(PdWorkObject *w, PyObject *const *args, Py_ssize_t na
     if (timeout_arg(t, &timeout) < 0) {
         return NULL;
     }
-    if (w->waiting && wait_for_other_waiter(w, timeout) < 0) {
+    if (w->waiting &&
+        pd_yield_while(other_thread_waits, w, timeout, w->op.what, "another thread was waiting for it") < 0) {
         return NULL;
     }
     if (w->error != NULL) {
@@ -434,8 +421,19 @@ static PyObject *work_source_rank(PdWorkObject *w, PyObject *unused) {
 // ---------------------------------------------------------------------------------------------------
 // Lifetime and garbage collection
 
+// The caller never learned whether a dropped Work's operation completed: say so (a ResourceWarning).
+static void warn_dropped(PdWorkObject *w) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (PyErr_WarnFormat(PyExc_ResourceWarning, 1, "a Work for %s was dropped before it completed; "
+                         "its arrays are kept alive until MPI is done with them (call wait())", w->op.what) < 0) {
+        PyErr_WriteUnraisable((PyObject *)w);
+    }
+    PyErr_Restore(type, value, tb);
+}
+
 // A request still pending when its Work goes (dropped, or cleared by the collector): park it with the
-// arrays it owns, and warn, since the caller never learned whether it completed.
+// arrays it owns, and warn.
 static void work_let_go(PdWorkObject *w) {
     if (w->req == MPI_REQUEST_NULL) {
         return;
@@ -449,27 +447,13 @@ static void work_let_go(PdWorkObject *w) {
             return;
         }
         if (!fin) {
-            PyObject *type, *value, *tb;
-            PyErr_Fetch(&type, &value, &tb);
-            if (PyErr_WarnFormat(PyExc_ResourceWarning, 1, "a Work for %s was dropped before it completed; "
-                                 "its arrays are kept alive until MPI is done with them (call wait())",
-                                 w->op.what) < 0) {
-                PyErr_WriteUnraisable((PyObject *)w);
-            }
-            PyErr_Restore(type, value, tb);
+            warn_dropped(w);
         }
         pd_persist_work_dropped(w);
         return;
     }
     if (!fin && MPI_Test(&w->req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) {
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        if (PyErr_WarnFormat(PyExc_ResourceWarning, 1, "a Work for %s was dropped before it completed; "
-                             "its arrays are kept alive until MPI is done with them (call wait())",
-                             w->op.what) < 0) {
-            PyErr_WriteUnraisable((PyObject *)w);
-        }
-        PyErr_Restore(type, value, tb);
+        warn_dropped(w);
         pd_park(w->req, w->keep, w->is_recv);  // steals keep; a receive nobody waits for can be cancelled
         w->keep = NULL;
     }

@@ -304,3 +304,27 @@ def test_engine_allreduce_reduces_its_gradients_in_place():
     ok = grows and after["calls_in_place"] >= before["calls_in_place"] + 4 and np.array_equal(mine, trainer.params)
     parallel_assert(bool(ok), f"heap {before['heap_used']} -> {after['heap_used']}, in place "
                               f"{before['calls_in_place']} -> {after['calls_in_place']}")
+
+
+def test_shm_channel_takes_rank_0s_staging_size():
+    """Ranks whose PYDIST_SHM_STAGE differs still lay the channel out alike (rank 0's size wins) and
+    all-reduce through it: every rank's copied-path count goes up by one and the sum is right."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    old = os.environ.get("PYDIST_SHM_STAGE")
+    os.environ["PYDIST_SHM_STAGE"] = str(64 * (rank + 1))
+    try:
+        g = dist.new_group(list(range(size)))
+        before = info()["calls_copied"]
+        x = make_input(5, rank, (1001,), "float64")
+        dist.all_reduce(x, group=g, **SHM)
+        copied = info()["calls_copied"] - before
+    finally:
+        if old is None:
+            del os.environ["PYDIST_SHM_STAGE"]
+        else:
+            os.environ["PYDIST_SHM_STAGE"] = old
+    expected = reference(dist.ReduceOp.SUM, [make_input(5, r, (1001,), "float64") for r in range(size)])
+    want_copied = 1 if size > 1 else copied   # alone: whatever path a group of one takes
+    ok = copied == want_copied and np.allclose(x, expected)
+    dist.destroy_process_group(g)
+    parallel_assert(ok, f"copied={copied}")
