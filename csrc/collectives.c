@@ -112,6 +112,25 @@ static PyObject *finish_persistent(const char *what, long group, MPI_Comm comm, 
     return ret;
 }
 
+// A small collective in shared memory (shared_memory.c over algorithms/shm_small.c) when the group
+// takes it for this size, which every rank decides alike. 1 with *ret set (the result, or NULL raised);
+// 0: use MPI's.
+static int try_small(const char *fn, long group, int async_op, SmallCall call, PyObject *a, PyObject *b,
+                     PyObject *result, PyObject **ret) {
+    if (!pd_shm_small_wanted(group, shm_small_contribution(&call, pd_group_size(group)))) {
+        return 0;
+    }
+    PyObject *list = NULL;
+    *ret = NULL;
+    if (async_op && (list = result_list(result)) == NULL) {
+        return 1;
+    }
+    int fallback = 0;
+    *ret = pd_shm_small_run(fn, fn, group, async_op, &call, a, b, list, &fallback);
+    Py_XDECREF(list);
+    return *ret != NULL || !fallback;
+}
+
 static PdPersistKey persist_key(int kind, long group, MPI_Count count, MPI_Datatype type, size_t extent, MPI_Op op,
                                 int root) {
     return (PdPersistKey){kind, count, type, extent, op, root, pd_group_rank(group), pd_group_size(group)};
@@ -141,6 +160,11 @@ PyObject *pd_barrier(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
         Py_RETURN_NONE;
+    }
+    PyObject *ret;
+    if (try_small("barrier", group, async_op, (SmallCall){SMALL_BARRIER, SHM_U8, 0, -1, 0, 1, NULL, NULL}, NULL,
+                  NULL, NULL, &ret)) {
+        return ret;
     }
     if (pd_persist_wanted(0)) {
         PdPersistKey key = persist_key(PD_PERSIST_BARRIER, group, 0, MPI_BYTE, 1, MPI_OP_NULL, -1);
@@ -176,8 +200,13 @@ PyObject *pd_broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         ret = Py_NewRef(Py_None);
         goto done;
     }
+    int is_root = root == pd_group_rank(group);
+    // As bytes, as below: ranks may hold different dtypes of one size.
+    if (try_small(fn, group, async_op, (SmallCall){SMALL_BCAST, SHM_U8, 0, root, (int64_t)buf.nbytes, 1,
+                  is_root ? buf.data : NULL, is_root ? NULL : buf.data}, (PyObject *)buf.arr, NULL, args[0], &ret)) {
+        goto done;
+    }
     if (pd_persist_wanted((size_t)buf.nbytes)) {   // as bytes: the same key whatever dtype each rank holds
-        int is_root = root == pd_group_rank(group);
         PdPersistKey key = persist_key(PD_PERSIST_BCAST, group, buf.nbytes, MPI_BYTE, 1, MPI_OP_NULL, root);
         PdPersistCall call = {is_root ? buf.data : NULL, is_root ? (size_t)buf.nbytes : 0,
                               is_root ? NULL : buf.data, is_root ? 0 : (size_t)buf.nbytes, 0, NULL, 0};
@@ -338,6 +367,12 @@ PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         pd_shm_all_reduce(args[0], &buf, op, group, async_op, algorithm == ALGORITHM_SHM, &ret)) {
         goto done;   // else (decided alike everywhere): MPI's
     }
+    if (algorithm == ALGORITHM_AUTO &&
+        try_small(fn, group, async_op, (SmallCall){SMALL_ALLREDUCE, pd_shm_dtype(&buf), (int)op, -1,
+                  (int64_t)buf.count, (size_t)PyArray_ITEMSIZE(buf.arr), buf.data, buf.data},
+                  (PyObject *)buf.arr, NULL, args[0], &ret)) {
+        goto done;
+    }
     if (pd_persist_wanted((size_t)buf.nbytes)) {
         PdPersistKey key = persist_key(PD_PERSIST_ALLREDUCE, group, buf.count, buf.dtype->mpi,
                                        (size_t)PyArray_ITEMSIZE(buf.arr), mop, -1);
@@ -382,6 +417,11 @@ PyObject *pd_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
         ret = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (try_small(fn, group, async_op, (SmallCall){SMALL_REDUCE, pd_shm_dtype(&buf), (int)op, root,
+                  (int64_t)buf.count, (size_t)PyArray_ITEMSIZE(buf.arr), buf.data, is_root ? buf.data : NULL},
+                  (PyObject *)buf.arr, NULL, args[0], &ret)) {
         goto done;
     }
     if (pd_persist_wanted((size_t)buf.nbytes)) {
@@ -445,7 +485,11 @@ PyObject *pd_all_gather_into_tensor(PyObject *self, PyObject *const *args, Py_ss
         ret = Py_NewRef(Py_None);
         goto done;
     }
-    // The staging copy makes the in-place form no different.
+    // The staging copy makes the in-place form no different (here as below).
+    if (try_small(fn, group, async_op, (SmallCall){SMALL_ALLGATHER, SHM_U8, 0, -1, (int64_t)in.nbytes, 1, in.data,
+                  out.data}, keep, NULL, args[0], &ret)) {
+        goto done;
+    }
     if (pd_persist_allgather_ok && pd_persist_wanted((size_t)out.nbytes)) {
         PdPersistKey key = persist_key(PD_PERSIST_ALLGATHER, group, in.nbytes, MPI_BYTE, 1, MPI_OP_NULL, -1);
         PdPersistCall call = {in.data, (size_t)in.nbytes, out.data, (size_t)out.nbytes, 0, NULL, 0};
@@ -629,6 +673,12 @@ static PyObject *reduce_scatter_start(const char *fn, PdBuf *out, void *in_data,
         Py_RETURN_NONE;
     }
     int size = pd_group_size(group);
+    PyObject *ret;
+    if (try_small(fn, group, async_op, (SmallCall){SMALL_REDUCE_SCATTER, pd_shm_dtype(out), (int)op, -1,
+                  (int64_t)out->count, (size_t)PyArray_ITEMSIZE(out->arr), in_data, out->data}, keep, NULL,
+                  result, &ret)) {
+        return ret;
+    }
     if (pd_persist_wanted((size_t)out->nbytes * (size_t)size)) {   // the input's size, as the sweep counts
         PdPersistKey key = persist_key(PD_PERSIST_REDUCE_SCATTER, group, out->count, out->dtype->mpi,
                                        (size_t)PyArray_ITEMSIZE(out->arr), mop, -1);
@@ -872,6 +922,11 @@ PyObject *pd_all_to_all_single(PyObject *self, PyObject *const *args, Py_ssize_t
     }
     // Without split sizes every rank's blocks are equal and the sizes the same on every rank. With them,
     // nothing says another rank has none: the nonblocking path, always.
+    if (no_splits(args[2]) && no_splits(args[3]) &&
+        try_small(fn, group, async_op, (SmallCall){SMALL_ALLTOALL, SHM_U8, 0, -1, (int64_t)(in.nbytes / size), 1,
+                  in.data, out.data}, keep, NULL, args[0], &ret)) {
+        goto done;
+    }
     if (no_splits(args[2]) && no_splits(args[3]) && pd_persist_wanted((size_t)in.nbytes)) {
         PdPersistKey key = persist_key(PD_PERSIST_ALLTOALL, group, (MPI_Count)scounts[0], MPI_BYTE, 1, MPI_OP_NULL, -1);
         PdPersistCall call = {in.data, (size_t)in.nbytes, out.data, (size_t)out.nbytes, 0, NULL, 0};

@@ -30,6 +30,8 @@ static PyMethodDef module_methods[] = {
          "all_reduce(tensor, op, group, async_op[, algorithm 0 MPI, 1 ring, 2 shm, 3 auto]) -> None | Work"),
     FAST("shm_empty", pd_shm_empty, "shm_empty(shape, dtype, zero) -> ndarray in this rank's shared segment"),
     {"shm_info", pd_shm_info, METH_NOARGS, "shm_info() -> dict: the shared segment, or why there is none"},
+    FAST("set_shm_small_bytes", pd_set_shm_small_bytes,
+         "set_shm_small_bytes(n) -> old: small collectives in shared memory up to n bytes per rank (0: off)"),
     FAST("reduce", pd_reduce, "reduce(tensor, dst, op, group, async_op) -> None | Work"),
     FAST("all_gather_into_tensor", pd_all_gather_into_tensor,
          "all_gather_into_tensor(output, input, group, async_op) -> None | Work"),

@@ -23,6 +23,7 @@
 
 #include "algorithms/ring.h"
 #include "algorithms/shm.h"
+#include "algorithms/shm_small.h"
 
 #if !defined(MPI_VERSION) || MPI_VERSION < 4
 #error "pydist needs an MPI 4 library (large-count calls); Debian/Ubuntu: apt-get install mpich libmpich-dev"
@@ -260,6 +261,21 @@ void pd_shm_owner_release(void *owner);
 // 1 done, 0 not used (MPI's instead; the same answer on every rank), -1 failed (raised). GIL held.
 int pd_shm_allreduce_floats(long group, float *buf, long n);
 PyObject *pd_shm_empty(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+// Small collectives in shared memory (algorithms/shm_small.h): contributions up to this many bytes
+// (PYDIST_SHM_SMALL_BYTES, read at init; 0: off; at most SMALL_SLOT_BYTES).
+extern Py_ssize_t pd_shm_small_bytes;
+// Whether this call goes through them: depends only on the size and the group, so every rank agrees.
+int pd_shm_small_wanted(long group, size_t contribution);
+// Run `call` (filled in but for dtype codes the caller took from pd_shm_dtype) on the group's channel:
+// `a` and `b` are the arrays it reads and writes (kept until it completes), `list` what an async Work's
+// result() returns. None, or a Work (async_op); NULL with an exception; NULL with *fallback = 1: the
+// group cannot use shared memory (the same answer on every rank): use MPI's collective.
+PyObject *pd_shm_small_run(const char *fn, const char *what, long group, int async_op, SmallCall *call,
+                           PyObject *a, PyObject *b, PyObject *list, int *fallback);
+// Complete every pending small collective whose peers have all posted (no wait). Never raises.
+void pd_shm_progress(void);
+int pd_shm_dtype(const PdBuf *buf);
+PyObject *pd_set_shm_small_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_shm_info(PyObject *self, PyObject *unused);
 
 // ---------------------------------------------------------------------------------------------------
@@ -282,6 +298,7 @@ typedef struct {
     RingAllreduce *ring;   // our ring all-reduce: `req` is its posted step; NULL for MPI's operations
     struct PdPersistEntry *persist;  // a cached persistent request (persistent.c): `req` is a copy of its
                                      // handle, which MPI never nulls; finished through persistent.c
+    void *shm;             // a small shm collective still pending (shared_memory.c): its group's channel
 } PdWorkObject;
 
 extern PyTypeObject *pd_WorkType;
@@ -297,6 +314,11 @@ PdWorkObject *pd_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObj
 // completes. On failure the step is parked with `keep`, and NULL is returned.
 PdWorkObject *pd_ring_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObject *result,
                                RingAllreduce *ring);
+// A Work's wait for its pending small collective (and the ones before it). 0, or -1 raised.
+int pd_shm_work_wait(PdWorkObject *w, double timeout, int timeout_breaks);
+// The operation is over: let go of the arrays (and finish AVG) / record the exception set as its error.
+void pd_work_finish(PdWorkObject *w);
+void pd_work_fail(PdWorkObject *w);
 // One ring step's local work (ring_complete), with the GIL released around a large reduction.
 int pd_ring_complete_step(RingAllreduce *r);
 // Give up the rings in flight on `group` (its communicators are going): each posted step is parked

@@ -84,8 +84,8 @@ static int wait_op(MPI_Request *req, long group, const char *what, double timeou
 // all have). Rank 0's *bytes and *stage are broadcast and win on every rank, so all lay the segment out
 // alike even if their environments differ. commit: reserve the pages now (fallocate). Returns 1 made (*base, *fd), 0 not made (the
 // same on every rank; why in `why`), -1 a wait failed (its error stands).
-static int segment_make(MPI_Comm comm, int rank, size_t *bytes, int commit, long group, double timeout,
-                        size_t *stage, char **base, int *fd, char *why, size_t whylen) {
+static int segment_make(MPI_Comm comm, int rank, size_t *bytes, int commit, long group, const char *what,
+                        double timeout, size_t *stage, char **base, int *fd, char *why, size_t whylen) {
     // What rank 0 tells the others: the name, whether it worked, the size and the staging size. On the
     // heap: a broadcast given up may still write it later.
     typedef struct { char name[64]; int err; unsigned long long bytes, stage; int ok, all_ok; } Msg;
@@ -115,7 +115,7 @@ static int segment_make(MPI_Comm comm, int rank, size_t *bytes, int commit, long
         pd_raise_mpi(rc, "MPI_Ibcast");
         goto fail;
     }
-    if (wait_op(&req, group, "all_reduce (shm set-up)", timeout) < 0) {
+    if (wait_op(&req, group, what, timeout) < 0) {
         msg = NULL;   // MPI may still write it
         goto fail;
     }
@@ -143,7 +143,7 @@ static int segment_make(MPI_Comm comm, int rank, size_t *bytes, int commit, long
         pd_raise_mpi(rc, "MPI_Iallreduce");
         goto fail;
     }
-    if (wait_op(&req, group, "all_reduce (shm set-up)", timeout) < 0) {
+    if (wait_op(&req, group, what, timeout) < 0) {
         msg = NULL;   // MPI may still write it
         goto fail;
     }
@@ -192,6 +192,8 @@ static int session_start(MPI_Comm world, double timeout);
 // collectives here never match) is not init's failure: init succeeds without a segment, as the rank
 // whose init timed out left it (tests/unit/test_departures.py). Only Ctrl-C ends init.
 int pd_shm_session_start(MPI_Comm world, double timeout) {
+    size_t small = pd_env_bytes("PYDIST_SHM_SMALL_BYTES", SMALL_SLOT_BYTES);
+    pd_shm_small_bytes = (Py_ssize_t)(small < SMALL_SLOT_BYTES ? small : SMALL_SLOT_BYTES);
     init_waits = 1;
     int rc = session_start(world, timeout);
     init_waits = 0;
@@ -268,7 +270,8 @@ static int session_start(MPI_Comm world, double timeout) {
     char *base;
     int fd;
     size_t bytes = (region > PAGE ? region : PAGE) * (size_t)nsize;
-    int made = segment_make(node, nrank, &bytes, 0, 0, timeout, NULL, &base, &fd, unavailable, sizeof unavailable);
+    int made = segment_make(node, nrank, &bytes, 0, 0, "init_process_group (shm set-up)", timeout, NULL, &base, &fd,
+                            unavailable, sizeof unavailable);
     MPI_Comm_free(&node);
     region = bytes / (size_t)nsize;   // rank 0's
     if (made < 0) {
@@ -304,6 +307,14 @@ void pd_shm_session_stop(void) {
 // ---------------------------------------------------------------------------------------------------
 // A group's channel
 
+// A small collective posted and not yet completed by this rank (completed in order, oldest first).
+typedef struct {
+    SmallCall call;
+    const char *what;
+    PyObject *a, *b;       // the arrays it reads and writes (new references; either may be NULL)
+    PdWorkObject *work;    // its Work (a new reference), or NULL: a blocking call that was interrupted
+} Pending;
+
 typedef struct {
     int state;            // CHANNEL_READY, CHANNEL_MPI (fall back), CHANNEL_BROKEN
     int busy;             // a thread is inside an all-reduce on it (or making it)
@@ -311,7 +322,14 @@ typedef struct {
     ShmChannel ch;
     int fd;
     char why[300];
+    long group;
+    int small_ok;         // the small collectives' area exists (groups up to SMALL_MAX_RANKS)
+    ShmSmall small;
+    Pending queue[SMALL_SLOTS];
+    int q_head, q_len;
 } GroupChannel;
+
+static void small_abandon(GroupChannel *g);
 
 enum { CHANNEL_READY = 1, CHANNEL_MPI = 2, CHANNEL_BROKEN = 3 };
 
@@ -324,6 +342,7 @@ void pd_shm_group_release(void *p) {
         g->orphaned = 1;   // another thread still waits on its mapping (the GIL released)
         return;
     }
+    small_abandon(g);
     if (g->ch.base != NULL) {
         munmap(g->ch.base, g->ch.bytes);
     }
@@ -355,13 +374,13 @@ int pd_shm_auto(long group, Py_ssize_t nbytes) {
 // Make the group's channel (g is in its slot, busy: the waits release the GIL). Sets g->state; returns
 // 0, or with an exception set -1 (the call cannot go on) or -2 (its group was destroyed meanwhile: g is
 // freed).
-static int channel_make(GroupChannel *g, long group) {
+static int channel_make(GroupChannel *g, long group, const char *fn) {
     if (!group_on_one_node(group)) {
         g->state = CHANNEL_MPI;
         snprintf(g->why, sizeof g->why, "the group's ranks are on more than one node");
         return 0;
     }
-    MPI_Comm *comm = pd_group_comm(group, "all_reduce");
+    MPI_Comm *comm = pd_group_comm(group, fn);
     if (comm == NULL) {
         g->state = CHANNEL_BROKEN;
         snprintf(g->why, sizeof g->why, "its group was unusable when it was first used");
@@ -371,16 +390,18 @@ static int channel_make(GroupChannel *g, long group) {
     size_t stage = pd_env_bytes("PYDIST_SHM_STAGE", DEFAULT_STAGE_BYTES);
     stage = stage < 64 ? 64 : stage / 64 * 64;   // room for one element of every dtype
     size_t bytes = shm_channel_bytes(size, stage);
+    g->small_ok = size <= SMALL_MAX_RANKS;
+    bytes += g->small_ok ? shm_small_bytes(size) : 0;   // rank 0's bytes win too: the same stage, the same size
     char *base;
     // rank 0's size and staging win (segment_make), so every rank lays the channel out alike
-    int made = segment_make(*comm, rank, &bytes, 1, group, pd_session_timeout(), &stage, &base, &g->fd,
+    int made = segment_make(*comm, rank, &bytes, 1, group, fn, pd_session_timeout(), &stage, &base, &g->fd,
                             g->why, sizeof g->why);
     if (g->orphaned) {   // its group was destroyed while we waited
         if (made == 1) munmap(base, bytes);
         g->busy = 0;
         pd_shm_group_release(g);
         if (made >= 0) {
-            PyErr_SetString(PyExc_ValueError, "all_reduce(): `group` was destroyed while this call waited");
+            PyErr_Format(PyExc_ValueError, "%s(): `group` was destroyed while this call waited", fn);
         }
         return -2;
     }
@@ -395,18 +416,24 @@ static int channel_make(GroupChannel *g, long group) {
         return 0;
     }
     if (shm_channel_init(&g->ch, base, rank, size, stage) < 0) {
+        g->ch.base = NULL;
         munmap(base, bytes);
         g->state = CHANNEL_BROKEN;
         snprintf(g->why, sizeof g->why, "out of memory");
         PyErr_NoMemory();
         return -1;
     }
+    g->ch.bytes = bytes;   // the whole mapping (munmap'd with the group)
+    if (g->small_ok) {
+        shm_small_init(&g->small, base + shm_channel_bytes(size, stage), rank, size);
+    }
+    g->group = group;
     g->state = CHANNEL_READY;
     return 0;
 }
 
 // The group's channel, made on first use. NULL with *fallback = 1: use MPI; NULL otherwise: raised.
-static GroupChannel *channel_of(long group, int *fallback) {
+static GroupChannel *channel_of(long group, const char *fn, int *fallback) {
     void **slot = pd_group_shm(group);
     GroupChannel *g = *slot;
     *fallback = 0;
@@ -418,7 +445,7 @@ static GroupChannel *channel_of(long group, int *fallback) {
         g->fd = -1;
         g->busy = 1;   // while it is made (the waits release the GIL): other threads keep off
         *slot = g;
-        int rc = channel_make(g, group);
+        int rc = channel_make(g, group, fn);
         if (rc == -2) {
             return NULL;   // freed with its destroyed group
         }
@@ -432,13 +459,13 @@ static GroupChannel *channel_of(long group, int *fallback) {
         return NULL;
     }
     if (g->state == CHANNEL_BROKEN) {
-        PyErr_Format(pd_DistError, "all_reduce(): the group's shared-memory channel is out of step (%s); "
-                     "use algorithm=\"mpi\" or recreate the group", g->why);
+        PyErr_Format(pd_DistError, "%s(): the group's shared-memory channel is out of step (%s); "
+                     "use algorithm=\"mpi\" or recreate the group", fn, g->why);
         return NULL;
     }
     if (g->busy) {
-        PyErr_SetString(pd_DistError, "all_reduce(): another thread is in a shared-memory all-reduce on this "
-                        "group; collectives on one group must not be called from two threads at once");
+        PyErr_Format(pd_DistError, "%s(): another thread is in a shared-memory collective on this group; "
+                     "collectives on one group must not be called from two threads at once", fn);
         return NULL;
     }
     return g;
@@ -534,7 +561,7 @@ int pd_shm_allreduce_floats(long group, float *buf, long n) {
     if (!pd_shm_auto(group, (Py_ssize_t)n * (Py_ssize_t)sizeof(float))) {
         return 0;
     }
-    GroupChannel *g = channel_of(group, &fallback);
+    GroupChannel *g = channel_of(group, "all_reduce", &fallback);
     if (g == NULL) {
         return fallback ? 0 : -1;
     }
@@ -545,7 +572,7 @@ int pd_shm_allreduce_floats(long group, float *buf, long n) {
 int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, long group, int async_op, int forced, PyObject **ret) {
     int fallback;
     *ret = NULL;
-    GroupChannel *g = channel_of(group, &fallback);
+    GroupChannel *g = channel_of(group, "all_reduce", &fallback);
     if (g == NULL) {
         return fallback ? 0 : 1;
     }
@@ -571,6 +598,245 @@ int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, long group, int asy
     *ret = (PyObject *)pd_work_new(MPI_REQUEST_NULL, &wop, NULL, list, 0);
     Py_DECREF(list);
     return 1;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Small collectives (algorithms/shm_small.h): up to pd_shm_small_bytes per rank, every collective of
+// a group within one node, chosen alike on every rank from the size and the group's layout.
+
+Py_ssize_t pd_shm_small_bytes = (Py_ssize_t)SMALL_SLOT_BYTES;
+static long long calls_small = 0;
+
+// The channels with posted, uncompleted calls: pd_shm_progress moves them along.
+static GroupChannel *with_pending[PD_MAX_GROUPS];
+static int n_with_pending = 0;
+
+static void unlist(GroupChannel *g) {
+    for (int i = 0; i < n_with_pending; i++) {
+        if (with_pending[i] == g) {
+            with_pending[i] = with_pending[--n_with_pending];
+            return;
+        }
+    }
+}
+
+int pd_shm_small_wanted(long group, size_t contribution) {
+    return contribution <= (size_t)pd_shm_small_bytes && pd_shm_small_bytes > 0 && pd_group_size(group) > 1 &&
+           group_on_one_node(group);
+}
+
+static void pending_clear(Pending *e) {
+    Py_CLEAR(e->a);
+    Py_CLEAR(e->b);
+    Py_CLEAR(e->work);
+}
+
+// The group went (destroyed, or the session ended) with calls pending: their Works fail.
+static void small_abandon(GroupChannel *g) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    for (; g->q_len > 0; g->q_len--, g->q_head = (g->q_head + 1) % SMALL_SLOTS) {
+        Pending *e = &g->queue[g->q_head];
+        if (e->work != NULL) {
+            e->work->shm = NULL;
+            PyErr_Format(pd_DistError, "%s was abandoned: its process group was destroyed before it completed",
+                         e->what);
+            pd_work_fail(e->work);
+            PyErr_Clear();
+        }
+        pending_clear(e);
+    }
+    unlist(g);
+    PyErr_Restore(type, value, tb);
+}
+
+// After a wait without the GIL: if the group was destroyed meanwhile, free the channel and raise.
+static int check_orphaned(GroupChannel *g, const char *what) {
+    if (!g->orphaned) {
+        return 0;
+    }
+    if (!PyErr_Occurred()) {
+        PyErr_Format(pd_DistError, "%s: its group was destroyed while this call waited", what);
+    }
+    pd_shm_group_release(g);
+    return -1;
+}
+
+// A wait that gave up: a timeout of the session's own breaks the group, as MPI's collectives do.
+static void gave_up(long group, int timeout_breaks, const char *what) {
+    if (timeout_breaks && PyErr_ExceptionMatches(pd_DistTimeoutError)) {
+        pd_group_break(group, what);
+    }
+}
+
+// Complete the oldest pending call. 0 done (a mismatch of a call with a Work is the Work's error);
+// -1 raised: the wait gave up (the call stays pending), the group went, or a call without a Work
+// did not match.
+static int complete_oldest(GroupChannel *g, double timeout, int timeout_breaks) {
+    Pending *e = &g->queue[g->q_head];
+    char err[700] = {0};
+    SliceCtx ctx = {NULL, pd_op(e->what, g->group, PD_PEER_ALL), MPI_Wtime(), timeout};
+    ShmWait wait = {wait_slice, &ctx};
+    int rc;
+    if (shm_small_arrived(&g->small, g->small.completed)) {   // no wait: keep the GIL
+        rc = shm_small_complete(&g->small, &e->call, &wait, err, sizeof err);
+    } else {
+        g->busy = 1;
+        ctx.released = PyEval_SaveThread();
+        rc = shm_small_complete(&g->small, &e->call, &wait, err, sizeof err);
+        PyEval_RestoreThread(ctx.released);
+        g->busy = 0;
+        if (check_orphaned(g, e->what) < 0) {
+            return -1;
+        }
+    }
+    if (rc == -1) {
+        gave_up(g->group, timeout_breaks, e->what);
+        return -1;
+    }
+    Pending done = *e;
+    *e = (Pending){0};
+    g->q_head = (g->q_head + 1) % SMALL_SLOTS;
+    if (--g->q_len == 0) {
+        unlist(g);
+    }
+    calls_small++;
+    int ret = 0;
+    if (rc == -2) {
+        PyErr_Format(PyExc_ValueError, "%s: %s", done.what, err);
+        if (done.work != NULL) {
+            pd_work_fail(done.work);
+            PyErr_Clear();   // the Work's wait() raises it
+        } else {
+            ret = -1;
+        }
+    }
+    if (done.work != NULL) {
+        done.work->shm = NULL;
+        pd_work_finish(done.work);
+    }
+    pending_clear(&done);
+    return ret;
+}
+
+PyObject *pd_shm_small_run(const char *fn, const char *what, long group, int async_op, SmallCall *call,
+                           PyObject *a, PyObject *b, PyObject *list, int *fallback) {
+    if (pd_wait_hook != NULL) {
+        pd_wait_hook();   // as every MPI wait of pydist does: rings in flight move on (work.c)
+    }
+    GroupChannel *g = channel_of(group, fn, fallback);
+    if (g == NULL) {
+        return NULL;
+    }
+    if (!g->small_ok) {
+        *fallback = 1;
+        return NULL;
+    }
+    double timeout = pd_session_timeout();
+    while (g->q_len == SMALL_SLOTS) {   // this rank is SMALL_SLOTS calls ahead of its own completions
+        if (complete_oldest(g, timeout, 1) < 0) {
+            return NULL;
+        }
+    }
+    SliceCtx ctx = {NULL, pd_op(what, group, PD_PEER_ALL), MPI_Wtime(), timeout};
+    ShmWait wait = {wait_slice, &ctx};
+    int rc;
+    if (shm_small_can_post(&g->small)) {
+        rc = shm_small_post(&g->small, call, &wait);   // almost always without waiting: keep the GIL
+    } else {
+        g->busy = 1;
+        ctx.released = PyEval_SaveThread();
+        rc = shm_small_post(&g->small, call, &wait);
+        PyEval_RestoreThread(ctx.released);
+        g->busy = 0;
+        if (check_orphaned(g, what) < 0) {
+            return NULL;
+        }
+    }
+    if (rc < 0) {
+        gave_up(group, 1, what);
+        return NULL;   // nothing posted
+    }
+    // Posted: it is ours to complete, in order, whatever happens to this call.
+    Pending *e = &g->queue[(g->q_head + g->q_len) % SMALL_SLOTS];
+    *e = (Pending){*call, what, Py_XNewRef(a), Py_XNewRef(b), NULL};
+    if (g->q_len++ == 0) {
+        with_pending[n_with_pending++] = g;
+    }
+    if (async_op) {
+        PdOp wop = pd_op(what, group, PD_PEER_ALL);
+        PyObject *keep = b != NULL ? PyTuple_Pack(2, a, b) : Py_XNewRef(a);   // NULL for a barrier
+        PdWorkObject *w = keep == NULL && a != NULL ? NULL : pd_work_new(MPI_REQUEST_NULL, &wop, keep, list, 0);
+        Py_XDECREF(keep);
+        if (w == NULL) {
+            return NULL;   // the call stays pending with its arrays; a later call completes it
+        }
+        w->shm = g;
+        e->work = (PdWorkObject *)Py_NewRef(w);
+        pd_shm_progress();   // done already if every peer is there
+        return (PyObject *)w;
+    }
+    while (g->q_len > 0) {   // earlier async calls first, then this one (the newest)
+        if (complete_oldest(g, timeout, 1) < 0) {
+            return NULL;
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+void pd_shm_progress(void) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    for (int i = n_with_pending - 1; i >= 0; i--) {
+        if (i >= n_with_pending) {
+            continue;   // the list shrank
+        }
+        GroupChannel *g = with_pending[i];
+        while (!g->busy && g->q_len > 0 && shm_small_arrived(&g->small, g->small.completed)) {
+            if (complete_oldest(g, -1.0, 0) < 0) {
+                PyErr_Clear();   // a blocking call's mismatch, given up long ago: nobody to tell
+                break;
+            }
+        }
+    }
+    PyErr_Restore(type, value, tb);
+}
+
+int pd_shm_work_wait(PdWorkObject *w, double timeout, int timeout_breaks) {
+    GroupChannel *g = w->shm;
+    double start = MPI_Wtime();
+    while (w->shm != NULL) {
+        if (g->busy) {
+            PyErr_Format(pd_DistError, "wait(): another thread is in a shared-memory collective on the group of "
+                         "%s; collectives on one group must not be called from two threads at once", w->op.what);
+            return -1;
+        }
+        double left = timeout < 0 ? -1.0 : timeout - (MPI_Wtime() - start);
+        if (complete_oldest(g, timeout < 0 || left > 0 ? left : 0.0, timeout_breaks) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+// _C.set_shm_small_bytes(n) -> the old bound: tests reach MPI's paths with 0 (every rank alike).
+PyObject *pd_set_shm_small_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long n;
+    if (pd_check_nargs(nargs, 1, "set_shm_small_bytes") < 0 || pd_arg_long(args[0], "set_shm_small_bytes", "n", &n) < 0) {
+        return NULL;
+    }
+    if (n < 0 || (size_t)n > SMALL_SLOT_BYTES) {
+        PyErr_Format(PyExc_ValueError, "set_shm_small_bytes(): `n` must be 0 to %zu; got %ld", SMALL_SLOT_BYTES, n);
+        return NULL;
+    }
+    Py_ssize_t old = pd_shm_small_bytes;
+    pd_shm_small_bytes = (Py_ssize_t)n;
+    return PyLong_FromSsize_t(old);
+}
+
+int pd_shm_dtype(const PdBuf *buf) {
+    return dtype_code(buf);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -728,11 +994,12 @@ PyObject *pd_shm_info(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
     Session *s = session;
-    return Py_BuildValue("{s:O,s:s,s:n,s:n,s:i,s:i,s:n,s:n,s:L,s:L,s:L}", "segment", s ? Py_True : Py_False,
+    return Py_BuildValue("{s:O,s:s,s:n,s:n,s:i,s:i,s:n,s:n,s:L,s:L,s:L,s:n,s:L}", "segment", s ? Py_True : Py_False,
                          "unavailable", unavailable, "region_bytes", (Py_ssize_t)(s ? s->view.region_bytes : 0),
                          "heap_used", (Py_ssize_t)(s ? s->heap.used : 0), "node_rank", s ? s->view.node_rank : -1,
                          "node_size", s ? s->view.node_size : 0, "auto_min_bytes", (Py_ssize_t)PD_SHM_AUTO_BYTES,
                          "stage_bytes", (Py_ssize_t)pd_env_bytes("PYDIST_SHM_STAGE", DEFAULT_STAGE_BYTES),
                          "calls_copied", calls_copied, "calls_in_place", calls_in_place,
-                         "calls_declined", calls_declined);
+                         "calls_declined", calls_declined, "small_bytes", pd_shm_small_bytes,
+                         "calls_small", calls_small);
 }

@@ -39,6 +39,7 @@ PdWorkObject *pd_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObj
             w->keep = w->result = w->error = NULL;
             w->ring = NULL;
             w->persist = NULL;
+            w->shm = NULL;
             Py_DECREF(w);
         }
         pd_park(req, Py_XNewRef(keep), is_recv);  // nobody can own the request now: keep its memory alive
@@ -58,12 +59,13 @@ PdWorkObject *pd_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObj
     w->error = NULL;
     w->ring = NULL;
     w->persist = NULL;
+    w->shm = NULL;
     PyObject_GC_Track(w);
     return w;
 }
 
 // The request has completed: finish AVG and let go of the arrays.
-static void work_complete(PdWorkObject *w) {
+void pd_work_finish(PdWorkObject *w) {
     if (w->avg_divisor > 0) {
         pd_divide_inplace(w->avg_buf, w->avg_count, w->avg_dtype, w->avg_divisor);
         w->avg_divisor = 0;
@@ -73,7 +75,7 @@ static void work_complete(PdWorkObject *w) {
 
 // Record a completion error so that every later wait() raises it again. MPI has released the
 // request, so the arrays are free to go.
-static void work_fail(PdWorkObject *w) {
+void pd_work_fail(PdWorkObject *w) {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
@@ -167,23 +169,25 @@ static int ring_test(PdWorkObject *w) {
             w->req = MPI_REQUEST_NULL;
             ring_end(w);
             pd_raise_mpi(rc, w->op.what);
-            work_fail(w);
+            pd_work_fail(w);
             return -1;
         }
         if (!done) {
             return 0;
         }
         if (ring_advance(w) < 0) {
-            work_fail(w);
+            pd_work_fail(w);
             return -1;
         }
     }
-    work_complete(w);
+    pd_work_finish(w);
     return 1;
 }
 
-// pd_wait_hook: every ring in flight that no thread is waiting for, moved along. Never raises.
+// pd_wait_hook: every ring in flight that no thread is waiting for, moved along, and every small
+// shm collective whose peers are there completed (a peer may need it: shm_small.h). Never raises.
 static void ring_progress(void) {
+    pd_shm_progress();
     if (n_inflight == 0) {
         return;
     }
@@ -250,7 +254,7 @@ void pd_ring_works_abandon(long group, unsigned generation) {
         ring_end(w);
         PyErr_Format(pd_DistError, "%s was abandoned: its process group was destroyed before it completed",
                      w->op.what);
-        work_fail(w);
+        pd_work_fail(w);
         PyErr_Clear();
         Py_DECREF(w);
     }
@@ -313,6 +317,16 @@ static PyObject *work_wait(PdWorkObject *w, PyObject *const *args, Py_ssize_t na
         pd_yield_while(other_thread_waits, w, timeout, w->op.what, "another thread was waiting for it") < 0) {
         return NULL;
     }
+    if (w->shm != NULL) {
+        Py_INCREF(w);   // the wait releases the GIL: stay alive whatever other threads drop
+        w->waiting = 1;
+        int rc = pd_shm_work_wait(w, timeout, t == NULL || t == Py_None);
+        w->waiting = 0;
+        Py_DECREF(w);
+        if (rc < 0) {
+            return NULL;
+        }
+    }
     if (w->error != NULL) {
         PyErr_SetObject((PyObject *)Py_TYPE(w->error), w->error);
         return NULL;
@@ -333,7 +347,7 @@ static PyObject *work_wait(PdWorkObject *w, PyObject *const *args, Py_ssize_t na
                     if (w->ring != NULL) {
                         ring_end(w);
                     }
-                    work_fail(w);
+                    pd_work_fail(w);
                 }
                 break;   // a timeout or a signal leaves the request pending and this Work usable
             }
@@ -341,7 +355,7 @@ static PyObject *work_wait(PdWorkObject *w, PyObject *const *args, Py_ssize_t na
                 pd_persist_work_finished(w);   // a persistent handle stays non-null: complete it here
             }
             if (w->ring != NULL && (rc = ring_advance(w)) < 0) {
-                work_fail(w);
+                pd_work_fail(w);
                 break;
             }
         }
@@ -351,7 +365,7 @@ static PyObject *work_wait(PdWorkObject *w, PyObject *const *args, Py_ssize_t na
             return NULL;
         }
     }
-    work_complete(w);
+    pd_work_finish(w);
     Py_RETURN_TRUE;
 }
 
@@ -360,8 +374,8 @@ static PyObject *work_is_completed(PdWorkObject *w, PyObject *unused) {
     if (w->waiting) {
         Py_RETURN_FALSE;   // another thread owns the request until its wait returns
     }
-    ring_progress();   // every ring in flight, this Work's too if it is one
-    if (w->ring != NULL) {
+    ring_progress();   // every ring in flight, this Work's too if it is one (and every small shm call)
+    if (w->ring != NULL || w->shm != NULL) {
         Py_RETURN_FALSE;   // still in flight
     }
     if (w->req != MPI_REQUEST_NULL) {
@@ -369,7 +383,7 @@ static PyObject *work_is_completed(PdWorkObject *w, PyObject *unused) {
         int rc = MPI_Test(&w->req, &done, &w->status);
         if (rc != MPI_SUCCESS) {
             pd_raise_mpi(rc, w->op.what);
-            work_fail(w);
+            pd_work_fail(w);
             PyErr_Clear();  // reported by wait() / exception()
             Py_RETURN_TRUE;
         }
@@ -380,13 +394,13 @@ static PyObject *work_is_completed(PdWorkObject *w, PyObject *unused) {
             pd_persist_work_finished(w);
         }
     }
-    work_complete(w);
+    pd_work_finish(w);
     Py_RETURN_TRUE;
 }
 
 static PyObject *work_is_success(PdWorkObject *w, PyObject *unused) {
     (void)unused;
-    return PyBool_FromLong(w->req == MPI_REQUEST_NULL && w->error == NULL);
+    return PyBool_FromLong(w->req == MPI_REQUEST_NULL && w->shm == NULL && w->error == NULL);
 }
 
 static PyObject *work_exception(PdWorkObject *w, PyObject *unused) {
@@ -489,7 +503,8 @@ static void work_dealloc(PdWorkObject *w) {
 
 static PyObject *work_repr(PdWorkObject *w) {
     return PyUnicode_FromFormat("<pydist.Work %s %s>", w->op.what,
-                                w->req == MPI_REQUEST_NULL ? (w->error ? "failed" : "completed") : "pending");
+                                w->req != MPI_REQUEST_NULL || w->shm != NULL ? "pending"
+                                : w->error ? "failed" : "completed");
 }
 
 static PyMethodDef work_methods[] = {

@@ -212,6 +212,10 @@ static void reduce_slice(char *const *outs, int n_outs, char *const *ins, int R,
     }
 }
 
+void shm_reduce(char *const *outs, int n_outs, char *const *ins, int R, size_t len, int dtype, int op) {
+    reduce_slice(outs, n_outs, ins, R, len, dtype, op);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Barriers
 

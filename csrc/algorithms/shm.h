@@ -87,6 +87,9 @@ void shm_channel_release(ShmChannel *c);
 int shm_allreduce(ShmChannel *c, const ShmSession *session, void *data, int64_t count, int dtype, int op,
                   int copy_ok, const ShmWait *wait, char *err, size_t errlen);
 
+// outs[0..n_outs)[0..len) = the reduction of ins[0..R)[0..len) with op, in rank order (AVG divides by R).
+void shm_reduce(char *const *outs, int n_outs, char *const *ins, int R, size_t len, int dtype, int op);
+
 // Names for messages.
 const char *shm_dtype_name(int dtype);
 size_t shm_itemsize(int dtype);

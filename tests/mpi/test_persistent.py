@@ -6,6 +6,8 @@ pydist's own staging buffers; larger ones as MPI's nonblocking calls. The cache 
 rank passes identically, so these tests vary what must not matter (the array, its address, its shape,
 async_op on one rank only, how many calls are outstanding, the order Works are waited in) and check
 every result. Each test works on a fresh group, so that _C.persistent_stats sees only its own calls.
+On one node such messages go through shared memory first (test_shm_small.py): these tests turn that
+off, every rank alike, to reach the cache.
 """
 import gc
 import warnings
@@ -19,6 +21,13 @@ from helpers import make_input, max_diff, parallel_assert, reference, valid
 THRESHOLD = 8192    # the default of PYDIST_PERSISTENT_BYTES
 KEY_ENTRIES = 4     # requests per key (persistent.c)
 MAX_KEYS, MAX_STAGING = 64, 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def no_small_shm():
+    old = dist._C.set_shm_small_bytes(0)
+    yield
+    dist._C.set_shm_small_bytes(old)
 
 
 @pytest.fixture

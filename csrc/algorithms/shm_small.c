@@ -1,0 +1,220 @@
+/*
+ * shm_small.c: the small collectives of shm_small.h (protocol described there).
+ */
+#include "shm_small.h"
+
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+// As shm.c's barriers: spin briefly (a peer on another core answers within microseconds), then yield
+// the core (with more ranks than cores the peer needs it), and run the caller's checks every slice.
+#define SPIN_SECONDS 20e-6
+#define SLICE_SECONDS 0.002
+#define LINE 64
+
+static const char *const KIND_NAMES[] = {"barrier", "broadcast", "all_reduce", "reduce", "all_gather",
+                                         "reduce_scatter", "all_to_all"};
+static const char *const OP_NAMES[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"};
+
+static size_t rank_bytes(void) {
+    return LINE + SMALL_SLOTS * (sizeof(SmallHeader) + SMALL_SLOT_BYTES);
+}
+
+static _Atomic uint64_t *done_of(const ShmSmall *s, int rank) {
+    return (_Atomic uint64_t *)(s->base + (size_t)rank * rank_bytes());
+}
+
+static SmallHeader *header_of(const ShmSmall *s, int rank, uint64_t round) {
+    return (SmallHeader *)(s->base + (size_t)rank * rank_bytes() + LINE +
+                           (size_t)(round % SMALL_SLOTS) * (sizeof(SmallHeader) + SMALL_SLOT_BYTES));
+}
+
+static char *data_of(const ShmSmall *s, int rank, uint64_t round) {
+    return (char *)(header_of(s, rank, round) + 1);
+}
+
+size_t shm_small_bytes(int size) {
+    return (size_t)size * rank_bytes();
+}
+
+void shm_small_init(ShmSmall *s, char *base, int rank, int size) {
+    *s = (ShmSmall){rank, size, base, 0, 0};
+}
+
+size_t shm_small_contribution(const SmallCall *c, int size) {
+    size_t block = (size_t)c->count * c->itemsize;
+    switch (c->kind) {
+    case SMALL_BARRIER: return 0;
+    case SMALL_REDUCE_SCATTER: case SMALL_ALLTOALL: return block * (size_t)size;
+    default: return block;
+    }
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// Wait until every peer's `done` has reached `target` (want_done) or its slot for `round` carries
+// stamp round + 1. 0, or -1 when the caller's slice() gave up.
+static int wait_peers(const ShmSmall *s, int want_done, uint64_t target, uint64_t round, const ShmWait *w) {
+    int p = 0, yielding = 0;
+    double spin_end = 0.0, slice_end = 0.0;
+    for (long checks = 1;; checks++) {
+        while (p < s->size) {
+            if (p != s->rank) {
+                uint64_t v = want_done ? atomic_load_explicit(done_of(s, p), memory_order_acquire)
+                                       : atomic_load_explicit(&header_of(s, p, round)->stamp, memory_order_acquire);
+                if (want_done ? v < target : v != round + 1) {
+                    break;
+                }
+            }
+            p++;
+        }
+        if (p == s->size) {
+            return 0;
+        }
+        if (yielding) {
+            sched_yield();
+        } else {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        }
+        if ((checks & 15) == 0) {
+            double t = now();
+            if (slice_end == 0.0) {
+                spin_end = t + SPIN_SECONDS;
+                slice_end = t + SLICE_SECONDS;
+            } else if (t > slice_end) {
+                if (w->slice(w->ctx) < 0) {
+                    return -1;
+                }
+                slice_end = now() + SLICE_SECONDS;
+            }
+            yielding = t > spin_end;
+        }
+    }
+}
+
+int shm_small_post(ShmSmall *s, const SmallCall *c, const ShmWait *w) {
+    const uint64_t r = s->posted;
+    if (r >= SMALL_SLOTS && wait_peers(s, 1, r + 1 - SMALL_SLOTS, 0, w) < 0) {
+        return -1;   // a peer still reads round r - SLOTS from its slots... or ours: wait for it
+    }
+    SmallHeader *h = header_of(s, s->rank, r);
+    size_t bytes = shm_small_contribution(c, s->size);
+    if (c->src != NULL && bytes > 0) {
+        memcpy(data_of(s, s->rank, r), c->src, bytes);
+    }
+    h->count = c->count;
+    h->kind = c->kind;
+    h->dtype = c->dtype;
+    h->op = c->op;
+    h->root = c->root;
+    atomic_store_explicit(&h->stamp, r + 1, memory_order_release);
+    s->posted = r + 1;
+    return 0;
+}
+
+int shm_small_can_post(const ShmSmall *s) {
+    if (s->posted < SMALL_SLOTS) {
+        return 1;
+    }
+    for (int p = 0; p < s->size; p++) {
+        if (p != s->rank && atomic_load_explicit(done_of(s, p), memory_order_acquire) < s->posted + 1 - SMALL_SLOTS) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+int shm_small_arrived(const ShmSmall *s, uint64_t round) {
+    for (int p = 0; p < s->size; p++) {
+        if (p != s->rank && atomic_load_explicit(&header_of(s, p, round)->stamp, memory_order_acquire) != round + 1) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+// The same message on every rank: each one's call, from the headers.
+static void mismatch_message(const ShmSmall *s, uint64_t r, char *err, size_t errlen) {
+    int len = snprintf(err, errlen, "the ranks' calls do not match (every rank must make the same collective "
+                       "with the same number of elements, dtype, op and root):");
+    for (int p = 0; p < s->size && len > 0 && (size_t)len < errlen; p++) {
+        const SmallHeader *h = header_of(s, p, r);
+        int kind = h->kind >= 0 && h->kind <= SMALL_ALLTOALL ? h->kind : 0;
+        int moved = kind == SMALL_BCAST || kind == SMALL_ALLGATHER || kind == SMALL_ALLTOALL;   // as bytes
+        len += snprintf(err + len, errlen - (size_t)len, "%s group rank %d: %s of %lld %s", p ? ";" : "", p,
+                        KIND_NAMES[kind], (long long)h->count, moved ? "bytes" : shm_dtype_name(h->dtype));
+        if (len > 0 && (size_t)len < errlen && (kind == SMALL_ALLREDUCE || kind == SMALL_REDUCE ||
+                                                 kind == SMALL_REDUCE_SCATTER)) {
+            len += snprintf(err + len, errlen - (size_t)len, ", %s", h->op >= 0 && h->op < 8 ? OP_NAMES[h->op] : "?");
+        }
+        if (len > 0 && (size_t)len < errlen && (kind == SMALL_BCAST || kind == SMALL_REDUCE)) {
+            len += snprintf(err + len, errlen - (size_t)len, ", root %d", h->root);
+        }
+        if (p >= 7 && s->size > 9) {
+            snprintf(err + len, errlen - (size_t)len, "; ...");
+            break;
+        }
+    }
+}
+
+int shm_small_complete(ShmSmall *s, const SmallCall *c, const ShmWait *w, char *err, size_t errlen) {
+    const uint64_t r = s->completed;
+    const int R = s->size, me = s->rank;
+    if (wait_peers(s, 0, 0, r, w) < 0) {
+        return -1;
+    }
+    const SmallHeader *mine = header_of(s, me, r);
+    int same = 1;
+    for (int p = 0; p < R; p++) {
+        const SmallHeader *h = header_of(s, p, r);
+        same &= h->count == mine->count && h->kind == mine->kind && h->dtype == mine->dtype && h->op == mine->op &&
+                h->root == mine->root;
+    }
+    int rc = 0;
+    if (!same) {
+        mismatch_message(s, r, err, errlen);
+        rc = -2;
+    } else {
+        const size_t block = (size_t)c->count * c->itemsize;
+        char *in[SMALL_MAX_RANKS], *out = c->dst;
+        switch (c->kind) {
+        case SMALL_BCAST:
+            if (me != c->root) {
+                memcpy(c->dst, data_of(s, c->root, r), block);
+            }
+            break;
+        case SMALL_ALLREDUCE: case SMALL_REDUCE: case SMALL_REDUCE_SCATTER:
+            if (out == NULL) {
+                break;   // reduce's non-roots
+            }
+            for (int p = 0; p < R; p++) {
+                in[p] = data_of(s, p, r) + (c->kind == SMALL_REDUCE_SCATTER ? (size_t)me * block : 0);
+            }
+            shm_reduce(&out, 1, in, R, (size_t)c->count, c->dtype, c->op);
+            break;
+        case SMALL_ALLGATHER:
+            for (int p = 0; p < R; p++) {
+                memcpy((char *)c->dst + (size_t)p * block, data_of(s, p, r), block);
+            }
+            break;
+        case SMALL_ALLTOALL:
+            for (int p = 0; p < R; p++) {
+                memcpy((char *)c->dst + (size_t)p * block, data_of(s, p, r) + (size_t)me * block, block);
+            }
+            break;
+        default:
+            break;   // barrier: arriving was all
+        }
+    }
+    s->completed = r + 1;
+    atomic_store_explicit(done_of(s, me), r + 1, memory_order_release);
+    return rc;
+}
