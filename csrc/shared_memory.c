@@ -23,6 +23,12 @@
  * on the group's first rank; tests make it small to reach the multi-chunk path cheaply).
  *
  * async_op=True runs the all-reduce at once and returns a completed Work.
+ *
+ * The same channel carries the small collectives (algorithms/shm_small.h): every collective up to
+ * PYDIST_SHM_SMALL_BYTES per rank (default and most 64 KiB) on a group within one node. Their calls
+ * are posted at once and completed in order from the group's queue: by the call itself (blocking),
+ * by Work.wait/is_completed, by the next call on the group, or by any pydist wait (pd_shm_progress,
+ * from the wait hook), so an async call that nobody waits for still completes, as MPI's do.
  */
 #include "pydist.h"
 

@@ -231,17 +231,11 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-// Wait until every peer's counter has reached `target`.
-static int wait_for_peers(ShmChannel *c, uint64_t target, const ShmWait *w) {
-    int p = 0;   // the peer we are waiting for: earlier ones have arrived
+int shm_spin_until(int (*ready)(const void *arg), const void *arg, const ShmWait *w) {
     int yielding = 0;
     double spin_end = 0.0, slice_end = 0.0;
     for (long checks = 1;; checks++) {
-        while (p < c->size && (p == c->rank ||
-                               atomic_load_explicit(&c->ctl[p].seq, memory_order_acquire) >= target)) {
-            p++;
-        }
-        if (p == c->size) {
+        if (ready(arg)) {
             return 0;
         }
         if (yielding) {
@@ -263,6 +257,27 @@ static int wait_for_peers(ShmChannel *c, uint64_t target, const ShmWait *w) {
             yielding = t > spin_end;
         }
     }
+}
+
+typedef struct {
+    ShmChannel *c;
+    uint64_t target;
+    int p;   // the peer we are waiting for: earlier ones have arrived
+} PeersAt;
+
+static int peers_at(const void *arg) {
+    PeersAt *a = (PeersAt *)arg;
+    while (a->p < a->c->size && (a->p == a->c->rank ||
+                                 atomic_load_explicit(&a->c->ctl[a->p].seq, memory_order_acquire) >= a->target)) {
+        a->p++;
+    }
+    return a->p == a->c->size;
+}
+
+// Wait until every peer's counter has reached `target`.
+static int wait_for_peers(ShmChannel *c, uint64_t target, const ShmWait *w) {
+    PeersAt arg = {c, target, 0};
+    return shm_spin_until(peers_at, &arg, w);
 }
 
 static int barrier(ShmChannel *c, const ShmWait *w) {

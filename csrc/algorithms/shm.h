@@ -71,6 +71,10 @@ typedef struct {
     void *ctx;
 } ShmWait;
 
+// Wait until ready(arg): spin briefly, then yield the core, and call w->slice() every slice. 0, or -1
+// when slice() gave up.
+int shm_spin_until(int (*ready)(const void *arg), const void *arg, const ShmWait *w);
+
 // Bytes a channel needs for `size` ranks with staging buffers of stage_bytes.
 size_t shm_channel_bytes(int size, size_t stage_bytes);
 // Lay a channel over a mapping of shm_channel_bytes() (zeroed by the creator). -1: out of memory.

@@ -3,15 +3,9 @@
  */
 #include "shm_small.h"
 
-#include <sched.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
-// As shm.c's barriers: spin briefly (a peer on another core answers within microseconds), then yield
-// the core (with more ranks than cores the peer needs it), and run the caller's checks every slice.
-#define SPIN_SECONDS 20e-6
-#define SLICE_SECONDS 0.002
 #define LINE 64
 
 static const char *const KIND_NAMES[] = {"barrier", "broadcast", "all_reduce", "reduce", "all_gather",
@@ -52,58 +46,40 @@ size_t shm_small_contribution(const SmallCall *c, int size) {
     }
 }
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+typedef struct {
+    const ShmSmall *s;
+    int want_done;        // 1: every peer's done >= target; 0: every peer's slot for `round` stamped
+    uint64_t target, round;
+    int p;                // the peer we are waiting for: earlier ones are there
+} PeersAt;
+
+static int peers_at(const void *arg) {
+    PeersAt *a = (PeersAt *)arg;
+    const ShmSmall *s = a->s;
+    for (; a->p < s->size; a->p++) {
+        if (a->p == s->rank) {
+            continue;
+        }
+        uint64_t v = a->want_done ? atomic_load_explicit(done_of(s, a->p), memory_order_acquire)
+                                  : atomic_load_explicit(&header_of(s, a->p, a->round)->stamp, memory_order_acquire);
+        if (a->want_done ? v < a->target : v != a->round + 1) {
+            return 0;
+        }
+    }
+    return 1;
 }
 
 // Wait until every peer's `done` has reached `target` (want_done) or its slot for `round` carries
-// stamp round + 1. 0, or -1 when the caller's slice() gave up.
+// stamp round + 1 (shm.c's spin, yield and slice). 0, or -1 when the caller's slice() gave up.
 static int wait_peers(const ShmSmall *s, int want_done, uint64_t target, uint64_t round, const ShmWait *w) {
-    int p = 0, yielding = 0;
-    double spin_end = 0.0, slice_end = 0.0;
-    for (long checks = 1;; checks++) {
-        while (p < s->size) {
-            if (p != s->rank) {
-                uint64_t v = want_done ? atomic_load_explicit(done_of(s, p), memory_order_acquire)
-                                       : atomic_load_explicit(&header_of(s, p, round)->stamp, memory_order_acquire);
-                if (want_done ? v < target : v != round + 1) {
-                    break;
-                }
-            }
-            p++;
-        }
-        if (p == s->size) {
-            return 0;
-        }
-        if (yielding) {
-            sched_yield();
-        } else {
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#endif
-        }
-        if ((checks & 15) == 0) {
-            double t = now();
-            if (slice_end == 0.0) {
-                spin_end = t + SPIN_SECONDS;
-                slice_end = t + SLICE_SECONDS;
-            } else if (t > slice_end) {
-                if (w->slice(w->ctx) < 0) {
-                    return -1;
-                }
-                slice_end = now() + SLICE_SECONDS;
-            }
-            yielding = t > spin_end;
-        }
-    }
+    PeersAt arg = {s, want_done, target, round, 0};
+    return shm_spin_until(peers_at, &arg, w);
 }
 
 int shm_small_post(ShmSmall *s, const SmallCall *c, const ShmWait *w) {
     const uint64_t r = s->posted;
     if (r >= SMALL_SLOTS && wait_peers(s, 1, r + 1 - SMALL_SLOTS, 0, w) < 0) {
-        return -1;   // a peer still reads round r - SLOTS from its slots... or ours: wait for it
+        return -1;   // a peer still reads round r - SLOTS out of our slot: wait for it
     }
     SmallHeader *h = header_of(s, s->rank, r);
     size_t bytes = shm_small_contribution(c, s->size);
