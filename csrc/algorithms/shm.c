@@ -54,6 +54,11 @@
 #define SLICE_SECONDS 0.002
 // Reductions run block by block through a buffer that stays in L1, then go to each output.
 #define BLOCK_BYTES 16384
+// How far ahead copies and reductions prefetch what they read. Much of what they read was just written
+// by the peer core (its staging buffer) and is fetched from that core's cache a line at a time unless
+// asked for ahead: glibc's memcpy (rep movsb at these sizes) read such a buffer at 1.3 GB/s where this
+// loop of 64-byte moves, prefetching, reads it at 27 GB/s.
+#define PREFETCH_BYTES 2048
 
 static const char *const DTYPE_NAMES[SHM_DTYPES] = {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16",
                                                     "uint32", "uint64", "float16", "float32", "float64",
@@ -193,13 +198,32 @@ static void divide(void *acc, size_t n, int dtype, int by) {
     }
 }
 
-// outs[0..n_outs)[0..len) = the reduction of ins[0..R)[0..len), in rank order, block by block.
+// dst[0..n) = src[0..n), a line at a time, both asked for PREFETCH_BYTES ahead (see there).
+static void copy_bytes(char *restrict dst, const char *restrict src, size_t n) {
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __builtin_prefetch(src + i + PREFETCH_BYTES);
+        __builtin_prefetch(dst + i + PREFETCH_BYTES, 1);
+        memcpy(dst + i, src + i, 64);
+    }
+    memcpy(dst + i, src + i, n - i);
+}
+
+// outs[0..n_outs)[0..len) = the reduction of ins[0..R)[0..len), in rank order, block by block. The
+// pass that copies ins[0] into the block also prefetches every input ahead, so that each combine
+// finds its input in cache.
 static void reduce_slice(char *const *outs, int n_outs, char *const *ins, int R, size_t len, int dtype, int op) {
     _Alignas(64) char tmp[BLOCK_BYTES];
     const size_t isz = ITEMSIZE[dtype], per_block = BLOCK_BYTES / isz;
     for (size_t start = 0; start < len; start += per_block) {
-        size_t b = len - start < per_block ? len - start : per_block, off = start * isz;
-        memcpy(tmp, ins[0] + off, b * isz);
+        size_t b = len - start < per_block ? len - start : per_block, off = start * isz, bytes = b * isz, i = 0;
+        for (; i + 64 <= bytes; i += 64) {
+            for (int r = 0; r < R; r++) {
+                __builtin_prefetch(ins[r] + off + i + PREFETCH_BYTES);
+            }
+            memcpy(tmp + i, ins[0] + off + i, 64);
+        }
+        memcpy(tmp + i, ins[0] + off + i, bytes - i);
         for (int r = 1; r < R; r++) {
             combine(tmp, ins[r] + off, b, dtype, op);
         }
@@ -207,7 +231,7 @@ static void reduce_slice(char *const *outs, int n_outs, char *const *ins, int R,
             divide(tmp, b, dtype, R);
         }
         for (int o = 0; o < n_outs; o++) {
-            memcpy(outs[o] + off, tmp, b * isz);
+            copy_bytes(outs[o] + off, tmp, bytes);
         }
     }
 }
@@ -328,8 +352,8 @@ static size_t slice_len(size_t n, int R, int p) {
 static void copy_in(const ShmChannel *c, const char *arr, size_t first, size_t m, int buf, size_t isz) {
     char *stage = stage_of(c, c->rank, buf);
     size_t lo = slice_lo(m, c->size, c->rank), hi = lo + slice_len(m, c->size, c->rank);
-    memcpy(stage, arr + first * isz, lo * isz);
-    memcpy(stage + hi * isz, arr + (first + hi) * isz, (m - hi) * isz);
+    copy_bytes(stage, arr + first * isz, lo * isz);
+    copy_bytes(stage + hi * isz, arr + (first + hi) * isz, (m - hi) * isz);
 }
 
 // The peers' reduced slices of the chunk [first, first + m) from their staging buffers into arr.
@@ -337,7 +361,7 @@ static void copy_out(const ShmChannel *c, char *arr, size_t first, size_t m, int
     for (int p = 0; p < c->size; p++) {
         if (p != c->rank) {
             size_t plo = slice_lo(m, c->size, p);
-            memcpy(arr + (first + plo) * isz, stage_of(c, p, buf) + plo * isz, slice_len(m, c->size, p) * isz);
+            copy_bytes(arr + (first + plo) * isz, stage_of(c, p, buf) + plo * isz, slice_len(m, c->size, p) * isz);
         }
     }
 }
