@@ -247,6 +247,10 @@ void shm_reduce(char *const *outs, int n_outs, char *const *ins, int R, size_t l
     reduce_slice(outs, n_outs, ins, R, len, dtype, op);
 }
 
+void shm_copy(void *dst, const void *src, size_t n) {
+    copy_bytes(dst, src, n);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Barriers
 

@@ -94,6 +94,9 @@ int shm_allreduce(ShmChannel *c, const ShmSession *session, void *data, int64_t 
 // outs[0..n_outs)[0..len) = the reduction of ins[0..R)[0..len) with op, in rank order (AVG divides by R).
 void shm_reduce(char *const *outs, int n_outs, char *const *ins, int R, size_t len, int dtype, int op);
 
+// memcpy for data another core has just written (prefetching 64-byte moves: shm.c says why).
+void shm_copy(void *dst, const void *src, size_t n);
+
 // Names for messages.
 const char *shm_dtype_name(int dtype);
 size_t shm_itemsize(int dtype);

@@ -164,7 +164,7 @@ int shm_small_complete(ShmSmall *s, const SmallCall *c, const ShmWait *w, char *
         switch (c->kind) {
         case SMALL_BCAST:
             if (me != c->root) {
-                memcpy(c->dst, data_of(s, c->root, r), block);
+                shm_copy(c->dst, data_of(s, c->root, r), block);
             }
             break;
         case SMALL_ALLREDUCE: case SMALL_REDUCE: case SMALL_REDUCE_SCATTER:
@@ -178,12 +178,12 @@ int shm_small_complete(ShmSmall *s, const SmallCall *c, const ShmWait *w, char *
             break;
         case SMALL_ALLGATHER:
             for (int p = 0; p < R; p++) {
-                memcpy((char *)c->dst + (size_t)p * block, data_of(s, p, r), block);
+                shm_copy((char *)c->dst + (size_t)p * block, data_of(s, p, r), block);
             }
             break;
         case SMALL_ALLTOALL:
             for (int p = 0; p < R; p++) {
-                memcpy((char *)c->dst + (size_t)p * block, data_of(s, p, r) + (size_t)me * block, block);
+                shm_copy((char *)c->dst + (size_t)p * block, data_of(s, p, r) + (size_t)me * block, block);
             }
             break;
         default:
