@@ -225,9 +225,10 @@ done:
 }
 
 // all_reduce's `algorithm` (pydist maps the names): MPI's own, our ring (csrc/algorithms/ring.h), our
-// shared-memory all-reduce (shared_memory.c), or automatic: shm from PD_SHM_AUTO_BYTES up on a group
-// whose ranks share a node when every rank's array is in the segment (decided inside, from what every
-// rank publishes), else MPI's.
+// shared-memory all-reduce (shared_memory.c), or automatic: on a group whose ranks share a node, the
+// small collectives up to pd_shm_small_bytes, shm from PD_SHM_AUTO_BYTES up when every rank's array is
+// in the segment (decided inside, from what every rank publishes) and for any array from
+// PD_SHM_AUTO_COPY_BYTES up; else MPI's.
 enum { ALGORITHM_MPI = 0, ALGORITHM_RING = 1, ALGORITHM_SHM = 2, ALGORITHM_AUTO = 3 };
 
 static void scratch_free(PyObject *capsule) {
@@ -364,7 +365,8 @@ PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     if ((algorithm == ALGORITHM_SHM || (algorithm == ALGORITHM_AUTO && pd_shm_auto(group, buf.nbytes))) &&
-        pd_shm_all_reduce(args[0], &buf, op, group, async_op, algorithm == ALGORITHM_SHM, &ret)) {
+        pd_shm_all_reduce(args[0], &buf, op, group, async_op,
+                          algorithm == ALGORITHM_SHM || buf.nbytes >= PD_SHM_AUTO_COPY_BYTES, &ret)) {
         goto done;   // else (decided alike everywhere): MPI's
     }
     if (algorithm == ALGORITHM_AUTO &&

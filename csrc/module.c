@@ -94,6 +94,7 @@ static int module_exec(PyObject *m) {
         {"OP_BOR", PD_OP_BOR}, {"OP_BXOR", PD_OP_BXOR},
         {"WAIT_POLL", PD_WAIT_POLL}, {"WAIT_MPI", PD_WAIT_MPI},
         {"MAX_GROUPS", PD_MAX_GROUPS}, {"SHM_AUTO_BYTES", PD_SHM_AUTO_BYTES},
+        {"SHM_AUTO_COPY_BYTES", PD_SHM_AUTO_COPY_BYTES},
     };
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         if (PyModule_AddIntConstant(m, ints[i].name, ints[i].value) < 0) {

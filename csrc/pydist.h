@@ -239,6 +239,9 @@ size_t pd_env_bytes(const char *name, size_t dflt);
 // ranks share a node, and then only if every rank's array is in the segment). The crossover was
 // measured with benchmarks/shm_allreduce.py (README).
 #define PD_SHM_AUTO_BYTES (64 * 1024)
+// From this size the automatic choice copies ordinary arrays through shm too: benchmarks/shm_allreduce.py
+// has shown the copy path ahead of MPICH from 16 or 32 MiB up in every run on this machine (README).
+#define PD_SHM_AUTO_COPY_BYTES ((Py_ssize_t)32 << 20)
 // Whether the automatic choice takes shm for `nbytes` on this group: depends only on the size and the
 // group's layout, so every rank decides alike.
 int pd_shm_auto(long group, Py_ssize_t nbytes);

@@ -434,9 +434,9 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm
         algorithm: ``None`` (automatic): on a group whose ranks share one node, up to 64 KiB
             (``PYDIST_SHM_SMALL_BYTES``) pydist's small collectives in shared memory (as every
             collective there), and pydist's shared-memory all-reduce, in place, when every rank
-            passes an array from :func:`empty`/:func:`zeros` of at least ``_C.SHM_AUTO_BYTES`` (64 KiB);
-            else MPI's (for larger ordinary arrays MPICH's all-reduce is about as fast as copying
-            through shared memory).
+            passes an array from :func:`empty`/:func:`zeros` of at least ``_C.SHM_AUTO_BYTES`` (64 KiB)
+            or any array of at least ``_C.SHM_AUTO_COPY_BYTES`` (32 MiB); else MPI's (between 64 KiB
+            and 32 MiB MPICH's all-reduce is about as fast as copying through shared memory).
             ``"mpi"``: MPI's own all-reduce (MPICH picks its algorithm by size).
             ``"shm"``: pydist's shared-memory all-reduce (each rank reduces 1/R of the elements of every
             rank's contribution in a segment the node's ranks share); arrays from :func:`empty` /

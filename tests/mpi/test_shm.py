@@ -162,6 +162,24 @@ def test_shm_automatic_choice_by_size_and_place():
     parallel_assert(ok, f"{steps}")
 
 
+def test_shm_automatic_choice_copies_large_ordinary_arrays():
+    """From SHM_AUTO_COPY_BYTES up an ordinary array goes through the staging buffers too (the copy
+    path is ahead of MPICH there); just below it, MPI's."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    n = dist._C.SHM_AUTO_COPY_BYTES // 4
+    x = np.full(n, rank + 1, np.float32)
+    below = np.full(n - 1, rank + 1, np.float32)
+    before = info()["calls_copied"]
+    dist.all_reduce(x)
+    middle = info()["calls_copied"]
+    dist.all_reduce(below)
+    after = info()["calls_copied"]
+    total = size * (size + 1) / 2
+    want = (1, 0) if size > 1 else (0, 0)
+    ok = (middle - before, after - middle) == want and x[0] == total and x[-1] == total and np.all(below == total)
+    parallel_assert(bool(ok), f"{(middle - before, after - middle)} {x[:2]}")
+
+
 def test_shm_async_returns_a_completed_work():
     rank, size = dist.get_rank(), dist.get_world_size()
     x = np.full(7, rank + 1, np.int64)
