@@ -799,13 +799,25 @@ PyObject *pd_mpi_info(PyObject *self, PyObject *unused) {
 // ---------------------------------------------------------------------------------------------------
 // Sub-groups
 
-// _C.new_group(ranks) -> handle, or -1 on a rank that is not a member. Collective over the world,
-// as in torch: every rank calls it with the same ranks (sorted, unique, checked by the caller and
-// again here). Group ranks follow global rank order.
+static PyObject *take_slot(MPI_Comm comm);
+
+// MPI_Comm_create_group's tag for members-only groups (any fixed value: members create their groups
+// in the same order, which is all MPI asks of calls with one tag).
+#define MEMBERS_ONLY_TAG 7283
+
+// _C.new_group(ranks[, members_only]) -> handle, or -1 on a rank that is not a member. Collective over
+// the world, as in torch: every rank calls it with the same ranks (sorted, unique, checked by the
+// caller and again here). Group ranks follow global rank order. members_only: only the members call
+// it (MPI_Comm_create_group; the torch backend, whose non-members never reach it, after its own
+// store-based arrival check): blocking in MPI, so the caller must know every member has arrived.
 PyObject *pd_new_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     const char *fn = "new_group";
-    if (pd_check_nargs(nargs, 1, fn) < 0 || pd_group_comm(0, fn) == NULL) {
+    int members_only = 0;
+    if (nargs == 2 && pd_arg_bool(args[1], fn, "members_only", &members_only) < 0) {
+        return NULL;
+    }
+    if ((nargs != 2 && pd_check_nargs(nargs, 1, fn) < 0) || pd_group_comm(0, fn) == NULL) {
         return NULL;
     }
     PyObject *seq = PySequence_Fast(args[0], "new_group(): `ranks` must be a sequence of ints");
@@ -829,6 +841,45 @@ PyObject *pd_new_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         }
         prev = r;
         member |= (r == groups[0].rank);
+    }
+    if (members_only) {
+        if (!member) {
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_ValueError, "new_group(): with members_only, only the members may call it");
+            return NULL;
+        }
+        int *ranks = PyMem_RawMalloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+        if (ranks == NULL) {
+            Py_DECREF(seq);
+            return PyErr_NoMemory();
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            ranks[i] = (int)PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));   // checked above
+        }
+        Py_DECREF(seq);
+        MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+        MPI_Comm comm = MPI_COMM_NULL;
+        int rc = MPI_Comm_group(groups[0].comm, &world_group);
+        if (rc == MPI_SUCCESS) {
+            rc = MPI_Group_incl(world_group, (int)n, ranks, &group);
+        }
+        PyMem_RawFree(ranks);
+        if (rc == MPI_SUCCESS) {
+            MPI_Comm world = groups[0].comm;
+            Py_BEGIN_ALLOW_THREADS
+            rc = MPI_Comm_create_group(world, group, MEMBERS_ONLY_TAG, &comm);
+            Py_END_ALLOW_THREADS
+        }
+        if (group != MPI_GROUP_NULL) {
+            MPI_Group_free(&group);
+        }
+        if (world_group != MPI_GROUP_NULL) {
+            MPI_Group_free(&world_group);
+        }
+        if (rc != MPI_SUCCESS) {
+            return pd_raise_mpi(rc, "MPI_Comm_create_group");
+        }
+        return take_slot(comm);
     }
     Py_DECREF(seq);
     // Everyone arrives first through our interruptible wait; the split itself is blocking in MPI
@@ -857,7 +908,12 @@ PyObject *pd_new_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     if (!member) {
         return PyLong_FromLong(-1);
     }
-    // The slot is chosen and taken with the GIL held throughout, so two threads cannot take one slot.
+    return take_slot(comm);
+}
+
+// A new sub-group's slot for comm (freed on failure). The slot is chosen and taken with the GIL held
+// throughout, so two threads cannot take one slot.
+static PyObject *take_slot(MPI_Comm comm) {
     int slot = -1;
     for (int i = 1; i < PD_MAX_GROUPS && slot < 0; i++) {
         if (!groups[i].in_use) {

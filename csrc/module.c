@@ -45,7 +45,7 @@ static PyMethodDef module_methods[] = {
          "all_to_all_single(output, input, out_splits|None, in_splits|None, group, async_op)"),
     FAST("all_to_all", pd_all_to_all, "all_to_all(output_list, input_list, group, async_op)"),
     FAST("set_validate_only", pd_set_validate_only, "set_validate_only(flag) -> old flag (PYDIST_DEBUG=DETAIL)"),
-    FAST("new_group", pd_new_group, "new_group(sorted_ranks) -> handle, or -1 on non-members"),
+    FAST("new_group", pd_new_group, "new_group(sorted_ranks[, members_only]) -> handle, or -1 on non-members"),
     FAST("destroy_group", pd_destroy_group, "destroy_group(handle) -> None"),
     {"live_groups", pd_live_groups, METH_NOARGS, "live_groups() -> number of communicators held"},
     {"parked", pd_parked_count, METH_NOARGS, "parked() -> number of requests parked until MPI completes them"},

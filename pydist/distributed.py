@@ -187,10 +187,19 @@ def _excepthook(exc_type, exc, tb):
     """
     prefix = _rank_prefix()
     text = "".join(traceback.format_exception(exc_type, exc, tb))
-    sys.stderr.write("".join(f"{prefix}: {line}\n" for line in text.rstrip("\n").split("\n")))
-    sys.stderr.flush()
-    if _C.is_initialized() and _C.get_world_size(0) > 1:
-        sys.stderr.write(f"{prefix}: unhandled exception, aborting the job (MPI_Abort)\n")
+    text = "".join(f"{prefix}: {line}\n" for line in text.rstrip("\n").split("\n"))
+    aborting = _C.is_initialized() and _C.get_world_size(0) > 1
+    streams = [sys.stderr]
+    if aborting and sys.__stderr__ is not None and sys.stderr is not sys.__stderr__:
+        # A hook that called us captures sys.stderr to print it once we return (torch.distributed's
+        # does, to prefix it), and MPI_Abort never returns: say it on the real stderr too.
+        streams.append(sys.__stderr__)
+    for stream in streams:
+        stream.write(text)
+        if aborting:
+            stream.write(f"{prefix}: unhandled exception, aborting the job (MPI_Abort)\n")
+        stream.flush()
+    if aborting:
         _abort(1)
 
 

@@ -1,0 +1,260 @@
+"""pydist as a torch.distributed backend (pydist/torch.py), under real mpiexec at every world size:
+torch's own calls on a "pydist" default group side by side with a gloo group over the same ranks in
+the same job, compared exactly (inputs are small integers, so every summation order gives the same
+bits); where gloo lacks a call, against NumPy. Then DistributedDataParallel: an MLP and LeNet-5 train
+to the weights one process reaches with the whole batch, bitwise equal on every rank, with one bucket
+and with many buckets in flight."""
+import numpy as np
+import pytest
+import torch
+import torch.distributed as tdist
+import torch.nn as nn
+
+import pydist as dist
+import pydist.torch  # noqa: F401  (registers the backend)
+from helpers import parallel_assert
+
+OPS = ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG"]
+
+
+@pytest.fixture(scope="module")
+def gloo():
+    """torch's default group on pydist, and a gloo group of every rank beside it."""
+    if not tdist.is_initialized():
+        tdist.init_process_group(backend="pydist")
+    yield tdist.new_group(backend="gloo")
+    tdist.destroy_process_group()
+
+
+def ints(rank, shape, dtype, seed=0):
+    g = torch.Generator().manual_seed(1000 * seed + rank)
+    return torch.randint(1, 4, shape, generator=g).to(dtype)
+
+
+def test_backend_is_pydist(gloo):
+    ok = tdist.get_backend() == "pydist" and tdist.get_rank() == dist.get_rank()
+    ok &= tdist.get_world_size() == dist.get_world_size() and tdist.get_backend(gloo) == "gloo"
+    parallel_assert(ok, f"{tdist.get_backend()}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64, torch.uint8,
+                                   torch.float16])
+def test_all_reduce_every_op_equals_gloo(gloo, dtype):
+    rank, wrong = tdist.get_rank(), []
+    for name in OPS:
+        op = getattr(tdist.ReduceOp, name)
+        if name in ("BAND", "BOR", "BXOR") and dtype.is_floating_point or name == "AVG" and not dtype.is_floating_point:
+            continue   # not defined for the dtype (pydist raises TypeError, as for NumPy arrays)
+        x = ints(rank, (7,), dtype, seed=OPS.index(name))
+        ours = x.clone()
+        tdist.all_reduce(ours, op=op)
+        if name == "AVG":   # gloo has no AVG: SUM / size, as torch defines it
+            want = x.clone()
+            tdist.all_reduce(want, op=tdist.ReduceOp.SUM, group=gloo)
+            want /= tdist.get_world_size()
+        else:
+            want = x.clone()
+            tdist.all_reduce(want, op=op, group=gloo)
+        if not torch.equal(ours, want):
+            wrong.append((name, ours.tolist(), want.tolist()))
+    parallel_assert(not wrong, f"{wrong[:3]}")
+
+
+def test_collectives_equal_gloo(gloo):
+    rank, size = tdist.get_rank(), tdist.get_world_size()
+    wrong = []
+
+    def same(name, ours, theirs):
+        if not all(torch.equal(a, b) for a, b in zip(ours, theirs)):
+            wrong.append(name)
+
+    for root in range(size):
+        a, b = ints(rank, (5,), torch.float32, 1), ints(rank, (5,), torch.float32, 1)
+        tdist.broadcast(a, root)
+        tdist.broadcast(b, root, group=gloo)
+        same(f"broadcast from {root}", [a], [b])
+        a, b = ints(rank, (5,), torch.int64, 2), ints(rank, (5,), torch.int64, 2)
+        tdist.reduce(a, root, op=tdist.ReduceOp.MAX)
+        tdist.reduce(b, root, op=tdist.ReduceOp.MAX, group=gloo)
+        if rank == root:
+            same(f"reduce to {root}", [a], [b])
+        x = ints(rank, (3,), torch.float64, 3)
+        ga = [torch.empty(3, dtype=torch.float64) for _ in range(size)] if rank == root else None
+        gb = [torch.empty(3, dtype=torch.float64) for _ in range(size)] if rank == root else None
+        tdist.gather(x, ga, dst=root)
+        tdist.gather(x, gb, dst=root, group=gloo)
+        if rank == root:
+            same(f"gather to {root}", ga, gb)
+        parts = [ints(p, (2, 2), torch.int32, 4) for p in range(size)]
+        sa, sb = torch.empty(2, 2, dtype=torch.int32), torch.empty(2, 2, dtype=torch.int32)
+        tdist.scatter(sa, parts if rank == root else None, src=root)
+        tdist.scatter(sb, parts if rank == root else None, src=root, group=gloo)
+        same(f"scatter from {root}", [sa], [sb])
+
+    x = ints(rank, (4,), torch.float32, 5)
+    la, lb = [torch.empty(4) for _ in range(size)], [torch.empty(4) for _ in range(size)]
+    tdist.all_gather(la, x)
+    tdist.all_gather(lb, x, group=gloo)
+    same("all_gather", la, lb)
+    ta, tb = torch.empty(4 * size), torch.empty(4 * size)
+    tdist.all_gather_into_tensor(ta, x)
+    tdist.all_gather_into_tensor(tb, x, group=gloo)
+    same("all_gather_into_tensor", [ta], [tb])
+
+    inp = ints(rank, (2 * size, 3), torch.float32, 6)
+    oa, ob = torch.empty(2 * size, 3), torch.empty(2 * size, 3)
+    tdist.all_to_all_single(oa, inp)
+    tdist.all_to_all_single(ob, inp, group=gloo)
+    same("all_to_all_single", [oa], [ob])
+    splits_in = [(rank + p) % 3 for p in range(size)]   # rank r sends (r + p) % 3 rows to p
+    splits_out = [(p + rank) % 3 for p in range(size)]
+    src = ints(rank, (sum(splits_in), 2), torch.int64, 7)
+    va = torch.empty(sum(splits_out), 2, dtype=torch.int64)
+    vb = torch.empty_like(va)
+    tdist.all_to_all_single(va, src, splits_out, splits_in)
+    tdist.all_to_all_single(vb, src, splits_out, splits_in, group=gloo)
+    same("all_to_all_single with splits", [va], [vb])
+    ins = [ints(rank, (3,), torch.float32, 8 + p) for p in range(size)]
+    outs_a = [torch.empty(3) for _ in range(size)]
+    outs_b = [torch.empty(3) for _ in range(size)]
+    tdist.all_to_all(outs_a, ins)
+    tdist.all_to_all(outs_b, ins, group=gloo)
+    same("all_to_all", outs_a, outs_b)
+    # Blocks of different sizes (gloo refuses them; torch's API allows them): against what each peer sent.
+    ins = [ints(rank, (p + 1,), torch.float32, 30 + p) for p in range(size)]
+    outs = [torch.empty(rank + 1) for _ in range(size)]
+    tdist.all_to_all(outs, ins)
+    same("all_to_all, uneven", outs, [ints(q, (rank + 1,), torch.float32, 30 + rank) for q in range(size)])
+    parallel_assert(not wrong, f"{wrong}")
+
+
+def test_reduce_scatter_against_numpy(gloo):
+    rank, size = tdist.get_rank(), tdist.get_world_size()
+    blocks = [ints(rank, (3,), torch.float32, 9 + p) for p in range(size)]
+    out = torch.empty(3)
+    tdist.reduce_scatter(out, blocks, op=tdist.ReduceOp.SUM)
+    want = sum(ints(r, (3,), torch.float32, 9 + rank).numpy() for r in range(size))
+    whole = torch.cat([ints(rank, (2,), torch.float64, 20 + p) for p in range(size)])
+    single = torch.empty(2, dtype=torch.float64)
+    tdist.reduce_scatter_tensor(single, whole, op=tdist.ReduceOp.MAX)
+    want_single = np.max([ints(r, (2,), torch.float64, 20 + rank).numpy() for r in range(size)], axis=0)
+    parallel_assert(np.array_equal(out.numpy(), want) and np.array_equal(single.numpy(), want_single),
+                    f"{out} {want} {single} {want_single}")
+
+
+def test_tensors_pydist_needs_to_adapt(gloo):
+    """Non-contiguous tensors (copied in and back), tensors that require grad, bfloat16 moved as raw
+    16-bit words; reducing bfloat16 and PREMUL_SUM are refused with a clear error."""
+    rank, size = tdist.get_rank(), tdist.get_world_size()
+    base = torch.zeros(4, 3)
+    column = base[:, 1]
+    column += rank + 1
+    tdist.all_reduce(column)
+    ok = torch.all(base[:, 1] == size * (size + 1) / 2) and torch.all(base[:, 0] == 0)
+    w = torch.full((3,), float(rank), requires_grad=True)
+    tdist.broadcast(w, 0)
+    ok &= torch.all(w == 0) and w.requires_grad
+    bf = torch.full((5,), rank + 0.5, dtype=torch.bfloat16)
+    gathered = [torch.empty(5, dtype=torch.bfloat16) for _ in range(size)]
+    tdist.all_gather(gathered, bf)
+    ok &= all(torch.all(g == p + 0.5) for p, g in enumerate(gathered))
+    with pytest.raises(TypeError, match="bfloat16"):
+        tdist.all_reduce(bf)
+    with pytest.raises((ValueError, RuntimeError), match="PREMUL_SUM|not support"):
+        tdist.all_reduce(torch.ones(2), op=tdist._make_nccl_premul_sum(2.0))
+    parallel_assert(bool(ok), f"{base} {w} {gathered}")
+
+
+def test_async_and_point_to_point(gloo):
+    rank, size = tdist.get_rank(), tdist.get_world_size()
+    works = [tdist.all_reduce(torch.full((3,), float(k + rank)), async_op=True) for k in range(6)]
+    ok = all(w.wait() for w in works) and all(w.is_completed() for w in works)
+    results = [w.result()[0] for w in works]
+    ok &= all(torch.all(t == sum(k + r for r in range(size))) for k, t in enumerate(results))
+    if size > 1:
+        right, left = (rank + 1) % size, (rank - 1) % size
+        got = torch.zeros(2)
+        ops = [tdist.P2POp(tdist.isend, torch.full((2,), float(rank)), right),
+               tdist.P2POp(tdist.irecv, got, left)]
+        for req in tdist.batch_isend_irecv(ops):
+            req.wait()
+        ok &= bool(torch.all(got == left))
+        if rank == 0:
+            anyone = torch.zeros(1)
+            senders = sorted(tdist.recv(anyone) for _ in range(size - 1))
+            ok &= senders == list(range(1, size))
+        else:
+            tdist.send(torch.tensor([float(rank)]), 0)
+    objs = [None]
+    tdist.broadcast_object_list(objs if rank else [{"step": 3}], src=0)
+    gathered = [None] * size
+    tdist.all_gather_object(gathered, ("rank", rank))
+    ok &= gathered == [("rank", r) for r in range(size)] and (rank == 0 or objs == [{"step": 3}])
+    tdist.barrier()
+    parallel_assert(bool(ok), f"{results} {gathered} {objs}")
+
+
+@pytest.mark.world_size(min=3)
+def test_new_group_translates_ranks(gloo):
+    rank = tdist.get_rank()
+    members = [0, 2]
+    g = tdist.new_group(members, backend="pydist")
+    ok = True
+    if rank in members:
+        ok &= tdist.get_rank(g) == members.index(rank) and tdist.get_world_size(g) == 2
+        x = torch.full((2,), float(rank))
+        tdist.broadcast(x, src=2, group=g)   # a global rank, as torch takes it
+        ok &= bool(torch.all(x == 2))
+        y = torch.full((2,), float(rank + 1))
+        tdist.all_reduce(y, group=g)
+        ok &= bool(torch.all(y == 1 + 3))
+    parallel_assert(bool(ok), f"rank {rank}")
+
+
+class LeNet5(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                                      nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2))
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84),
+                                        nn.ReLU(), nn.Linear(84, 10))
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 10))
+
+
+def train(model, batches, lr=0.05):
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for x, y in batches:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+@pytest.mark.parametrize("make,shape,bucket_mb", [(mlp, (20,), 25), (LeNet5, (1, 28, 28), 25),
+                                                  (LeNet5, (1, 28, 28), 0.01)],
+                         ids=["mlp", "lenet5", "lenet5-many-buckets"])
+def test_ddp_equals_one_process_with_the_whole_batch(gloo, make, shape, bucket_mb):
+    rank, size = tdist.get_rank(), tdist.get_world_size()
+    per_rank, steps = 4, 3
+    g = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(size * per_rank, *shape, generator=g), torch.randint(0, 10, (size * per_rank,),
+                                                                                  generator=g)) for _ in range(steps)]
+    torch.manual_seed(0)
+    alone = make()
+    torch.manual_seed(0)
+    model = make()
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
+    mine = [(x[rank * per_rank:(rank + 1) * per_rank], y[rank * per_rank:(rank + 1) * per_rank]) for x, y in batches]
+    ours = train(ddp, mine)
+    want = train(alone, batches)
+    rel = float((ours - want).abs().max() / want.abs().max())
+    everyone = [torch.empty_like(ours) for _ in range(size)]
+    tdist.all_gather(everyone, ours)
+    bitwise = all(torch.equal(everyone[0], p) for p in everyone)
+    parallel_assert(rel < 1e-5 and bitwise, f"relative difference {rel:.2e}, bitwise equal on every rank: {bitwise}")

@@ -1,0 +1,64 @@
+"""The torch backend (pydist/torch.py) when a rank fails: the job ends with that rank's error and
+traceback (torch.distributed's excepthook captures stderr to prefix it, and MPI_Abort never returns
+to let it print), never a hang or a segfault; and init_process_group(backend="pydist") needs nothing
+but mpiexec."""
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MPIEXEC = shutil.which("mpiexec.mpich") or shutil.which("mpiexec")
+
+
+def run(tmp_path, n, body, timeout=120):
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(body))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(MPIEXEC_TIMEOUT=str(timeout), UCX_ERROR_SIGNALS="", JOB_OUT=str(tmp_path))
+    return subprocess.run([MPIEXEC, "-n", str(n), sys.executable, str(script)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout + 30)
+
+
+def test_a_rank_that_raises_inside_ddp_training_ends_the_job_with_its_traceback(tmp_path):
+    proc = run(tmp_path, 2, """
+        import torch, torch.distributed as dist, torch.nn as nn
+        import pydist.torch
+        dist.init_process_group(backend="pydist")
+        model = nn.parallel.DistributedDataParallel(nn.Linear(4, 2))
+        for step in range(3):
+            if step == 1 and dist.get_rank() == 1:
+                raise RuntimeError("rank 1 fails on purpose")
+            model(torch.randn(3, 4)).sum().backward()
+        print("finished", dist.get_rank())
+    """)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "[rank1]: RuntimeError: rank 1 fails on purpose" in out, out
+    assert "[rank1]: Traceback" in out and "aborting the job" in out, out
+    assert "finished" not in out and "Segmentation fault" not in out and "signal 11" not in out, out
+
+
+def test_init_with_nothing_but_mpiexec_and_with_the_pydist_url(tmp_path):
+    proc = run(tmp_path, 2, """
+        import os, torch, torch.distributed as dist
+        import pydist.torch
+        dist.init_process_group(backend="pydist")
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"hello{dist.get_rank()}", "x")
+        store.wait([f"hello{r}" for r in range(dist.get_world_size())])
+        x = torch.ones(2)
+        dist.all_reduce(x)
+        out = open(os.path.join(os.environ["JOB_OUT"], f"rank{dist.get_rank()}.txt"), "w")
+        out.write(f"env {int(x[0])}\\n")
+        dist.destroy_process_group()
+        dist.init_process_group(backend="pydist", init_method="pydist://")
+        y = torch.ones(1)
+        dist.all_reduce(y)
+        out.write(f"url {int(y[0])}\\n")
+        out.close()
+    """)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for r in (0, 1):   # ranks' output through mpiexec interleaves: one file each
+        assert (tmp_path / f"rank{r}.txt").read_text().split("\n")[:2] == ["env 2", "url 2"], proc.stderr
