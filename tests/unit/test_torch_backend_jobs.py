@@ -1,8 +1,9 @@
-"""The torch backend (pydist/torch.py) when a rank fails: the job ends with that rank's error and
-traceback (torch.distributed's excepthook captures stderr to prefix it, and MPI_Abort never returns
-to let it print), never a hang or a segfault; and init_process_group(backend="pydist") needs nothing
-but mpiexec."""
+"""Whole jobs on the torch backend (pydist/torch.py) under real mpiexec: a rank that fails ends the job
+with that rank's error and traceback (torch.distributed's excepthook captures stderr to prefix it, and
+MPI_Abort never returns to let it print), never a hang or a segfault; init_process_group(backend=
+"pydist") needs nothing but mpiexec; and the tutorial-style example trains, identical on every rank."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -62,3 +63,20 @@ def test_init_with_nothing_but_mpiexec_and_with_the_pydist_url(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for r in (0, 1):   # ranks' output through mpiexec interleaves: one file each
         assert (tmp_path / f"rank{r}.txt").read_text().split("\n")[:2] == ["env 2", "url 2"], proc.stderr
+
+
+def test_the_tutorial_example_trains_identically_on_every_rank(tmp_path):
+    example = os.path.join(ROOT, "examples", "torch_lenet_sync_sgd.py")
+    proc = run(tmp_path, 2, f"""
+        import runpy, sys
+        sys.argv = ["torch_lenet_sync_sgd.py", "--limit", "6000", "--epochs", "2"]
+        runpy.run_path({example!r}, run_name="__main__")
+    """)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    # rank 0's last line, printed after every rank has finished (ranks' lines may interleave before)
+    done = re.search(r"done: loss ([0-9.]+) in the first epoch, ([0-9.]+) in the last, test accuracy ([0-9.]+), "
+                     r"weights identical on all 2 ranks: True", out)
+    assert done, out
+    first, last, accuracy = map(float, done.groups())
+    assert last < first - 0.2 and accuracy > 0.3, out   # it learns (chance is 0.1)
