@@ -39,6 +39,8 @@ def parse_args(argv=None):
     ap.add_argument("--data", default=None, help="folder of the IDX files (default pydist's)")
     ap.add_argument("--metrics", default="", help="JSON-lines file of per-epoch metrics ('' for none)")
     ap.add_argument("--port", type=int, default=29511, help="rendezvous port on 127.0.0.1 (default 29511)")
+    ap.add_argument("--backend", choices=("gloo", "pydist"), default="gloo",
+                    help="torch.distributed backend: gloo, or pydist's (import pydist.torch; default gloo)")
     ap.add_argument("--max-steps", type=int, default=None, help="stop each epoch after this many steps")
     return ap.parse_args(argv)
 
@@ -74,11 +76,15 @@ def evaluate(model, images, labels, rank, world, batch=500):
 def main(argv=None):
     args = parse_args(argv)
     rank, world = int(os.environ.get("PMI_RANK", 0)), int(os.environ.get("PMI_SIZE", 1))
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(args.port)
     torch.set_num_threads(1)  # the ranks are the parallelism, as pydist's one BLAS thread per rank
-    tdist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
-                             timeout=datetime.timedelta(seconds=120))
+    if args.backend == "pydist":
+        import pydist.torch  # noqa: F401  (registers the backend; MPI gives rank, size and the store)
+        tdist.init_process_group("pydist", timeout=datetime.timedelta(seconds=120))
+    else:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(args.port)
+        tdist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
+                                 timeout=datetime.timedelta(seconds=120))
 
     torch.manual_seed(args.seed)
     # DDP at every world size, R = 1 included, so both columns pay the same wrapper.

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""LeNet-5 on Fashion-MNIST: pydist's native engine beside PyTorch DDP (gloo), per world size.
+"""LeNet-5 on Fashion-MNIST: pydist's native engine beside PyTorch DDP over gloo and over pydist's torch
+backend (torch+pd: `import pydist.torch`, backend "pydist"), per world size.
 
     python benchmarks/train_compare.py                        # R = 1 2, 5 epochs each
     python benchmarks/train_compare.py --ranks 2 --epochs 10
@@ -31,7 +32,7 @@ from pydist import _C  # noqa: E402  (the engine's BLAS, for the single-core pea
 from pydist.engine import lenet5, step_flops  # noqa: E402
 
 TORCH_PEER = os.path.join(ROOT, "benchmarks", "torch_ddp_train.py")
-PROGRAMS = ("pydist", "torch")
+PROGRAMS = ("pydist", "torch", "torch+pd")   # torch+pd: the same torch program, DDP over pydist
 TARGET_ACCURACY = 0.89
 
 
@@ -61,7 +62,7 @@ def run_job(program, ranks, args, metrics):
     if program == "pydist":
         argv = [sys.executable, "-m", "pydist.train", "--model", "lenet5", "--plot", "", "--no-progress"]
     else:
-        argv = [sys.executable, TORCH_PEER]
+        argv = [sys.executable, TORCH_PEER] + (["--backend", "pydist"] if program == "torch+pd" else [])
     cmd = [MPIEXEC, "-n", str(ranks)] + argv + common
     returncode, output = run(cmd, args.timeout, "train_compare")
     records = []
@@ -120,6 +121,8 @@ def print_tables(results, args):
 
     print("\npydist / torch samples/s: "
           + ", ".join(f"R={r} {mean_rate('pydist', r) / mean_rate('torch', r):.2f}x" for r in args.ranks))
+    print("torch DDP over pydist / over gloo samples/s: "
+          + ", ".join(f"R={r} {mean_rate('torch+pd', r) / mean_rate('torch', r):.2f}x" for r in args.ranks))
 
     print(f"\npydist reaches test accuracy >= {TARGET_ACCURACY} within {args.epochs} epoch(s):")
     for r in args.ranks:

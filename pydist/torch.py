@@ -14,7 +14,8 @@ pydist call and return a ``Work``. A Work completes in ``wait()``, ``is_complete
 ``get_future()`` completes the call first (the gradient all-reduce of a bucket then runs when DDP
 asks for its future, right after starting it).
 
-Rendezvous: under ``mpiexec`` with no ``RANK`` in the environment, importing this module starts MPI
+Rendezvous: with no ``RANK`` in the environment (under ``mpiexec``, or a plain ``python script.py``,
+a world of one), importing this module starts MPI
 (``pydist.init_process_group``, every rank alike) and sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``
 and ``MASTER_PORT`` from it (rank 0 picks a free port), so torch's default ``env://`` finds a real
 TCPStore for code that uses one. ``init_method="pydist://"`` does the same without the environment.
@@ -58,10 +59,17 @@ class _Array:
     """A tensor's memory as a NumPy array: the tensor itself when contiguous, else a contiguous copy
     (written back by ``back()`` when the call wrote into it)."""
 
+    __slots__ = ("tensor", "copy", "array")
+
     def __init__(self, tensor, fn, reduce=False, arg="tensor"):
+        self.copy = None
+        if tensor.__class__ is torch.Tensor and tensor.is_cpu and tensor.is_contiguous() and \
+                tensor.dtype is not torch.bfloat16 and not tensor.requires_grad:
+            self.tensor, self.array = tensor, tensor.numpy()   # the common case, in a few hundred ns
+            return
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{fn}(): `{arg}` must be a torch.Tensor; got {type(tensor).__name__}")
-        if tensor.device.type != "cpu":
+        if not tensor.is_cpu:
             raise TypeError(f"{fn}(): the pydist backend works on CPU tensors; `{arg}` is on {tensor.device}")
         self.tensor = tensor.detach()
         if self.tensor.dtype == torch.bfloat16:
@@ -102,8 +110,8 @@ class _Work(tdist._Work):
         self._work = work
         self._result = result
         self._arrays = arrays
-        self._source = source      # recv_anysource: group rank -> our group's translation
-        self._future = torch.futures.Future()
+        self._source = source      # receives: the sender's group rank, once complete
+        self._future = None        # made when asked for (a blocking call never is)
         self._done = False
         self._error = None
         if work is None:
@@ -114,7 +122,8 @@ class _Work(tdist._Work):
             a.back()
         self._arrays = ()
         self._done = True
-        self._future.set_result(self._result)
+        if self._future is not None:
+            self._future.set_result(self._result)
 
     def wait(self, timeout=datetime.timedelta(0)):
         if self._error is not None:
@@ -151,6 +160,9 @@ class _Work(tdist._Work):
         # DistributedDataParallel waits on this future from C++: complete the call now. An error
         # raises here (a future failed with set_exception is not seen by C++).
         self.wait()
+        if self._future is None:
+            self._future = torch.futures.Future()
+            self._future.set_result(self._result)
         return self._future
 
     def _source_rank(self):
@@ -195,11 +207,22 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     def _work(self, work, result, arrays=(), source=None):
         return _Work(work, result, [a for a in arrays if a.copy is not None], source)
 
+    def _done(self, result, arrays):
+        """A call already run to the end (a blocking one: torch waits on its Work, then drops it): its
+        results copied back, and one shared completed Work (making a Work costs more than the call)."""
+        for a in arrays:
+            a.back()
+        return _DONE
+
     # collectives --------------------------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
         op = _op(opts.reduceOp if opts is not None else tdist.ReduceOp.SUM, "all_reduce")
         arrays = [_Array(t, "all_reduce", reduce=True) for t in tensors]
+        if opts is not None and not opts.asyncOp:   # torch waits at once: run it to the end here
+            for a in arrays:
+                pd.all_reduce(a.array, op, group=self._group)
+            return self._done(tensors, arrays)
         works = [pd.all_reduce(a.array, op, group=self._group, async_op=True) for a in arrays]
         return self._work(_All(works), tensors, arrays)
 
@@ -209,6 +232,10 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     def broadcast(self, tensors, opts=None):
         root = self._global(opts.rootRank if opts is not None else 0, "broadcast", "src")
         arrays = [_Array(t, "broadcast") for t in tensors]
+        if opts is not None and not opts.asyncOp:
+            for a in arrays:
+                pd.broadcast(a.array, root, group=self._group)
+            return self._done(tensors, arrays)
         works = [pd.broadcast(a.array, root, group=self._group, async_op=True) for a in arrays]
         return self._work(_All(works), tensors, arrays)
 
@@ -318,6 +345,9 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         return self._work(work, tensors, [a], source=lambda: self._ranks.index(work.source_rank()))
 
 
+_DONE = _Work(None, [])
+
+
 class _All:
     """Several pydist Works as one."""
 
@@ -381,14 +411,10 @@ def _pydist_rendezvous(url, timeout=datetime.timedelta(minutes=30), **kwargs):
     yield store, rank, size
 
 
-def _under_mpi_launcher():
-    return any(k in os.environ for k in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID"))
-
-
 def _fill_env():
-    """Under mpiexec with no RANK set: MPI's rank and size, and rank 0's address and a free port, for
-    torch's default env:// rendezvous."""
-    if "RANK" in os.environ or tdist.is_initialized() or not _under_mpi_launcher():
+    """With no RANK set (under mpiexec, or a plain `python script.py`: a world of one): MPI's rank and
+    size, and rank 0's address and a free port, for torch's default env:// rendezvous."""
+    if "RANK" in os.environ or tdist.is_initialized():
         return
     if not pd.is_initialized():
         pd.init_process_group()

@@ -31,15 +31,17 @@ def test_collectives_sweep_rejects_bad_sizes():
 
 
 def test_train_compare_quick():
-    """pydist's trainer and torch DDP (gloo) on the same LeNet-5, 1 epoch at 1 and 2 ranks."""
+    """pydist's trainer, torch DDP over gloo and torch DDP over pydist (torch+pd) on the same LeNet-5,
+    1 epoch at 1 and 2 ranks."""
     proc = subprocess.run([sys.executable, "benchmarks/train_compare.py", "--quick"], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = [line.split() for line in proc.stdout.splitlines() if re.match(r"(pydist|torch)\s+[12]\s", line)]
-    assert sorted((r[0], r[1]) for r in rows) == [("pydist", "1"), ("pydist", "2"), ("torch", "1"), ("torch", "2")]
+    rows = [line.split() for line in proc.stdout.splitlines() if re.match(r"(pydist|torch|torch\+pd)\s+[12]\s", line)]
+    assert sorted((r[0], r[1]) for r in rows) == [("pydist", "1"), ("pydist", "2"), ("torch", "1"), ("torch", "2"),
+                                                  ("torch+pd", "1"), ("torch+pd", "2")]
     for r in rows:
         assert float(r[2]) > 0 and 0.7 < float(r[4]) <= 1.0, r   # samples/s, test accuracy after 1 epoch
-    assert "pydist / torch samples/s" in proc.stdout
+    assert "pydist / torch samples/s" in proc.stdout and "torch DDP over pydist / over gloo samples/s" in proc.stdout
     # the arithmetic floor: LeNet-5's step FLOPs, the single-core sgemm peak, each run's share of it
     floor = re.search(r"LeNet-5 forward \+ backward ([\d.]+) MFLOP per step of 64 .* sgemm peak ([\d.]+) GFLOP/s",
                       proc.stdout)
