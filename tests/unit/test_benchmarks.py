@@ -166,3 +166,15 @@ def test_shm_allreduce_quick():
     for row in rows:
         assert all(float(t) > 0 for t in row[1].split()) and len(row[2].split()) == 4, row
     assert "shm-alloc: at least as fast as MPI from" in proc.stdout and "load average" in proc.stdout, proc.stdout
+
+
+def test_torch_backend_overhead_prints_its_table():
+    """One quick round: a row per size with the three programs' times and the backend's overhead."""
+    proc = subprocess.run([sys.executable, "benchmarks/torch_backend_overhead.py", "--sizes", "4", "4096",
+                           "--rounds", "1", "--target-seconds", "0.02"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = re.findall(r"^\s*(4 B|4 KiB) \|\s+([\d.]+)\s+([\d.]+)\s+([\d.]+) \|\s+([+-][\d.]+)\s+([\d.]+)$", proc.stdout,
+                      re.M)
+    assert [r[0] for r in rows] == ["4 B", "4 KiB"], proc.stdout
+    assert all(float(x) > 0 for r in rows for x in r[1:4]), rows
