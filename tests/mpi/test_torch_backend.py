@@ -19,11 +19,23 @@ OPS = ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG"]
 
 @pytest.fixture(scope="module")
 def gloo():
-    """torch's default group on pydist, and a gloo group of every rank beside it."""
+    """torch's default group on pydist (env://, filled in by the import), and a gloo group of every rank
+    beside it."""
     if not tdist.is_initialized():
         tdist.init_process_group(backend="pydist")
     yield tdist.new_group(backend="gloo")
     tdist.destroy_process_group()
+
+
+def test_init_method_pydist_url_and_its_store(gloo):
+    """init_method="pydist://": rank, size and a TCPStore hosted by rank 0, from MPI alone."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    rendezvous = tdist.rendezvous("pydist://")
+    store, r, n = next(rendezvous)
+    store.set(f"hello{rank}", str(rank))
+    store.wait([f"hello{p}" for p in range(size)])
+    seen = [store.get(f"hello{p}").decode() for p in range(size)]
+    parallel_assert((r, n) == (rank, size) and seen == [str(p) for p in range(size)], f"{r} {n} {seen}")
 
 
 def ints(rank, shape, dtype, seed=0):
@@ -32,6 +44,9 @@ def ints(rank, shape, dtype, seed=0):
 
 
 def test_backend_is_pydist(gloo):
+    store = tdist.distributed_c10d._get_default_store()   # a real store for code that uses one
+    store.set(f"rank{dist.get_rank()}", "here")
+    store.wait([f"rank{p}" for p in range(dist.get_world_size())])
     ok = tdist.get_backend() == "pydist" and tdist.get_rank() == dist.get_rank()
     ok &= tdist.get_world_size() == dist.get_world_size() and tdist.get_backend(gloo) == "gloo"
     parallel_assert(ok, f"{tdist.get_backend()}")
