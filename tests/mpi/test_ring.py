@@ -122,10 +122,12 @@ def test_ring_dropped_work_still_completes():
     y = np.ones(3, np.int64)
     dist.all_reduce(y, **RING)
     dist.barrier()
-    for _ in range(1000):                       # any pydist call moves it; give it a few
-        if np.all(x == size * (size + 1) // 2):   # every segment: the ring finishes them one step apart
+    total = size * (size + 1) // 2
+    for _ in range(1000):   # any pydist call moves it; the ranks decide together when all are done
+        done = np.array([np.all(x == total)], np.int32)   # every segment: they finish a step apart
+        dist.all_reduce(done, op=dist.ReduceOp.MIN)
+        if done[0]:
             break
-        dist.barrier()
     parallel_assert(np.all(x == size * (size + 1) // 2) and np.all(y == size), f"{x} {y}")
 
 
