@@ -177,11 +177,9 @@ class _Work(tdist._Work):
 class ProcessGroupPydist(tdist.ProcessGroup):
     """torch's ProcessGroup over a pydist group (the world, or a sub-group made members-only)."""
 
-    def __init__(self, store, rank, size, global_ranks, timeout):
+    def __init__(self, rank, size, global_ranks):
         super().__init__(rank, size)
-        self._store = store
         self._ranks = list(global_ranks)
-        self._timeout = timeout
         if len(self._ranks) == pd.get_world_size():
             self._group = None
         else:
@@ -216,15 +214,19 @@ class ProcessGroupPydist(tdist.ProcessGroup):
 
     # collectives --------------------------------------------------------------------------------
 
+    def _each(self, tensors, arrays, opts, call):
+        """call(array, async_op) on every tensor's array: to the end here when torch waits at once."""
+        if opts is not None and not opts.asyncOp:
+            for a in arrays:
+                call(a.array, False)
+            return self._done(tensors, arrays)
+        return self._work(_All([call(a.array, True) for a in arrays]), tensors, arrays)
+
     def allreduce(self, tensors, opts=None):
         op = _op(opts.reduceOp if opts is not None else tdist.ReduceOp.SUM, "all_reduce")
         arrays = [_Array(t, "all_reduce", reduce=True) for t in tensors]
-        if opts is not None and not opts.asyncOp:   # torch waits at once: run it to the end here
-            for a in arrays:
-                pd.all_reduce(a.array, op, group=self._group)
-            return self._done(tensors, arrays)
-        works = [pd.all_reduce(a.array, op, group=self._group, async_op=True) for a in arrays]
-        return self._work(_All(works), tensors, arrays)
+        return self._each(tensors, arrays, opts,
+                          lambda a, async_op: pd.all_reduce(a, op, group=self._group, async_op=async_op))
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
@@ -232,19 +234,15 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     def broadcast(self, tensors, opts=None):
         root = self._global(opts.rootRank if opts is not None else 0, "broadcast", "src")
         arrays = [_Array(t, "broadcast") for t in tensors]
-        if opts is not None and not opts.asyncOp:
-            for a in arrays:
-                pd.broadcast(a.array, root, group=self._group)
-            return self._done(tensors, arrays)
-        works = [pd.broadcast(a.array, root, group=self._group, async_op=True) for a in arrays]
-        return self._work(_All(works), tensors, arrays)
+        return self._each(tensors, arrays, opts,
+                          lambda a, async_op: pd.broadcast(a, root, group=self._group, async_op=async_op))
 
     def reduce(self, tensors, opts=None):
         op = _op(opts.reduceOp, "reduce")
         root = self._global(opts.rootRank, "reduce", "dst")
         arrays = [_Array(t, "reduce", reduce=True) for t in tensors]
-        works = [pd.reduce(a.array, root, op, group=self._group, async_op=True) for a in arrays]
-        return self._work(_All(works), tensors, arrays)
+        return self._each(tensors, arrays, opts,
+                          lambda a, async_op: pd.reduce(a, root, op, group=self._group, async_op=async_op))
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         (outs,), (inp,) = output_tensors, input_tensors
@@ -381,7 +379,7 @@ def _create(options, backend_options=None):
                 raise pd.DistTimeoutError(f"new_group(): not every member of {ranks} arrived within "
                                           f"{options.timeout}")
             time.sleep(0.001)
-    return ProcessGroupPydist(options.store, options.group_rank, options.group_size, ranks, options.timeout)
+    return ProcessGroupPydist(options.group_rank, options.group_size, ranks)
 
 
 def _free_port():
