@@ -864,7 +864,9 @@ PyObject *pd_new_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
             rc = MPI_Group_incl(world_group, (int)n, ranks, &group);
         }
         PyMem_RawFree(ranks);
-        if (rc == MPI_SUCCESS) {
+        if (rc == MPI_SUCCESS && pd_wait_serialized) {   // another thread must not enter MPI meanwhile
+            rc = MPI_Comm_create_group(groups[0].comm, group, MEMBERS_ONLY_TAG, &comm);
+        } else if (rc == MPI_SUCCESS) {
             MPI_Comm world = groups[0].comm;
             Py_BEGIN_ALLOW_THREADS
             rc = MPI_Comm_create_group(world, group, MEMBERS_ONLY_TAG, &comm);
