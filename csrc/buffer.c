@@ -57,8 +57,32 @@ static int is_torch_tensor(PyObject *obj) {
     return yes;
 }
 
-// A new reference to an ndarray for obj, or NULL with TypeError.
-static PyArrayObject *as_array(PyObject *obj, const char *fn, const char *arg) {
+// A torch bfloat16 tensor (NumPy has no bfloat16): its memory as an ndarray of 16-bit words. NULL
+// with no error set when `det` is not bfloat16, NULL with torch's error when the view fails.
+static PyObject *bfloat16_words(PyObject *det) {
+    PyObject *dtype = PyObject_GetAttrString(det, "dtype");
+    PyObject *name = dtype != NULL ? PyObject_Str(dtype) : NULL;
+    int yes = name != NULL && PyUnicode_CompareWithASCIIString(name, "torch.bfloat16") == 0;
+    Py_XDECREF(dtype);
+    Py_XDECREF(name);
+    PyErr_Clear();
+    if (!yes) {
+        return NULL;
+    }
+    PyObject *torch = PyImport_ImportModule("torch");   // imported already: the tensor is torch's
+    PyObject *int16 = torch != NULL ? PyObject_GetAttrString(torch, "int16") : NULL;
+    PyObject *view = int16 != NULL ? PyObject_CallMethod(det, "view", "O", int16) : NULL;
+    PyObject *arr = view != NULL ? PyObject_CallMethod(view, "numpy", NULL) : NULL;
+    Py_XDECREF(torch);
+    Py_XDECREF(int16);
+    Py_XDECREF(view);
+    return arr;
+}
+
+// A new reference to an ndarray for obj, or NULL with TypeError. *bf16 = 1 when it holds the words of
+// a torch bfloat16 tensor.
+static PyArrayObject *as_array(PyObject *obj, const char *fn, const char *arg, int *bf16) {
+    *bf16 = 0;
     if (PyArray_Check(obj)) {
         Py_INCREF(obj);
         return (PyArrayObject *)obj;
@@ -66,13 +90,30 @@ static PyArrayObject *as_array(PyObject *obj, const char *fn, const char *arg) {
     if (is_torch_tensor(obj)) {
         PyObject *det = PyObject_CallMethod(obj, "detach", NULL);
         PyObject *arr = det ? PyObject_CallMethod(det, "numpy", NULL) : NULL;
+        if (arr == NULL && det != NULL) {
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            arr = bfloat16_words(det);
+            if (arr != NULL) {
+                *bf16 = 1;
+                Py_XDECREF(type);
+                Py_XDECREF(value);
+                Py_XDECREF(tb);
+            } else if (!PyErr_Occurred()) {
+                PyErr_Restore(type, value, tb);   // not bfloat16: torch's own reason
+            } else {
+                Py_XDECREF(type);
+                Py_XDECREF(value);
+                Py_XDECREF(tb);
+            }
+        }
         Py_XDECREF(det);
         if (arr == NULL) {
-            // e.g. a CUDA tensor or bfloat16: say which argument and keep torch's reason
+            // e.g. a CUDA tensor: say which argument and keep torch's reason
             PyObject *type, *value, *tb;
             PyErr_Fetch(&type, &value, &tb);
             PyErr_Format(PyExc_TypeError, "%s(): `%s` is a torch tensor whose memory NumPy cannot view "
-                         "(CPU tensors of NumPy dtypes only): %S", fn, arg, value ? value : Py_None);
+                         "(CPU tensors of NumPy dtypes and bfloat16 only): %S", fn, arg, value ? value : Py_None);
             Py_XDECREF(type);
             Py_XDECREF(value);
             Py_XDECREF(tb);
@@ -92,11 +133,12 @@ static PyArrayObject *as_array(PyObject *obj, const char *fn, const char *arg) {
 
 int pd_buf_get(PyObject *obj, const char *fn, const char *arg, int writable, PdBuf *buf) {
     buf->arr = NULL;
-    PyArrayObject *arr = as_array(obj, fn, arg);
+    int bf16;
+    PyArrayObject *arr = as_array(obj, fn, arg, &bf16);
     if (arr == NULL) {
         return -1;
     }
-    const PdDtype *dt = pd_dtype_of(arr, fn, arg);
+    const PdDtype *dt = bf16 ? pd_dtype_bfloat16() : pd_dtype_of(arr, fn, arg);
     if (dt == NULL) {
         goto error;
     }

@@ -5,7 +5,9 @@
  * A NumPy dtype is looked up by kind and item size, not by type number, so every alias of a type
  * (np.intc, np.longlong, ...) finds the same entry. float16 has no reduction ops in MPI, so it
  * travels as MPI_UINT16_T and reduces with user ops (half -> float, operate, round back to nearest
- * even), which gives NumPy's result for each pairwise step. AVG is SUM followed by a division by the
+ * even), which gives NumPy's result for each pairwise step. bfloat16 (no NumPy dtype of its own: a torch
+ * tensor's, or ml_dtypes.bfloat16) travels and reduces the same way with its own ops, rounding as torch
+ * does (to nearest even). AVG is SUM followed by a division by the
  * group size, for floating and complex dtypes only (torch's AVG is not defined for integers here).
  * MIN and MAX on unsigned integers use our own ops too where MPI gets them wrong (MPICH 4.0.2 compares
  * them as signed: see unsigned_ops below).
@@ -21,7 +23,7 @@
 // table is filled in at first use rather than statically.
 
 enum { DT_BOOL, DT_I8, DT_I16, DT_I32, DT_I64, DT_U8, DT_U16, DT_U32, DT_U64,
-       DT_F16, DT_F32, DT_F64, DT_C64, DT_C128, DT_COUNT };
+       DT_F16, DT_F32, DT_F64, DT_C64, DT_C128, DT_BF16, DT_COUNT };
 
 static PdDtype table[DT_COUNT];
 static int table_ready = 0;
@@ -36,11 +38,12 @@ static void table_fill(void) {
     table[DT_U16] = (PdDtype){MPI_UINT16_T, "uint16", 'u', 0};
     table[DT_U32] = (PdDtype){MPI_UINT32_T, "uint32", 'u', 0};
     table[DT_U64] = (PdDtype){MPI_UINT64_T, "uint64", 'u', 0};
-    table[DT_F16] = (PdDtype){MPI_UINT16_T, "float16", 'f', 1};
+    table[DT_F16] = (PdDtype){MPI_UINT16_T, "float16", 'f', PD_HALF_F16};
     table[DT_F32] = (PdDtype){MPI_FLOAT, "float32", 'f', 0};
     table[DT_F64] = (PdDtype){MPI_DOUBLE, "float64", 'f', 0};
     table[DT_C64] = (PdDtype){MPI_C_FLOAT_COMPLEX, "complex64", 'c', 0};
     table[DT_C128] = (PdDtype){MPI_C_DOUBLE_COMPLEX, "complex128", 'c', 0};
+    table[DT_BF16] = (PdDtype){MPI_UINT16_T, "bfloat16", 'f', PD_HALF_BF16};
     table_ready = 1;
 }
 
@@ -55,15 +58,25 @@ static int index_of(char kind, int size) {
     }
 }
 
+// ml_dtypes.bfloat16 (JAX's and TensorFlow's NumPy dtype): a 2-byte dtype of kind 'V' named bfloat16.
+static int is_ml_bfloat16(PyArray_Descr *descr) {
+    if (descr->kind != 'V' || PyDataType_ELSIZE(descr) != 2 || PyDataType_HASFIELDS(descr)) {
+        return 0;
+    }
+    const char *name = descr->typeobj != NULL ? descr->typeobj->tp_name : "";
+    const char *dot = strrchr(name, '.');
+    return strcmp(dot != NULL ? dot + 1 : name, "bfloat16") == 0;
+}
+
 static const PdDtype *lookup_descr(PyArray_Descr *descr, const char *fn, const char *arg) {
     if (!table_ready) {
         table_fill();
     }
-    int i = index_of(descr->kind, (int)PyDataType_ELSIZE(descr));
+    int i = is_ml_bfloat16(descr) ? DT_BF16 : index_of(descr->kind, (int)PyDataType_ELSIZE(descr));
     if (i < 0 || PyDataType_HASFIELDS(descr) || PyDataType_HASSUBARRAY(descr)) {
         PyErr_Format(PyExc_TypeError,
                      "%s(): `%s` has unsupported dtype %R; supported: bool, int8..int64, "
-                     "uint8..uint64, float16, float32, float64, complex64, complex128",
+                     "uint8..uint64, float16, bfloat16, float32, float64, complex64, complex128",
                      fn, arg, (PyObject *)descr);
         return NULL;
     }
@@ -72,6 +85,13 @@ static const PdDtype *lookup_descr(PyArray_Descr *descr, const char *fn, const c
 
 const PdDtype *pd_dtype_of(PyArrayObject *arr, const char *fn, const char *arg) {
     return lookup_descr(PyArray_DESCR(arr), fn, arg);
+}
+
+const PdDtype *pd_dtype_bfloat16(void) {
+    if (!table_ready) {
+        table_fill();
+    }
+    return &table[DT_BF16];
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -133,6 +153,25 @@ static uint16_t float_to_half(float f) {
     return sign | (uint16_t)h;
 }
 
+// bfloat16 is float32's top half: widening is exact; narrowing rounds to nearest even as torch's
+// c10::BFloat16 does, and keeps NaN quiet.
+static float bf16_to_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float out;
+    memcpy(&out, &bits, 4);
+    return out;
+}
+
+static uint16_t float_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) {
+        return (uint16_t)((x >> 16) | 0x40u);
+    }
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
 // The same conversions for the shared-memory all-reduce's kernels (algorithms/shm.c).
 float pd_half_to_float(uint16_t h) {
     return half_to_float(h);
@@ -142,27 +181,43 @@ uint16_t pd_float_to_half(float f) {
     return float_to_half(f);
 }
 
+float pd_bf16_to_float(uint16_t h) {
+    return bf16_to_float(h);
+}
+
+uint16_t pd_float_to_bf16(float f) {
+    return float_to_bf16(f);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // float16 user ops. MPI calls them as inout[i] = in[i] (op) inout[i].
 
-#define HALF_OP(name, expr)                                                                        \
+#define HALF_OP(name, widen, narrow, expr)                                                         \
     static void name(void *in, void *inout, MPI_Count *len, MPI_Datatype *dt) {                    \
         (void)dt;                                                                                   \
         const uint16_t *a_ = (const uint16_t *)in;                                                  \
         uint16_t *b_ = (uint16_t *)inout;                                                           \
         for (MPI_Count i = 0; i < *len; i++) {                                                      \
-            float a = half_to_float(a_[i]), b = half_to_float(b_[i]);                               \
-            b_[i] = float_to_half(expr);                                                            \
+            float a = widen(a_[i]), b = widen(b_[i]);                                               \
+            b_[i] = narrow(expr);                                                                   \
         }                                                                                           \
     }
 
 // MIN/MAX propagate NaN, as np.minimum/np.maximum do.
-HALF_OP(half_sum, a + b)
-HALF_OP(half_prod, a * b)
-HALF_OP(half_min, (a != a || b != b) ? NAN : (a < b ? a : b))
-HALF_OP(half_max, (a != a || b != b) ? NAN : (a > b ? a : b))
+#define NAN_MIN (a != a || b != b) ? NAN : (a < b ? a : b)
+#define NAN_MAX (a != a || b != b) ? NAN : (a > b ? a : b)
+HALF_OP(half_sum, half_to_float, float_to_half, a + b)
+HALF_OP(half_prod, half_to_float, float_to_half, a * b)
+HALF_OP(half_min, half_to_float, float_to_half, NAN_MIN)
+HALF_OP(half_max, half_to_float, float_to_half, NAN_MAX)
+HALF_OP(bf16_sum, bf16_to_float, float_to_bf16, a + b)
+HALF_OP(bf16_prod, bf16_to_float, float_to_bf16, a * b)
+HALF_OP(bf16_min, bf16_to_float, float_to_bf16, NAN_MIN)
+HALF_OP(bf16_max, bf16_to_float, float_to_bf16, NAN_MAX)
 
-static MPI_Op half_ops[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+// [float16, bfloat16][sum, prod, min, max]
+static MPI_Op half_ops[2][4] = {{MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL},
+                                {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}};
 
 // ---------------------------------------------------------------------------------------------------
 // MIN and MAX of unsigned integers. MPICH 4.0.2 (Debian's) compares them as signed, so that
@@ -217,12 +272,15 @@ static int unsigned_index(const PdDtype *dt) {
 }
 
 int pd_ops_init(void) {
-    MPI_User_function_c *fns[4] = {half_sum, half_prod, half_min, half_max};
-    for (int i = 0; i < 4; i++) {
-        if (half_ops[i] == MPI_OP_NULL) {
-            int rc = MPI_Op_create_c(fns[i], 1, &half_ops[i]);
-            if (rc != MPI_SUCCESS) {
-                return pd_raise_mpi_int(rc, "MPI_Op_create_c");
+    MPI_User_function_c *fns[2][4] = {{half_sum, half_prod, half_min, half_max},
+                                      {bf16_sum, bf16_prod, bf16_min, bf16_max}};
+    for (int h = 0; h < 2; h++) {
+        for (int i = 0; i < 4; i++) {
+            if (half_ops[h][i] == MPI_OP_NULL) {
+                int rc = MPI_Op_create_c(fns[h][i], 1, &half_ops[h][i]);
+                if (rc != MPI_SUCCESS) {
+                    return pd_raise_mpi_int(rc, "MPI_Op_create_c");
+                }
             }
         }
     }
@@ -244,9 +302,11 @@ int pd_ops_init(void) {
 
 void pd_ops_free(void) {
     for (int i = 0; i < 4; i++) {
-        if (half_ops[i] != MPI_OP_NULL) {
-            MPI_Op_free(&half_ops[i]);
-            half_ops[i] = MPI_OP_NULL;
+        for (int h = 0; h < 2; h++) {
+            if (half_ops[h][i] != MPI_OP_NULL) {
+                MPI_Op_free(&half_ops[h][i]);
+                half_ops[h][i] = MPI_OP_NULL;
+            }
         }
         for (int j = 0; j < 2; j++) {
             if (unsigned_ops[i][j] != MPI_OP_NULL) {
@@ -266,19 +326,20 @@ const char *pd_op_name(int op) {
     return (op >= 0 && op < PD_OP_COUNT) ? op_names[op] : "?";
 }
 
-// float16's ops are created at init; until then a placeholder marks the valid pairs, so that which
-// pairs are valid never depends on whether MPI has started.
-static MPI_Op half_op(int i) {
-    return half_ops[i] != MPI_OP_NULL ? half_ops[i] : MPI_SUM;
+// float16's and bfloat16's ops are created at init; until then a placeholder marks the valid pairs, so
+// that which pairs are valid never depends on whether MPI has started.
+static MPI_Op half_op(int half, int i) {
+    MPI_Op m = half_ops[half == PD_HALF_BF16][i];
+    return m != MPI_OP_NULL ? m : MPI_SUM;
 }
 
 static MPI_Op op_for(int op, const PdDtype *dt) {
-    if (dt->is_half) {
+    if (dt->half) {
         switch (op) {
-        case PD_OP_SUM: case PD_OP_AVG: return half_op(0);
-        case PD_OP_PRODUCT: return half_op(1);
-        case PD_OP_MIN: return half_op(2);
-        case PD_OP_MAX: return half_op(3);
+        case PD_OP_SUM: case PD_OP_AVG: return half_op(dt->half, 0);
+        case PD_OP_PRODUCT: return half_op(dt->half, 1);
+        case PD_OP_MIN: return half_op(dt->half, 2);
+        case PD_OP_MAX: return half_op(dt->half, 3);
         default: return MPI_OP_NULL;
         }
     }
@@ -366,10 +427,15 @@ PyObject *pd_check_op(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 // AVG: divide the summed buffer by the group size. Runs without the GIL.
 
 void pd_divide_inplace(void *buf, MPI_Count count, const PdDtype *dt, int divisor) {
-    if (dt->is_half) {
+    if (dt->half == PD_HALF_F16) {
         uint16_t *p = buf;
         for (MPI_Count i = 0; i < count; i++) {
             p[i] = float_to_half(half_to_float(p[i]) / (float)divisor);
+        }
+    } else if (dt->half == PD_HALF_BF16) {
+        uint16_t *p = buf;
+        for (MPI_Count i = 0; i < count; i++) {
+            p[i] = float_to_bf16(bf16_to_float(p[i]) / (float)divisor);
         }
     } else if (dt->mpi == MPI_FLOAT) {
         float *p = buf;

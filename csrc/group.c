@@ -775,6 +775,26 @@ PyObject *pd_get_world_size(PyObject *self, PyObject *const *args, Py_ssize_t na
     return PyLong_FromLong(groups[h].size);
 }
 
+// _C.set_timeout(seconds) -> the old timeout: the session's for every later wait (< 0: none). The
+// torch backend applies torch's init_process_group(timeout=...) with it when MPI was started earlier.
+PyObject *pd_set_timeout(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (pd_check_nargs(nargs, 1, "set_timeout") < 0) {
+        return NULL;
+    }
+    double timeout = PyFloat_AsDouble(args[0]);
+    if (timeout == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (timeout != timeout) {
+        PyErr_SetString(PyExc_ValueError, "set_timeout(): `seconds` must be a number, not NaN");
+        return NULL;
+    }
+    double old = default_timeout;
+    default_timeout = timeout > 0 ? timeout : -1.0;
+    return PyFloat_FromDouble(old);
+}
+
 PyObject *pd_is_initialized(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;

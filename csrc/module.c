@@ -17,6 +17,7 @@ static PyMethodDef module_methods[] = {
     {"finalize", pd_finalize, METH_NOARGS, "finalize() -> None: MPI_Finalize, at interpreter exit"},
     FAST("abort", pd_abort, "abort(code): MPI_Abort(MPI_COMM_WORLD, code)"),
     {"is_initialized", pd_is_initialized, METH_NOARGS, "is_initialized() -> bool"},
+    FAST("set_timeout", pd_set_timeout, "set_timeout(seconds) -> old: the session's timeout (<= 0: none)"),
     {"mpi_info", pd_mpi_info, METH_NOARGS, "mpi_info() -> dict"},
     FAST("get_rank", pd_get_rank, "get_rank(group) -> int"),
     FAST("get_world_size", pd_get_world_size, "get_world_size(group) -> int"),

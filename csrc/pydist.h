@@ -63,11 +63,13 @@ enum {
 };
 
 typedef struct {
-    MPI_Datatype mpi;   // what MPI moves (float16 travels as MPI_UINT16_T with our own ops)
+    MPI_Datatype mpi;   // what MPI moves (float16, bfloat16 travel as MPI_UINT16_T with our own ops)
     const char *name;   // NumPy's name, for messages
     char kind;          // 'b' bool, 'i' signed, 'u' unsigned, 'f' float, 'c' complex
-    int is_half;        // float16: reductions need our user ops
+    int half;           // PD_HALF_F16 or PD_HALF_BF16: reductions need our user ops; else 0
 } PdDtype;
+
+enum { PD_HALF_F16 = 1, PD_HALF_BF16 = 2 };
 
 // Look up the table entry for an array's dtype; raises TypeError naming fn/arg and returns NULL
 // when the dtype is not one we move.
@@ -75,7 +77,9 @@ const PdDtype *pd_dtype_of(PyArrayObject *arr, const char *fn, const char *arg);
 // The MPI op for (op, dtype); raises TypeError/ValueError and returns -1 when the pair is invalid.
 int pd_op_resolve(long op, const PdDtype *dt, const char *fn, MPI_Op *out);
 const char *pd_op_name(int op);
-int pd_ops_init(void);   // create the float16 user ops (after MPI_Init)
+// bfloat16's entry: a torch bfloat16 tensor is viewed as int16 words and described by it.
+const PdDtype *pd_dtype_bfloat16(void);
+int pd_ops_init(void);   // create the float16/bfloat16 user ops (after MPI_Init)
 void pd_ops_free(void);  // before MPI_Finalize
 // AVG is SUM followed by this division (elementwise, in place, on the reduced buffer).
 void pd_divide_inplace(void *buf, MPI_Count count, const PdDtype *dt, int divisor);
@@ -399,6 +403,7 @@ PyObject *pd_abort(PyObject *self, PyObject *const *args, Py_ssize_t nargs);    
 PyObject *pd_get_rank(PyObject *self, PyObject *const *args, Py_ssize_t nargs);       // group.c
 PyObject *pd_get_world_size(PyObject *self, PyObject *const *args, Py_ssize_t nargs); // group.c
 PyObject *pd_is_initialized(PyObject *self, PyObject *unused);                        // group.c
+PyObject *pd_set_timeout(PyObject *self, PyObject *const *args, Py_ssize_t nargs);     // group.c
 PyObject *pd_mpi_info(PyObject *self, PyObject *unused);                              // group.c
 PyObject *pd_new_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs);      // group.c
 PyObject *pd_destroy_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs);  // group.c

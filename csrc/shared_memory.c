@@ -514,7 +514,7 @@ static int dtype_code(const PdBuf *buf) {
     case 'b': return SHM_BOOL;
     case 'i': return size == 1 ? SHM_I8 : size == 2 ? SHM_I16 : size == 4 ? SHM_I32 : SHM_I64;
     case 'u': return size == 1 ? SHM_U8 : size == 2 ? SHM_U16 : size == 4 ? SHM_U32 : SHM_U64;
-    case 'f': return size == 2 ? SHM_F16 : size == 4 ? SHM_F32 : SHM_F64;
+    case 'f': return d->half == PD_HALF_BF16 ? SHM_BF16 : size == 2 ? SHM_F16 : size == 4 ? SHM_F32 : SHM_F64;
     default: return size == 8 ? SHM_C64 : SHM_C128;
     }
 }

@@ -277,6 +277,13 @@ def init_process_group(backend="mpi", init_method=None, timeout=None, world_size
         sys.excepthook = _excepthook
 
 
+def _set_default_timeout(seconds):
+    """The session's timeout for every later call (the torch backend applies torch's with it)."""
+    global _default_timeout
+    _C.set_timeout(seconds)
+    _default_timeout = seconds
+
+
 def destroy_process_group(group=None):
     """Free `group`'s communicator; with ``group=None`` free every group and the default one (MPI stays
     up, so init_process_group may be called again)."""

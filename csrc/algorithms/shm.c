@@ -69,8 +69,8 @@
 
 static const char *const DTYPE_NAMES[SHM_DTYPES] = {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16",
                                                     "uint32", "uint64", "float16", "float32", "float64",
-                                                    "complex64", "complex128"};
-static const size_t ITEMSIZE[SHM_DTYPES] = {1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 4, 8, 8, 16};
+                                                    "complex64", "complex128", "bfloat16"};
+static const size_t ITEMSIZE[SHM_DTYPES] = {1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 4, 8, 8, 16, 2};
 static const char *const OP_NAMES[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"};
 
 const char *shm_dtype_name(int dtype) {
@@ -87,7 +87,7 @@ static const char *op_name(int op) {
 
 // ---------------------------------------------------------------------------------------------------
 // Kernels: acc[i] = acc[i] (op) in[i], as NumPy computes it pairwise (integers wrap, bool is logical,
-// MIN/MAX propagate NaN as np.minimum/np.maximum, float16 rounds after each step).
+// MIN/MAX propagate NaN as np.minimum/np.maximum, float16 and bfloat16 round after each step).
 
 #define LOOP(T, expr)                                                                              \
     do {                                                                                           \
@@ -139,16 +139,25 @@ static const char *op_name(int op) {
         return;                                                                                    \
     } while (0)
 
-#define HALF_LOOP(expr)                                                                            \
+#define HALF_LOOP(widen, narrow, expr)                                                             \
     do {                                                                                           \
         uint16_t *a_ = (uint16_t *)acc;                                                            \
         const uint16_t *b_ = (const uint16_t *)in;                                                 \
         for (size_t i = 0; i < n; i++) {                                                           \
-            float x = pd_half_to_float(a_[i]), y = pd_half_to_float(b_[i]);                        \
-            a_[i] = pd_float_to_half(expr);                                                        \
+            float x = widen(a_[i]), y = widen(b_[i]);                                              \
+            a_[i] = narrow(expr);                                                                  \
         }                                                                                          \
         return;                                                                                    \
     } while (0)
+
+#define HALF_OPS(widen, narrow)                                                                    \
+    switch (op) {                                                                                  \
+    case SHM_SUM: case SHM_AVG: HALF_LOOP(widen, narrow, x + y);                                   \
+    case SHM_PRODUCT: HALF_LOOP(widen, narrow, x * y);                                             \
+    case SHM_MIN: HALF_LOOP(widen, narrow, (x < y || x != x) ? x : y);                             \
+    case SHM_MAX: HALF_LOOP(widen, narrow, (x > y || x != x) ? x : y);                             \
+    default: return;                                                                               \
+    }
 
 HOT static void combine(void *acc, const void *in, size_t n, int dtype, int op) {
     switch (dtype) {
@@ -167,14 +176,8 @@ HOT static void combine(void *acc, const void *in, size_t n, int dtype, int op) 
     case SHM_U16: INT_OPS(uint16_t, uint16_t)
     case SHM_U32: INT_OPS(uint32_t, uint32_t)
     case SHM_U64: INT_OPS(uint64_t, uint64_t)
-    case SHM_F16:
-        switch (op) {
-        case SHM_SUM: case SHM_AVG: HALF_LOOP(x + y);
-        case SHM_PRODUCT: HALF_LOOP(x * y);
-        case SHM_MIN: HALF_LOOP((x < y || x != x) ? x : y);
-        case SHM_MAX: HALF_LOOP((x > y || x != x) ? x : y);
-        default: return;
-        }
+    case SHM_F16: HALF_OPS(pd_half_to_float, pd_float_to_half)
+    case SHM_BF16: HALF_OPS(pd_bf16_to_float, pd_float_to_bf16)
     case SHM_F32: FLOAT_OPS(float)
     case SHM_F64: FLOAT_OPS(double)
     case SHM_C64: COMPLEX_OPS(float);
@@ -189,6 +192,11 @@ HOT static void divide(void *acc, size_t n, int dtype, int by) {
     case SHM_F16: {
         uint16_t *p = acc;
         for (size_t i = 0; i < n; i++) p[i] = pd_float_to_half(pd_half_to_float(p[i]) / (float)by);
+        return;
+    }
+    case SHM_BF16: {
+        uint16_t *p = acc;
+        for (size_t i = 0; i < n; i++) p[i] = pd_float_to_bf16(pd_bf16_to_float(p[i]) / (float)by);
         return;
     }
     case SHM_F32: case SHM_C64: {

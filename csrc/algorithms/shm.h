@@ -23,15 +23,17 @@
 // The element types the kernels reduce (pydist's dtype table, by kind and size).
 enum {
     SHM_BOOL, SHM_I8, SHM_I16, SHM_I32, SHM_I64, SHM_U8, SHM_U16, SHM_U32, SHM_U64,
-    SHM_F16, SHM_F32, SHM_F64, SHM_C64, SHM_C128, SHM_DTYPES
+    SHM_F16, SHM_F32, SHM_F64, SHM_C64, SHM_C128, SHM_BF16, SHM_DTYPES
 };
 // The ops, in torch's order (the same values as pydist.h's PD_OP_*).
 enum { SHM_SUM = 0, SHM_AVG = 1, SHM_PRODUCT = 2, SHM_MIN = 3, SHM_MAX = 4, SHM_BAND = 5, SHM_BOR = 6,
        SHM_BXOR = 7 };
 
-// float16 <-> float32, bit-exact with NumPy (dtypes.c).
+// float16 <-> float32, bit-exact with NumPy; bfloat16 <-> float32, rounding as torch does (dtypes.c).
 float pd_half_to_float(uint16_t h);
 uint16_t pd_float_to_half(float f);
+float pd_bf16_to_float(uint16_t h);
+uint16_t pd_float_to_bf16(float f);
 
 #define SHM_BUFFERS 3   // staging buffers per rank
 
