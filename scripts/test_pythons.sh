@@ -15,7 +15,7 @@ unset PYDIST_REQUIRE_PEERS   # scripts/test.sh sets it; the torch comparisons ar
 CORE_TESTS=(tests/unit/test_api.py tests/unit/test_errors.py tests/unit/test_float16.py tests/unit/test_gil.py
             tests/unit/test_memory.py tests/unit/test_engine.py)
 # Leaves out the tests that import torch; those that only check torch's names and values still run.
-NO_TORCH="not (torch_tensor or torch_parameter or torch_bfloat16 or torch_non_contiguous or torch_float16)"
+NO_TORCH="not (torch_tensor or torch_parameter or torch_bfloat16 or torch_non_contiguous or torch_float16 or ml_dtypes)"
 
 main=$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true)
 claimed=$(sed -n 's/^ *"Programming Language :: Python :: \(3\.[0-9][0-9]*\)",*$/\1/p' pyproject.toml)

@@ -82,3 +82,39 @@ def test_torch_tensor_in_place():
     t = torch.full((4,), float(rank))
     dist.all_reduce(t)
     parallel_assert(bool((t == sum(range(size))).all()), str(t))
+
+
+@pytest.mark.parametrize("small_bytes", [65536, 0], ids=["shm", "mpi"])
+def test_ml_dtypes_bfloat16_arrays(small_bytes):
+    """bfloat16 as a NumPy dtype (ml_dtypes, JAX's): reduced with bfloat16's rounding at every pairwise
+    step. The small collectives in shared memory step in rank order, so the result is bitwise the
+    rank-order reference; MPI may order the steps otherwise: within their rounding, and bitwise the
+    same on every rank."""
+    import ml_dtypes  # a test-time peer (make test installs it), never a dependency of pydist
+    bf16 = ml_dtypes.bfloat16
+    rank, size = dist.get_rank(), dist.get_world_size()
+    old = dist._C.set_shm_small_bytes(small_bytes)
+    try:
+        every = [np.random.default_rng(40 + r).standard_normal(999).astype(bf16) for r in range(size)]
+        wrong = []
+        for op, step in [(dist.ReduceOp.SUM, np.add), (dist.ReduceOp.PRODUCT, np.multiply),
+                         (dist.ReduceOp.MIN, np.minimum), (dist.ReduceOp.MAX, np.maximum),
+                         (dist.ReduceOp.AVG, np.add)]:
+            x = every[rank].copy()
+            dist.all_reduce(x, op=op)
+            want = every[0]
+            for other in every[1:]:
+                want = step(want, other)   # bfloat16 in and out: rounded at each step
+            if op == dist.ReduceOp.AVG:
+                want = (want.astype(np.float32) / size).astype(bf16)
+            words = np.zeros((size, x.size), np.int16)
+            dist.all_gather_into_tensor(words, x.view(np.int16))
+            same = bool((words == words[0]).all())
+            close = np.allclose(x.astype(np.float32), want.astype(np.float32), rtol=size * 2 ** -7,
+                                atol=size * 2 ** -7)
+            exact = np.array_equal(x.view(np.int16), want.view(np.int16))
+            if x.dtype != bf16 or not same or not close or (small_bytes and not exact):
+                wrong.append((op.name, same, close, exact))
+    finally:
+        dist._C.set_shm_small_bytes(old)
+    parallel_assert(not wrong, f"{wrong}")
