@@ -9,10 +9,18 @@ How it fits torch 2.13: ``Backend.register_backend("pydist", creator, extended_a
 devices=["cpu"])``; torch calls the creator for the default group and for every ``new_group`` with the
 group's global ranks, and the creator returns a ``ProcessGroup`` subclass whose methods (``allreduce``,
 ``broadcast``, ``allgather``, ..., the names torch's Python front and its C++ trampoline call) run the
-pydist call and return a ``Work``. A Work completes in ``wait()``, ``is_completed()`` or
-``get_future()``: DistributedDataParallel waits on the future from C++, where nothing of ours runs, so
-``get_future()`` completes the call first (the gradient all-reduce of a bucket then runs when DDP
-asks for its future, right after starting it).
+pydist call and return a ``Work``. A blocking call (``async_op=False``) runs to the end in the
+method. An asynchronous one (``async_op=True``, and every gradient bucket of
+DistributedDataParallel, which waits on the Work's future from C++ where nothing of ours runs) goes to
+the group's worker thread, which runs the group's asynchronous collectives in order and completes
+their Works and futures by itself: the buckets' all-reduces overlap the backward pass. A blocking call
+on the group waits for the worker's queue to empty first, so one group's collectives never run on two
+threads at once. Point-to-point calls are pydist's own nonblocking ones.
+
+Timeouts: torch's ``init_process_group(timeout=...)`` becomes pydist's session timeout: a call that
+has not completed by then raises ``pydist.DistTimeoutError`` (through the future, in DDP).
+``torch.distributed.monitored_barrier``, which torch 2.13 refuses on every backend but gloo, is
+replaced on import by one that runs pydist's monitored barrier on pydist groups.
 
 Rendezvous: with no ``RANK`` in the environment (under ``mpiexec``, or a plain ``python script.py``,
 a world of one), importing this module starts MPI
@@ -21,13 +29,16 @@ and ``MASTER_PORT`` from it (rank 0 picks a free port), so torch's default ``env
 TCPStore for code that uses one. ``init_method="pydist://"`` does the same without the environment.
 
 Tensors: CPU only. Non-contiguous tensors are copied into a contiguous one and back; tensors that
-require grad are used through ``detach()``; bfloat16 is moved as raw 16-bit words (broadcast,
-gathers, scatters, all-to-all, send/recv); reducing it is refused (``TypeError``), as is
-``ReduceOp.PREMUL_SUM``.
+require grad are used through ``detach()``; bfloat16 is moved as raw 16-bit words and reduced by
+pydist's own ops (widened to float32 for each pairwise step and rounded back to nearest even, as
+float16 is). ``ReduceOp.PREMUL_SUM`` is refused (``ValueError``).
 """
+import atexit
+import collections
 import datetime
 import os
 import socket
+import threading
 import time
 
 import torch
@@ -35,7 +46,7 @@ import torch.distributed as tdist
 
 from . import distributed as pd
 
-__all__ = ["ProcessGroupPydist", "BACKEND"]
+__all__ = ["ProcessGroupPydist", "BACKEND", "monitored_barrier"]
 
 BACKEND = "pydist"
 
@@ -57,7 +68,9 @@ def _op(reduce_op, fn):
 
 class _Array:
     """A tensor's memory as a NumPy array: the tensor itself when contiguous, else a contiguous copy
-    (written back by ``back()`` when the call wrote into it)."""
+    (written back by ``back()`` when the call wrote into it). bfloat16, which NumPy lacks, is its 16-bit
+    words for the calls that only move it, and the bfloat16 tensor itself (pydist's C reads it as
+    bfloat16) for reductions."""
 
     __slots__ = ("tensor", "copy", "array")
 
@@ -72,13 +85,12 @@ class _Array:
         if not tensor.is_cpu:
             raise TypeError(f"{fn}(): the pydist backend works on CPU tensors; `{arg}` is on {tensor.device}")
         self.tensor = tensor.detach()
-        if self.tensor.dtype == torch.bfloat16:
-            if reduce:
-                raise TypeError(f"{fn}(): the pydist backend cannot reduce bfloat16 tensors yet "
-                                f"(it moves them as raw 16-bit words)")
+        words = self.tensor.dtype == torch.bfloat16 and not reduce
+        if words:
             self.tensor = self.tensor.view(torch.int16)
         self.copy = None if self.tensor.is_contiguous() else self.tensor.contiguous()
-        self.array = (self.tensor if self.copy is None else self.copy).numpy()
+        flat = self.tensor if self.copy is None else self.copy
+        self.array = flat if self.tensor.dtype == torch.bfloat16 else flat.numpy()
 
     def back(self):
         if self.copy is not None:
@@ -102,8 +114,9 @@ class _Packed:
 
 
 class _Work(tdist._Work):
-    """A pydist Work (or a call already done) as torch's Work: results copied back into non-contiguous
-    tensors on completion, and a torch Future that completes with `result`."""
+    """A call in progress as torch's Work: a pydist Work (point to point), or a collective queued on
+    the group's worker thread, or a call already done (work None). On completion results are copied
+    back into non-contiguous tensors and the torch Future completes with `result`."""
 
     def __init__(self, work, result, arrays=(), source=None):
         super().__init__()
@@ -111,7 +124,8 @@ class _Work(tdist._Work):
         self._result = result
         self._arrays = arrays
         self._source = source      # receives: the sender's group rank, once complete
-        self._future = None        # made when asked for (a blocking call never is)
+        self._future = None        # made when asked for (a blocking call's never is)
+        self._base = None          # a queued call's: completed by the worker, self._future raises errors
         self._done = False
         self._error = None
         if work is None:
@@ -122,7 +136,7 @@ class _Work(tdist._Work):
             a.back()
         self._arrays = ()
         self._done = True
-        if self._future is not None:
+        if self._future is not None and self._base is None:
             self._future.set_result(self._result)
 
     def wait(self, timeout=datetime.timedelta(0)):
@@ -139,12 +153,16 @@ class _Work(tdist._Work):
             except Exception as e:   # the call failed: every later wait raises it again
                 self._error = e
                 raise
-            self._finish()
+            if not self._done:
+                self._finish()
         return True
 
     def is_completed(self):
         if not self._done and self._error is None and self._work.is_completed():
-            self.wait()
+            try:
+                self.wait()
+            except Exception:
+                pass   # failed: completed, and wait() raises it
         return self._done or self._error is not None
 
     def is_success(self):
@@ -156,13 +174,25 @@ class _Work(tdist._Work):
     def result(self):
         return self._result
 
+    def _result_or_raise(self, _base):
+        if self._error is not None:
+            raise self._error   # raised inside then(): the future fails where C++ (DDP) sees it
+        return self._result
+
     def get_future(self):
-        # DistributedDataParallel waits on this future from C++: complete the call now. An error
-        # raises here (a future failed with set_exception is not seen by C++).
-        self.wait()
-        if self._future is None:
-            self._future = torch.futures.Future()
-            self._future.set_result(self._result)
+        if self._future is not None:
+            return self._future
+        if isinstance(self._work, _Queued):
+            # Completed by the worker thread (DDP waits on it from C++ while the backward pass goes on).
+            with self._work.worker.lock:
+                if not self._work.finished:
+                    self._work.worker.handed_out_running += 1
+                    self._base = torch.futures.Future()
+                    self._future = self._base.then(self._result_or_raise)
+                    return self._future
+        self.wait()   # a pydist Work (or a queued call that has finished): complete it here
+        self._future = torch.futures.Future()
+        self._future.set_result(self._result)
         return self._future
 
     def _source_rank(self):
@@ -174,12 +204,90 @@ class _Work(tdist._Work):
     source_rank = _source_rank
 
 
+class _Queued:
+    """A collective on the group's worker thread: done when `event` is set, `error` if it failed."""
+
+    __slots__ = ("run", "what", "worker", "event", "error", "finished")
+
+    def __init__(self, run, what, worker):
+        self.run, self.what, self.worker = run, what, worker
+        self.event = threading.Event()
+        self.error = None
+        self.finished = False
+
+    def wait(self, timeout=None):
+        seconds = None if timeout is None else timeout.total_seconds()
+        if not self.event.wait(seconds):
+            raise pd.DistTimeoutError(f"{self.what}: wait(timeout={seconds:g} s) expired; the call "
+                                      f"goes on (wait again to complete it)")
+        if self.error is not None:
+            raise self.error
+        return True
+
+    def is_completed(self):
+        return self.event.is_set()
+
+
+class _Worker:
+    """One thread per group that runs its asynchronous collectives in the order they were issued, so
+    that they progress while the caller goes on (DDP's gradient buckets during the backward pass) and
+    their Works and futures complete without the caller. A blocking call on the group first waits for
+    the queue to empty: a group's collectives never run on two threads at once."""
+
+    def __init__(self, name):
+        self.lock = threading.Lock()
+        self._ready = threading.Condition(self.lock)
+        self._queue = collections.deque()
+        self.pending = 0   # queued or running
+        self.most_pending = 0         # the most calls queued or running at once
+        self.handed_out_running = 0   # futures handed out before their call had finished
+        self._thread = threading.Thread(target=self._loop, name=f"pydist-torch {name}", daemon=True)
+        self._thread.start()
+        atexit.register(self.drain)   # before MPI_Finalize (registered earlier, so run later)
+
+    def submit(self, what, run, result, arrays):
+        work = _Work(_Queued(run, what, self), result, arrays)
+        with self.lock:
+            self._queue.append(work)
+            self.pending += 1
+            self.most_pending = max(self.most_pending, self.pending)
+            self._ready.notify_all()
+        return work
+
+    def drain(self):
+        with self.lock:
+            while self.pending:
+                self._ready.wait()
+
+    def _loop(self):
+        while True:
+            with self.lock:
+                while not self._queue:
+                    self._ready.wait()
+                work = self._queue.popleft()
+            queued = work._work
+            try:
+                queued.run()
+                work._finish()
+            except BaseException as e:   # the caller's wait (or DDP, through the future) raises it
+                queued.error = work._error = e
+            with self.lock:
+                queued.finished = True
+                base = work._base
+                self.pending -= 1
+                self._ready.notify_all()
+            if base is not None:
+                base.set_result(None)
+            queued.event.set()
+
+
 class ProcessGroupPydist(tdist.ProcessGroup):
     """torch's ProcessGroup over a pydist group (the world, or a sub-group made members-only)."""
 
     def __init__(self, rank, size, global_ranks):
         super().__init__(rank, size)
         self._ranks = list(global_ranks)
+        self._worker = None   # started at the first asynchronous collective
         if len(self._ranks) == pd.get_world_size():
             self._group = None
         else:
@@ -205,28 +313,36 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     def _work(self, work, result, arrays=(), source=None):
         return _Work(work, result, [a for a in arrays if a.copy is not None], source)
 
-    def _done(self, result, arrays):
-        """A call already run to the end (a blocking one: torch waits on its Work, then drops it): its
-        results copied back, and one shared completed Work (making a Work costs more than the call)."""
-        for a in arrays:
-            a.back()
-        return _DONE
+    def _issue(self, what, opts, run, result, arrays):
+        """run() (the pydist calls, blocking) here when torch waits at once, returning one shared done
+        Work (making a Work costs more than a small call); else on the group's worker thread."""
+        if opts is not None and not opts.asyncOp:
+            if self._worker is not None and self._worker.pending:
+                self._worker.drain()
+            run()
+            for a in arrays:
+                a.back()
+            return _DONE
+        if self._worker is None:
+            self._worker = _Worker(self.getGroupName() or str(self._ranks))
+        return self._worker.submit(what, run, result, [a for a in arrays if a.copy is not None])
+
+    def _quiet(self):
+        """Before a call that does not go through _issue: the worker's earlier collectives first."""
+        if self._worker is not None and self._worker.pending:
+            self._worker.drain()
 
     # collectives --------------------------------------------------------------------------------
-
-    def _each(self, tensors, arrays, opts, call):
-        """call(array, async_op) on every tensor's array: to the end here when torch waits at once."""
-        if opts is not None and not opts.asyncOp:
-            for a in arrays:
-                call(a.array, False)
-            return self._done(tensors, arrays)
-        return self._work(_All([call(a.array, True) for a in arrays]), tensors, arrays)
 
     def allreduce(self, tensors, opts=None):
         op = _op(opts.reduceOp if opts is not None else tdist.ReduceOp.SUM, "all_reduce")
         arrays = [_Array(t, "all_reduce", reduce=True) for t in tensors]
-        return self._each(tensors, arrays, opts,
-                          lambda a, async_op: pd.all_reduce(a, op, group=self._group, async_op=async_op))
+        group = self._group
+
+        def run():
+            for a in arrays:
+                pd.all_reduce(a.array, op, group=group)
+        return self._issue("all_reduce", opts, run, tensors, arrays)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
@@ -234,29 +350,37 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     def broadcast(self, tensors, opts=None):
         root = self._global(opts.rootRank if opts is not None else 0, "broadcast", "src")
         arrays = [_Array(t, "broadcast") for t in tensors]
-        return self._each(tensors, arrays, opts,
-                          lambda a, async_op: pd.broadcast(a, root, group=self._group, async_op=async_op))
+        group = self._group
+
+        def run():
+            for a in arrays:
+                pd.broadcast(a.array, root, group=group)
+        return self._issue("broadcast", opts, run, tensors, arrays)
 
     def reduce(self, tensors, opts=None):
         op = _op(opts.reduceOp, "reduce")
         root = self._global(opts.rootRank, "reduce", "dst")
         arrays = [_Array(t, "reduce", reduce=True) for t in tensors]
-        return self._each(tensors, arrays, opts,
-                          lambda a, async_op: pd.reduce(a, root, op, group=self._group, async_op=async_op))
+        group = self._group
+
+        def run():
+            for a in arrays:
+                pd.reduce(a.array, root, op, group=group)
+        return self._issue("reduce", opts, run, tensors, arrays)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         (outs,), (inp,) = output_tensors, input_tensors
         src = _Array(inp, "all_gather", arg="tensor")
         dst = [_Array(t, "all_gather", arg="tensor_list") for t in outs]
-        work = pd.all_gather([d.array for d in dst], src.array, group=self._group, async_op=True)
-        return self._work(work, output_tensors, dst)
+        return self._issue("all_gather", opts, lambda: pd.all_gather([d.array for d in dst], src.array,
+                                                                     group=self._group), output_tensors, dst)
 
     def all_gather_single(self, output, input, opts=None):
         dst, src = _Array(output, "all_gather_into_tensor", arg="output_tensor"), \
             _Array(input, "all_gather_into_tensor", arg="input_tensor")
-        work = pd.all_gather_into_tensor(dst.array.reshape(-1), src.array.reshape(-1), group=self._group,
-                                         async_op=True)
-        return self._work(work, [output], [dst])
+        return self._issue("all_gather_into_tensor", opts,
+                           lambda: pd.all_gather_into_tensor(dst.array.reshape(-1), src.array.reshape(-1),
+                                                             group=self._group), [output], [dst])
 
     _allgather_base = all_gather_single
 
@@ -265,34 +389,33 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         (inp,) = input_tensors
         src = _Array(inp, "gather")
         dst = [_Array(t, "gather", arg="gather_list") for t in output_tensors[0]] if output_tensors else []
-        work = pd.gather(src.array, [d.array for d in dst] if dst else None, root, group=self._group,
-                         async_op=True)
-        return self._work(work, output_tensors, dst)
+        return self._issue("gather", opts, lambda: pd.gather(src.array, [d.array for d in dst] if dst else None,
+                                                             root, group=self._group), output_tensors, dst)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         root = self._global(opts.rootRank, "scatter", "src")
         (out,) = output_tensors
         dst = _Array(out, "scatter")
         src = [_Array(t, "scatter", arg="scatter_list") for t in input_tensors[0]] if input_tensors else []
-        work = pd.scatter(dst.array, [s.array for s in src] if src else None, root, group=self._group,
-                          async_op=True)
-        return self._work(work, output_tensors, [dst])
+        return self._issue("scatter", opts, lambda: pd.scatter(dst.array, [s.array for s in src] if src else None,
+                                                               root, group=self._group), output_tensors, [dst])
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         op = _op(opts.reduceOp, "reduce_scatter")
         (out,), (ins,) = output_tensors, input_tensors
         dst = _Array(out, "reduce_scatter", reduce=True, arg="output")
         src = [_Array(t, "reduce_scatter", reduce=True, arg="input_list") for t in ins]
-        work = pd.reduce_scatter(dst.array, [s.array for s in src], op, group=self._group, async_op=True)
-        return self._work(work, output_tensors, [dst])
+        return self._issue("reduce_scatter", opts,
+                           lambda: pd.reduce_scatter(dst.array, [s.array for s in src], op, group=self._group),
+                           output_tensors, [dst])
 
     def reduce_scatter_single(self, output, input, opts=None):
         op = _op(opts.reduceOp, "reduce_scatter_tensor")
         dst = _Array(output, "reduce_scatter_tensor", reduce=True, arg="output")
         src = _Array(input, "reduce_scatter_tensor", reduce=True, arg="input")
-        work = pd.reduce_scatter_tensor(dst.array.reshape(-1), src.array.reshape(-1), op, group=self._group,
-                                        async_op=True)
-        return self._work(work, [output], [dst])
+        return self._issue("reduce_scatter_tensor", opts,
+                           lambda: pd.reduce_scatter_tensor(dst.array.reshape(-1), src.array.reshape(-1), op,
+                                                            group=self._group), [output], [dst])
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -300,9 +423,10 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         dst = _Array(output, "all_to_all_single", arg="output")
         src = _Array(input, "all_to_all_single", arg="input")
         # Split sizes count rows of dim 0, in torch and in pydist alike.
-        work = pd.all_to_all_single(dst.array, src.array, list(output_split_sizes) or None,
-                                    list(input_split_sizes) or None, group=self._group, async_op=True)
-        return self._work(work, [output], [dst])
+        out_splits, in_splits = list(output_split_sizes) or None, list(input_split_sizes) or None
+        return self._issue("all_to_all_single", opts,
+                           lambda: pd.all_to_all_single(dst.array, src.array, out_splits, in_splits,
+                                                        group=self._group), [output], [dst])
 
     alltoall_base = all_to_all_single
 
@@ -312,15 +436,21 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         src = [_Array(t, "all_to_all", arg="input_tensor_list") for t in input_tensors]
         packed = _Packed(dst)
         flat_in = torch.cat([torch.from_numpy(s.array).reshape(-1) for s in src]) if src else None
-        work = pd.all_to_all_single(packed.copy.numpy(), flat_in.numpy(), [d.array.size for d in dst],
-                                    [s.array.size for s in src], group=self._group, async_op=True)
-        return self._work(work, output_tensors, [packed])
+        return self._issue("all_to_all", opts,
+                           lambda: pd.all_to_all_single(packed.copy.numpy(), flat_in.numpy(),
+                                                        [d.array.size for d in dst], [s.array.size for s in src],
+                                                        group=self._group), output_tensors, [packed])
 
     def barrier(self, opts=None):
-        return self._work(pd.barrier(group=self._group, async_op=True), [])
+        return self._issue("barrier", opts, lambda: pd.barrier(group=self._group), [], [])
 
-    def monitored_barrier(self, opts=None, wait_all_ranks=False):
-        timeout = getattr(opts, "timeout", None)
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        """pydist's monitored barrier (torch's own front refuses every backend but gloo: see
+        monitored_barrier below). `timeout`: a timedelta, or barrier options carrying one."""
+        timeout = getattr(timeout, "timeout", timeout)
+        if isinstance(timeout, datetime.timedelta) and timeout.total_seconds() <= 0:
+            timeout = None   # torch's "unset"
+        self._quiet()
         pd.monitored_barrier(group=self._group, timeout=timeout, wait_all_ranks=wait_all_ranks)
 
     # point to point -----------------------------------------------------------------------------
@@ -346,21 +476,6 @@ class ProcessGroupPydist(tdist.ProcessGroup):
 _DONE = _Work(None, [])
 
 
-class _All:
-    """Several pydist Works as one."""
-
-    def __init__(self, works):
-        self.works = works
-
-    def wait(self, timeout=None):
-        for w in self.works:
-            w.wait() if timeout is None else w.wait(timeout=timeout)
-        return True
-
-    def is_completed(self):
-        return all(w.is_completed() for w in self.works)
-
-
 # ---------------------------------------------------------------------------------------------------
 # Creation and rendezvous
 
@@ -369,6 +484,10 @@ def _create(options, backend_options=None):
     if not pd.is_initialized():
         pd.init_process_group(timeout=options.timeout)
     ranks = list(options.global_ranks_in_group) or list(range(pd.get_world_size()))
+    if len(ranks) == pd.get_world_size() and not options.global_ranks_in_group:
+        # The default group: torch's init_process_group(timeout=...) bounds every pydist wait from now
+        # on (MPI was started at import, before torch had a timeout to give).
+        pd._set_default_timeout(options.timeout.total_seconds())
     if len(ranks) < pd.get_world_size():
         # Only the members get here (torch returns early on the others): wait until all have arrived,
         # through the store and with its timeout, before MPI's blocking members-only creation.
@@ -380,6 +499,20 @@ def _create(options, backend_options=None):
                                           f"{options.timeout}")
             time.sleep(0.001)
     return ProcessGroupPydist(options.group_rank, options.group_size, ranks)
+
+
+_torch_monitored_barrier = tdist.monitored_barrier
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    """``torch.distributed.monitored_barrier`` that also runs on pydist groups. torch 2.13's own
+    refuses every backend but gloo before it reaches the group; importing pydist.torch puts this one
+    in its place, and it hands every other group to torch's."""
+    pg = tdist.distributed_c10d._get_default_group() if group is None or group is tdist.GroupMember.WORLD \
+        else group
+    if not isinstance(pg, ProcessGroupPydist):
+        return _torch_monitored_barrier(group, timeout, wait_all_ranks)
+    return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
 
 def _free_port():
@@ -424,6 +557,9 @@ def _fill_env():
     os.environ.setdefault("LOCAL_RANK", os.environ.get("MPI_LOCALRANKID", "0"))
 
 
+if tdist.monitored_barrier is not monitored_barrier and \
+        getattr(tdist.monitored_barrier, "__module__", None) != __name__:   # not again on a reload
+    tdist.monitored_barrier = tdist.distributed_c10d.monitored_barrier = monitored_barrier
 if BACKEND.upper() not in tdist.Backend._plugins:
     tdist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
 try:

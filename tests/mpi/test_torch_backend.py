@@ -53,7 +53,7 @@ def test_backend_is_pydist(gloo):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64, torch.uint8,
-                                   torch.float16])
+                                   torch.float16, torch.bfloat16])
 def test_all_reduce_every_op_equals_gloo(gloo, dtype):
     rank, wrong = tdist.get_rank(), []
     for name in OPS:
@@ -159,7 +159,7 @@ def test_reduce_scatter_against_numpy(gloo):
 
 def test_tensors_pydist_needs_to_adapt(gloo):
     """Non-contiguous tensors (copied in and back), tensors that require grad, bfloat16 moved as raw
-    16-bit words; reducing bfloat16 and PREMUL_SUM are refused with a clear error."""
+    16-bit words and reduced by pydist's own ops; PREMUL_SUM is refused with a clear error."""
     rank, size = tdist.get_rank(), tdist.get_world_size()
     base = torch.zeros(4, 3)
     column = base[:, 1]
@@ -173,8 +173,9 @@ def test_tensors_pydist_needs_to_adapt(gloo):
     gathered = [torch.empty(5, dtype=torch.bfloat16) for _ in range(size)]
     tdist.all_gather(gathered, bf)
     ok &= all(torch.all(g == p + 0.5) for p, g in enumerate(gathered))
-    with pytest.raises(TypeError, match="bfloat16"):
-        tdist.all_reduce(bf)
+    strided = torch.full((4, 2), rank + 1.0, dtype=torch.bfloat16)[:, 0]
+    tdist.all_reduce(strided, op=tdist.ReduceOp.MAX)
+    ok &= bool(torch.all(strided == size))
     with pytest.raises((ValueError, RuntimeError), match="PREMUL_SUM|not support"):
         tdist.all_reduce(torch.ones(2), op=tdist._make_nccl_premul_sum(2.0))
     parallel_assert(bool(ok), f"{base} {w} {gathered}")
@@ -207,6 +208,74 @@ def test_async_and_point_to_point(gloo):
     ok &= gathered == [("rank", r) for r in range(size)] and (rank == 0 or objs == [{"step": 3}])
     tdist.barrier()
     parallel_assert(bool(ok), f"{results} {gathered} {objs}")
+
+
+@pytest.mark.parametrize("small_bytes", [65536, 0], ids=["shm", "mpi"])
+def test_bfloat16_rounds_each_step_like_torch(gloo, small_bytes):
+    """bfloat16 values that are not small integers: every pairwise step rounds to nearest even, as
+    torch's own bfloat16 arithmetic does. Through the small collectives in shared memory the steps run
+    in rank order, so the result is bitwise torch's rank-order sum; through MPI (which may order the
+    steps differently) it is within the rounding of those steps, and bitwise the same on every rank."""
+    rank, size = tdist.get_rank(), tdist.get_world_size()
+    old = dist._C.set_shm_small_bytes(small_bytes)
+    try:
+        g = torch.Generator().manual_seed(11)
+        every = [torch.randn(1000, generator=g).to(torch.bfloat16) for _ in range(size)]
+        wrong = []
+        for name in ("SUM", "PRODUCT", "MIN", "MAX", "AVG"):
+            ours = every[rank].clone()
+            tdist.all_reduce(ours, op=getattr(tdist.ReduceOp, name))
+            want = every[0]
+            for other in every[1:]:
+                step = {"SUM": torch.add, "AVG": torch.add, "PRODUCT": torch.mul, "MIN": torch.minimum,
+                        "MAX": torch.maximum}[name]
+                want = step(want, other)   # bfloat16 in, bfloat16 out: rounded at each step
+            if name == "AVG":
+                want = want / size
+            everyone = [torch.empty_like(ours) for _ in range(size)]
+            tdist.all_gather(everyone, ours)
+            same = all(torch.equal(everyone[0], o) for o in everyone)
+            close = torch.allclose(ours.float(), want.float(), rtol=size * 2 ** -7, atol=size * 2 ** -7)
+            exact = torch.equal(ours, want)
+            if not same or not close or (small_bytes and not exact):
+                wrong.append((name, same, close, exact))
+    finally:
+        dist._C.set_shm_small_bytes(old)
+    parallel_assert(not wrong, f"{wrong}")
+
+
+@pytest.mark.parametrize("algorithm", ["mpi", "ring", "shm"])
+def test_pydist_own_all_reduce_takes_bfloat16_tensors(gloo, algorithm):
+    """pydist's own API on torch bfloat16 tensors (NumPy has none): every algorithm reduces them with
+    bfloat16's rounding, bitwise the same on every rank; the shared-memory one in rank order, so
+    bitwise torch's rank-order sum."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    g = torch.Generator().manual_seed(12)
+    every = [torch.randn(70000, generator=g).to(torch.bfloat16) for _ in range(size)]
+    ours = every[rank].clone()
+    dist.all_reduce(ours, algorithm=algorithm)
+    want = every[0]
+    for other in every[1:]:
+        want = want + other
+    everyone = [torch.empty_like(ours) for _ in range(size)]
+    dist.all_gather(everyone, ours)
+    same = all(torch.equal(everyone[0], o) for o in everyone)
+    close = torch.allclose(ours.float(), want.float(), rtol=size * 2 ** -7, atol=size * 2 ** -7)
+    exact = torch.equal(ours, want)
+    parallel_assert(same and close and (exact or algorithm != "shm"), f"{same} {close} {exact}")
+
+
+def test_monitored_barrier(gloo):
+    """torch.distributed.monitored_barrier on the pydist group (torch 2.13's own refuses every backend
+    but gloo; importing pydist.torch puts one in its place that runs pydist's) and, unchanged, on gloo.
+    A rank that never comes: tests/unit/test_torch_backend_jobs.py."""
+    import datetime
+    with pytest.raises(ValueError, match="GLOO"):
+        pydist.torch._torch_monitored_barrier()   # torch's own, for the record
+    tdist.monitored_barrier()
+    tdist.monitored_barrier(timeout=datetime.timedelta(seconds=60), wait_all_ranks=True)
+    tdist.monitored_barrier(group=gloo, timeout=datetime.timedelta(seconds=60))
+    parallel_assert(tdist.monitored_barrier is pydist.torch.monitored_barrier, "not in place")
 
 
 @pytest.mark.world_size(min=3)
@@ -272,4 +341,12 @@ def test_ddp_equals_one_process_with_the_whole_batch(gloo, make, shape, bucket_m
     everyone = [torch.empty_like(ours) for _ in range(size)]
     tdist.all_gather(everyone, ours)
     bitwise = all(torch.equal(everyone[0], p) for p in everyone)
-    parallel_assert(rel < 1e-5 and bitwise, f"relative difference {rel:.2e}, bitwise equal on every rank: {bitwise}")
+    # The buckets were in flight: DDP got futures of all-reduces still running on the group's worker
+    # thread (at 1 rank each finishes at once, so only from 2 ranks on), and more than one at a time.
+    worker = tdist.distributed_c10d._get_default_group()._worker
+    seen = torch.tensor([worker.handed_out_running, worker.most_pending], dtype=torch.int64)
+    tdist.all_reduce(seen, op=tdist.ReduceOp.MAX)
+    flight = size == 1 or seen[0] > 0 and (bucket_mb >= 1 or seen[1] >= 2)
+    parallel_assert(rel < 1e-5 and bitwise and flight,
+                    f"relative difference {rel:.2e}, bitwise equal on every rank: {bitwise}, "
+                    f"futures handed out running / most in flight: {seen.tolist()}")

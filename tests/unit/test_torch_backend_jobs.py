@@ -42,6 +42,44 @@ def test_a_rank_that_raises_inside_ddp_training_ends_the_job_with_its_traceback(
     assert "finished" not in out and "Segmentation fault" not in out and "signal 11" not in out, out
 
 
+def test_a_rank_that_stops_answering_times_out_ddp_on_the_others(tmp_path):
+    """torch's init_process_group(timeout=...) bounds pydist's waits: rank 1 stalls before its backward
+    pass, rank 0's gradient bucket (its all-reduce on the group's worker thread) times out, and DDP
+    raises that on rank 0 through the bucket's future, which ends the job long before rank 1 would have
+    come back."""
+    proc = run(tmp_path, 2, """
+        import datetime, time, torch, torch.distributed as dist, torch.nn as nn
+        import pydist.torch
+        dist.init_process_group(backend="pydist", timeout=datetime.timedelta(seconds=3))
+        model = nn.parallel.DistributedDataParallel(nn.Linear(4, 2))
+        for step in range(4):
+            loss = model(torch.randn(3, 4)).sum()
+            if step == 2 and dist.get_rank() == 1:
+                time.sleep(100)
+            loss.backward()
+        print("finished", dist.get_rank())
+    """)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert re.search(r"\[rank0\]: RuntimeError: .*DistTimeoutError: all_reduce timed out after 3", out), out
+    assert "[rank0]: Traceback" in out and "aborting the job" in out, out
+    assert "finished" not in out and "Segmentation fault" not in out and "signal 11" not in out, out
+
+
+def test_monitored_barrier_names_the_rank_that_never_came(tmp_path):
+    proc = run(tmp_path, 3, """
+        import datetime, time, torch.distributed as dist
+        import pydist.torch
+        dist.init_process_group(backend="pydist")
+        if dist.get_rank() != 1:
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=2))
+        time.sleep(100)
+    """)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "[rank0]: pydist.DistError: monitored_barrier(): Rank 1 failed to pass monitoredBarrier in 2 s" in out, out
+
+
 def test_the_tutorial_example_trains_identically_on_every_rank(tmp_path):
     example = os.path.join(ROOT, "examples", "torch_lenet_sync_sgd.py")
     proc = run(tmp_path, 2, f"""
