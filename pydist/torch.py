@@ -58,6 +58,18 @@ _OPS = [
 ]
 
 
+# The fast path's lookup: a ReduceOp's hash is its kind (torch 2.13), the same for the enum value and
+# for the options' ReduceOp object, which do not compare equal as dict keys. Unused if that ever changes.
+_OP_BY_HASH = {hash(theirs): int(ours) for theirs, ours in _OPS}
+if len(_OP_BY_HASH) != len(_OPS) or hash(tdist.AllreduceOptions().reduceOp) != hash(tdist.ReduceOp.SUM):
+    _OP_BY_HASH = {}
+
+# What tensor.numpy() takes as it is (bfloat16 is NumPy-less and goes the long way, through _Array).
+_NUMPY_DTYPES = frozenset([torch.bool, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
+                           torch.uint16, torch.uint32, torch.uint64, torch.float16, torch.float32,
+                           torch.float64, torch.complex64, torch.complex128])
+
+
 def _op(reduce_op, fn):
     for theirs, ours in _OPS:
         if reduce_op == theirs:
@@ -335,6 +347,18 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     # collectives --------------------------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
+        # The common blocking call on one plain tensor of the default group, straight to pydist's C
+        # (a few us less than the general path: it is what torch.distributed.all_reduce(t) costs on
+        # top of pydist).
+        if opts is not None and not opts.asyncOp and len(tensors) == 1 and self._group is None and \
+                (self._worker is None or not self._worker.pending):
+            t = tensors[0]
+            if t.__class__ is torch.Tensor and t.dtype in _NUMPY_DTYPES and t.is_contiguous() and \
+                    not t.requires_grad and t.is_cpu:
+                op = _OP_BY_HASH.get(hash(opts.reduceOp))
+                if op is not None:
+                    pd._C.all_reduce(t.numpy(), op, 0, False)
+                    return _DONE
         op = _op(opts.reduceOp if opts is not None else tdist.ReduceOp.SUM, "all_reduce")
         arrays = [_Array(t, "all_reduce", reduce=True) for t in tensors]
         group = self._group

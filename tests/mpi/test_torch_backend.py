@@ -206,6 +206,11 @@ def test_async_and_point_to_point(gloo):
     gathered = [None] * size
     tdist.all_gather_object(gathered, ("rank", rank))
     ok &= gathered == [("rank", r) for r in range(size)] and (rank == 0 or objs == [{"step": 3}])
+    at_root = [None] * size if rank == 0 else None
+    tdist.gather_object({"from": rank}, at_root, dst=0)
+    mine = [None]
+    tdist.scatter_object_list(mine, [f"to {r}" for r in range(size)] if rank == 0 else None, src=0)
+    ok &= mine == [f"to {rank}"] and (rank != 0 or at_root == [{"from": r} for r in range(size)])
     tdist.barrier()
     parallel_assert(bool(ok), f"{results} {gathered} {objs}")
 
