@@ -440,18 +440,23 @@ def test_destroy_something_that_is_not_a_group_is_type_error():
 # ---------------------------------------------------------------------------------------------------
 # torch tensors that NumPy cannot view
 
-def test_torch_bfloat16_is_type_error():
+def test_torch_tensor_numpy_cannot_view_is_type_error():
     # In a child process: torch throws (and catches) a C++ exception on the way to this TypeError,
     # which aborts the AddressSanitizer run of these tests (see unit_helpers.subprocess_env).
+    # complex32 has no NumPy dtype (bfloat16, which has none either, pydist reads as bfloat16).
     script = ("import torch, pydist as dist\n"
               "dist.init_process_group(backend='mpi')\n"
-              "t = torch.zeros(3, dtype=torch.bfloat16)\n"
+              "t = torch.zeros(3, dtype=torch.complex32)\n"
               "try:\n"
               "    dist.all_reduce(t)\n"
               "except TypeError as e:\n"
-              "    print(e)\n")
+              "    print(e)\n"
+              "b = torch.full((3,), 1.5, dtype=torch.bfloat16)\n"
+              "dist.all_reduce(b, op=dist.ReduceOp.MAX)\n"
+              "print('bfloat16', b.tolist())\n")
     msg = run_python(script)
-    assert "all_reduce()" in msg and "`tensor`" in msg and "torch tensor" in msg and "BFloat16" in msg, msg
+    assert "all_reduce()" in msg and "`tensor`" in msg and "torch tensor" in msg and "ComplexHalf" in msg, msg
+    assert "bfloat16 [1.5, 1.5, 1.5]" in msg, msg
 
 
 def test_torch_non_contiguous_is_value_error_not_a_silent_copy():

@@ -71,8 +71,10 @@ def test_monitored_barrier_names_the_rank_that_never_came(tmp_path):
         import datetime, time, torch.distributed as dist
         import pydist.torch
         dist.init_process_group(backend="pydist")
-        if dist.get_rank() != 1:
+        if dist.get_rank() == 0:
             dist.monitored_barrier(timeout=datetime.timedelta(seconds=2))
+        elif dist.get_rank() == 2:   # waits for rank 0's release longer than rank 0 waits for rank 1
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
         time.sleep(100)
     """)
     out = proc.stdout + proc.stderr
