@@ -3,6 +3,7 @@
 
     python tests/run_mpi.py                 # world sizes 1, 2, 3, 4
     python tests/run_mpi.py -n 2 -- -k bcast  # one size, extra pytest arguments after --
+    python tests/run_mpi.py -n 2 -- tests/mpi/test_p2p.py   # only these files (default: all of tests/mpi)
     python tests/run_mpi.py --durations 5     # also the 5 slowest tests at each size
 
 Why a driver and not plain pytest: mpiexec's exit status is the OR of the ranks' and can be 0 after a
@@ -53,8 +54,10 @@ def run_size(n, pytest_args, timeout):
     report_dir = tempfile.mkdtemp(prefix=f"pydist-mpi-n{n}-")
     env = mpi_env(timeout)
     env["PYDIST_TEST_REPORT_DIR"] = report_dir
-    cmd = [MPIEXEC, "-n", str(n), sys.executable, "-P", "-m", "pytest", os.path.join(HERE, "mpi"),
-           "-q", "-p", "no:cacheprovider", "-o", "console_output_style=classic"] + pytest_args
+    # tests/mpi unless the arguments name test files or folders of their own
+    named = [a for a in pytest_args if not a.startswith("-") and os.path.exists(a.split("::")[0])]
+    cmd = [MPIEXEC, "-n", str(n), sys.executable, "-P", "-m", "pytest"] + ([] if named else [os.path.join(HERE, "mpi")]) + \
+        ["-q", "-p", "no:cacheprovider", "-o", "console_output_style=classic"] + pytest_args
     start = time.monotonic()
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout + 30)
@@ -126,6 +129,13 @@ def main():
                             f"Output tail:\n{output[-6000:]}")
         if not reports and not missing:
             problems.append(f"FAILED at n={n}: no report at all. Output tail:\n{output[-6000:]}")
+        # 2: interrupted (a test module that cannot be imported stops the whole collection), 3: internal
+        # error, 4: usage error. With 0 tests reported, these used to read as "0 passed, 0 failed".
+        broken = sorted({rep["exitstatus"] for rep in reports.values()} - {0, 1, 5})
+        if broken:
+            n_failed += 1
+            problems.append(f"FAILED at n={n}: pytest ended with exit status {broken} (2: interrupted, e.g. a "
+                            f"collection error; 3: internal error; 4: usage error). Output tail:\n{output[-6000:]}")
         killed = f" (KILLED by the {args.timeout:.0f} s timeout)" if timed_out else ""
         print(f"world size {n}: {n_passed} passed, {n_failed} failed on {len(reports)}/{n} ranks "
               f"in {seconds:.1f} s{killed}", flush=True)
@@ -145,6 +155,9 @@ def main():
     if never and not args.pytest_args:
         problems.append("tests that never ran at any world size (check their world_size markers): " + ", ".join(never))
         failed += len(never)
+    if passed == 0 and failed == 0:
+        problems.append("FAILED: no test ran at any world size")
+        failed = 1
     for p in problems:
         print("\n" + p)
     print(f"\n{passed} passed, {failed} failed")
