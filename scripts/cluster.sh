@@ -138,7 +138,7 @@ cmd_up() {
     shape eth0 "$PREFIX$i" "$rate"
     shape "$VETH$i" "" "$rate"
   done
-  # Names inside the hosts: every host, and this machine as the bridge's address (hydra's control port).
+  # Names inside the hosts: every host, and this machine as the bridge's address.
   for ((i = 1; i <= n; i++)); do
     mkdir -p "/etc/netns/$PREFIX$i"
     {
@@ -146,6 +146,10 @@ cmd_up() {
       echo "$BRIDGE_ADDR $here"
       for ((j = 1; j <= n; j++)); do echo "$NET.$j $PREFIX$j"; done
     } > "/etc/netns/$PREFIX$i/hosts"
+    # No DNS server is reachable from a host: without this, every lookup of a name that /etc/hosts
+    # does not answer fully (getaddrinfo's IPv6 query; torch's rendezvous makes several) waits 10 s.
+    # With no nameserver line glibc asks 127.0.0.1, which refuses at once.
+    echo "# a simulated host of scripts/cluster.sh: no DNS, names are in /etc/hosts" > "/etc/netns/$PREFIX$i/resolv.conf"
   done
   for ((i = 1; i <= n; i++)); do echo "$PREFIX$i"; done > "$STATE/hostfile"
   echo "$n" > "$STATE/hosts"
