@@ -254,6 +254,7 @@ cmd_down() {
   done
   ip link del "$BRIDGE" 2>/dev/null || true
   rm -rf /etc/netns/"$PREFIX"[0-9]* "$STATE"
+  rmdir /etc/netns 2>/dev/null || true   # `up` made it; kept if anything else lives there
   echo "cluster down"
 }
 
