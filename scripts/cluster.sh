@@ -15,8 +15,8 @@
 #
 # Layout: host i is namespace pdh<i>; its interface eth0 (10.77.0.i/24) is one end of a veth pair
 # whose other end, pdv<i>, is a port of the bridge pdbr0 in the root namespace. The state lives in
-# /run/pydist-cluster (hostfile, the launcher wrapper, the rate), and /etc/netns/pdh<i>/hosts (which
-# `ip netns exec` mounts over /etc/hosts inside host i) names every host and the launching machine.
+# /run/pydist-cluster (hostfile, the launcher wrapper, the finalize guard, the rate); /etc/netns/pdh<i>/
+# holds the hosts and resolv.conf files that `ip netns exec` mounts over /etc's inside host i.
 #
 # What `run` passes to mpiexec, and why (each was needed; see README "Several hosts"):
 #   -launcher ssh -launcher-exec $STATE/launch
@@ -26,7 +26,8 @@
 #         host has its own name as a real machine does (torch's rendezvous compares hostnames).
 #   -iface pdbr0
 #         the proxies connect back to mpiexec's control port; by default hydra names it by this
-#         machine's hostname, which /etc/hosts maps to 127.0.0.1, i.e. each namespace's own loopback.
+#         machine's hostname, which this machine's /etc/hosts maps to 127.0.0.1: inside a host, its
+#         own loopback.
 #         -iface makes it the bridge's address, reachable from every host.
 #   -hosts pdh1,...,pdhN
 #         one hydra proxy per host, so MPICH's node map (hence MPI_Comm_split_type(SHARED), hence
@@ -38,7 +39,8 @@
 #         so the wrapper gives each host its own IPC namespace too (unshare --ipc), or UCX would join
 #         ranks on different hosts through shared memory and never touch the link.
 #   LD_PRELOAD=$STATE/finalize_guard.so (scripts/cluster_finalize_guard.c, built by `up`)
-#         MPI_Finalize hangs in about one job in six with UCX over TCP (a UCX bug, see that file);
+#         MPI_Finalize hangs in one job in four to six at 2 ranks (one in three at 3) with UCX over
+#         TCP (a UCX bug, see that file);
 #         the guard ends a rank whose MPI_Finalize has not returned after 5 s, with status 0.
 #         PYDIST_CLUSTER_FINALIZE_GUARD=S sets the seconds, 0 turns it off.
 #   MPIEXEC_TIMEOUT=S (--timeout, default 300)

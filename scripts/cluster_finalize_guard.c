@@ -4,9 +4,10 @@
  * seconds (default 5), says so on stderr and ends the process with status 0.
  *
  * Why: with UCX over TCP (every job across hosts), MPICH 4.0.2 + UCX 1.13 hang in MPI_Finalize in
- * about one job in six, on one machine as across namespaces: one rank loops in ucp_worker_progress
- * waiting for its endpoint close (ucp_disconnect_nb, flush) to complete while the peer it needs has
- * finished its own close and sits in the PMI barrier, progressing nothing (openucx/ucx#8738, "TCP
+ * one job in four to six at 2 ranks (one in three at 3), on one machine (UCX_TLS=tcp) as across
+ * namespaces: one rank loops in ucp_worker_progress waiting for its endpoint close
+ * (ucp_disconnect_nb, flush) to complete while the peer it needs has finished its own close and
+ * sits in the PMI barrier, progressing nothing (openucx/ucx#8738, "TCP
  * transport hangs during cleanup"). No UCX or MPICH variable we tried avoids it (UCX_TLS=tcp,
  * tcp,self, tcp,self,sm, all; UCX_TCP_PUT_ENABLE=n, UCX_TCP_CONN_NB=y, UCX_ADAPTIVE_PROGRESS=n,
  * UCX_PROTO_ENABLE=y). When it happens every operation of the job has completed: pydist's exit
