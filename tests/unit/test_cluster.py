@@ -44,7 +44,8 @@ REASON = why_not()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"NOT RUN (several hosts): {REASON}")
 
 # Ranks find pydist in this checkout; a finalize that hangs in UCX's TCP disconnect (see
-# scripts/cluster_finalize_guard.c) is cut after 1 s rather than 5: finalize takes milliseconds, and all work is done by then.
+# scripts/cluster_finalize_guard.c) is cut after 1 s rather than 5: finalize takes milliseconds,
+# and all work is done by then.
 ENV = dict(os.environ, PYTHONPATH=ROOT, PYDIST_CLUSTER_FINALIZE_GUARD="1", PYTHONFAULTHANDLER="1")
 ENV["PATH"] = os.path.dirname(sys.executable) + os.pathsep + ENV.get("PATH", "")
 
@@ -131,6 +132,10 @@ def test_up_twice_refuses_and_status_lists_the_hosts(hosts):
         assert re.search(rf"^\s+pdh{i}\s+10\.77\.0\.{i}\s", out, re.M), out
     proc = cluster("rate", "fast", check=False)
     assert proc.returncode != 0 and "not understood" in proc.stderr, proc.stderr
+    if shutil.which("setpriv"):   # as an ordinary user: refused, saying why
+        proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", CLUSTER, "up", "2"],
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode != 0 and "must run as root" in proc.stderr, proc.stderr
 
 
 def test_ranks_on_different_hosts_are_different_nodes_and_their_traffic_crosses_the_links(hosts, tmp_path):
