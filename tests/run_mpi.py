@@ -5,6 +5,7 @@
     python tests/run_mpi.py -n 2 -- -k bcast  # one size, extra pytest arguments after --
     python tests/run_mpi.py -n 2 -- tests/mpi/test_p2p.py   # only these files (default: all of tests/mpi)
     python tests/run_mpi.py --durations 5     # also the 5 slowest tests at each size
+    python tests/run_mpi.py --cluster -n 2 3  # across the hosts of scripts/cluster.sh (one rank per host)
 
 Why a driver and not plain pytest: mpiexec's exit status is the OR of the ranks' and can be 0 after a
 failure, and the ranks' output interleaves. So each rank writes its own report (tests/mpi/conftest.py),
@@ -48,15 +49,17 @@ def mpi_env(timeout):
     return env
 
 
-def run_size(n, pytest_args, timeout):
+def run_size(n, pytest_args, timeout, cluster=False):
     """Run the suite at world size n. Returns (per-rank reports, the test each rank was in last,
     output, seconds, returncode, command, whether the timeout killed the job)."""
     report_dir = tempfile.mkdtemp(prefix=f"pydist-mpi-n{n}-")
     env = mpi_env(timeout)
     env["PYDIST_TEST_REPORT_DIR"] = report_dir
+    launch = ([os.path.join(ROOT, "scripts", "cluster.sh"), "run", "-n", str(n), "--timeout", str(int(timeout)), "--"]
+              if cluster else [MPIEXEC, "-n", str(n)])
     # tests/mpi unless the arguments name test files or folders of their own
     named = [a for a in pytest_args if not a.startswith("-") and os.path.exists(a.split("::")[0])]
-    cmd = [MPIEXEC, "-n", str(n), sys.executable, "-P", "-m", "pytest"] + ([] if named else [os.path.join(HERE, "mpi")]) + \
+    cmd = launch + [sys.executable, "-P", "-m", "pytest"] + ([] if named else [os.path.join(HERE, "mpi")]) + \
         ["-q", "-p", "no:cacheprovider", "-o", "console_output_style=classic"] + pytest_args
     start = time.monotonic()
     try:
@@ -89,6 +92,8 @@ def main():
     ap.add_argument("--timeout", type=float, default=600, help="seconds per mpiexec (default 600)")
     ap.add_argument("--durations", type=int, default=0, metavar="K",
                     help="print the K slowest tests at each world size (slowest rank's time)")
+    ap.add_argument("--cluster", action="store_true",
+                    help="launch through scripts/cluster.sh run (its simulated hosts, ranks round robin)")
     ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = ap.parse_args()
     if MPIEXEC is None:
@@ -98,7 +103,7 @@ def main():
     passed = failed = 0
     problems = []
     for n in args.n:
-        reports, last_test, output, seconds, rc, cmd, timed_out = run_size(n, args.pytest_args, args.timeout)
+        reports, last_test, output, seconds, rc, cmd, timed_out = run_size(n, args.pytest_args, args.timeout, args.cluster)
         missing = [r for r in range(n) if r not in reports]
         n_failed = n_passed = 0
         tests = set()
