@@ -4,6 +4,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 
@@ -180,3 +182,27 @@ def test_torch_backend_overhead_prints_its_table():
                       re.M)
     assert [r[0] for r in rows] == ["4 B", "4 KiB"], proc.stdout
     assert all(float(x) > 0 for r in rows for x in r[1:4]), rows
+
+
+def test_cluster_model_quick(tmp_path):
+    """benchmarks/cluster_model.py on simulated hosts at two link rates (tiny sizes and few steps: the
+    figures are the benchmark's business, the test checks it runs end to end): the fitted model, a
+    table of measured against predicted Tsync, the speed-up table, cluster.png; no cluster left up."""
+    from test_cluster import REASON
+    if REASON is not None:
+        pytest.skip(f"NOT RUN (several hosts): {REASON}")
+    env = dict(os.environ, PYDIST_CLUSTER_FINALIZE_GUARD="1")
+    proc = subprocess.run([sys.executable, "benchmarks/cluster_model.py", "--rates", "100mbit", "1gbit",
+                           "--sizes", "246824", "1048576", "--batches", "16", "64", "--steps", "3", "--reps", "3",
+                           "--out-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    fit = re.search(r"alpha ([\d.]+) ms, eta ([\d.]+), host ([\d.]+) Gbit/s \(fitted to 4 points\)", proc.stdout)
+    assert fit and float(fit.group(2)) > 0 and float(fit.group(3)) > 0, proc.stdout
+    rows = re.findall(r"^ *(100mbit|1gbit) +(\d+) +([\d.]+) +([\d.]+) +[+-][\d.]+%$", proc.stdout, re.M)
+    assert len(rows) == 4 and all(float(m) > 0 and float(p) > 0 for *_, m, p in rows), proc.stdout
+    speedups = re.findall(r"^ *(100mbit|1gbit) +([\d.]+)/([\d.]+) +([\d.]+)/([\d.]+) ", proc.stdout, re.M)
+    assert len(speedups) == 2, proc.stdout
+    assert (tmp_path / "cluster.png").stat().st_size > 10000 and (tmp_path / "cluster.json").exists()
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not re.search(r"^pdh\d", listed, re.M), listed
