@@ -90,16 +90,12 @@ static PyArrayObject *as_array(PyObject *obj, const char *fn, const char *arg, i
     if (is_torch_tensor(obj)) {
         PyObject *det = PyObject_CallMethod(obj, "detach", NULL);
         PyObject *arr = det ? PyObject_CallMethod(det, "numpy", NULL) : NULL;
-        if (arr == NULL && det != NULL) {
+        if (arr == NULL && det != NULL) {   // NumPy has no bfloat16: its 16-bit words, if it is one
             PyObject *type, *value, *tb;
             PyErr_Fetch(&type, &value, &tb);
             arr = bfloat16_words(det);
-            if (arr != NULL) {
-                *bf16 = 1;
-                Py_XDECREF(type);
-                Py_XDECREF(value);
-                Py_XDECREF(tb);
-            } else if (!PyErr_Occurred()) {
+            *bf16 = arr != NULL;
+            if (arr == NULL && !PyErr_Occurred()) {
                 PyErr_Restore(type, value, tb);   // not bfloat16: torch's own reason
             } else {
                 Py_XDECREF(type);
