@@ -166,7 +166,8 @@ def main(argv=None):
             print(f"{rate}: done", flush=True)
     finally:
         cluster("down", check=False)
-    points = [(t["bytes"], rate_bits(rate), t["seconds"]) for rate, run in runs.items() for t in run["tsync"]]
+    named = [(rate, t["bytes"], t["seconds"]) for rate, run in runs.items() for t in run["tsync"]]
+    points = [(n, rate_bits(rate), s) for rate, n, s in named]
     model = fit(points, args.hosts)
     alpha, eta, host = model
     print(f"\nTsync = alpha + max((m - bucket) / (eta x rate), m / host), m = 2(R-1)/R x n, R = {args.hosts}: alpha "
@@ -174,11 +175,10 @@ def main(argv=None):
     print(f"{'rate':>8} {'bytes':>9} {'measured ms':>12} {'model ms':>9} {'error':>7}")
     worst = 0.0
     table = []
-    for n, r, s in points:
+    for (rate, n, s), (_, r, _) in zip(named, points):
         p = predict(model, n, r, args.hosts)
         err = (p - s) / s
         worst = max(worst, abs(err))
-        rate = next(k for k in runs if rate_bits(k) == r)
         table.append({"rate": rate, "bytes": n, "measured_s": s, "model_s": p, "error": err})
         print(f"{rate:>8} {n:>9} {s * 1e3:>12.3f} {p * 1e3:>9.3f} {err * 100:>+6.1f}%")
     print(f"largest |error|: {worst * 100:.1f}% (goal: within 20%)")

@@ -26,11 +26,11 @@ import pydist as dist  # noqa: E402  (after the path: the checkout's pydist, not
 from pydist.engine import Trainer, lenet5, load_fashion_mnist  # noqa: E402
 
 
-def slowest(seconds):
-    t = np.array([seconds])
-    if dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t[0])
+def slowest(*seconds):
+    """The slowest rank's value of each (one all-reduce for all of them)."""
+    t = np.array(seconds, dtype=np.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
 
 
 def time_all_reduce(nbytes, reps):
@@ -42,18 +42,18 @@ def time_all_reduce(nbytes, reps):
         dist.barrier()
         start = time.perf_counter()
         dist.all_reduce(x, algorithm="mpi")
-        times.append(slowest(time.perf_counter() - start))
+        times.append(slowest(time.perf_counter() - start)[0])
     return float(np.median(times))
 
 
 def time_steps(images, labels, batch, warmup, steps):
     trainer = Trainer(lenet5(), batch_size=batch, seed=0)
     trainer.train_steps(images, labels, 0, 0, warmup)
-    dist.barrier() if dist.get_world_size() > 1 else None
+    dist.barrier()
     start = time.perf_counter()
     out = trainer.train_steps(images, labels, 0, warmup, warmup + steps)
-    wall = slowest(time.perf_counter() - start) / steps
-    return {"batch": batch, "step_s": wall, "t_comp_s": slowest(out[3] / steps), "t_sync_s": slowest(out[4] / steps),
+    wall, comp, sync = slowest(time.perf_counter() - start, out[3], out[4])
+    return {"batch": batch, "step_s": wall / steps, "t_comp_s": comp / steps, "t_sync_s": sync / steps,
             "grad_bytes": int(trainer.params.nbytes)}
 
 

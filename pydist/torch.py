@@ -134,7 +134,7 @@ class _Work(tdist._Work):
         super().__init__()
         self._work = work
         self._result = result
-        self._arrays = arrays
+        self._arrays = [a for a in arrays if a.copy is not None]   # those with results to copy back
         self._source = source      # receives: the sender's group rank, once complete
         self._future = None        # made when asked for (a blocking call's never is)
         self._base = None          # a queued call's: completed by the worker, self._future raises errors
@@ -322,22 +322,18 @@ class ProcessGroupPydist(tdist.ProcessGroup):
             raise ValueError(f"{fn}(): `{arg}` must be a group rank in [0, {len(self._ranks)}); got {group_rank}")
         return self._ranks[group_rank]
 
-    def _work(self, work, result, arrays=(), source=None):
-        return _Work(work, result, [a for a in arrays if a.copy is not None], source)
-
     def _issue(self, what, opts, run, result, arrays):
         """run() (the pydist calls, blocking) here when torch waits at once, returning one shared done
         Work (making a Work costs more than a small call); else on the group's worker thread."""
         if opts is not None and not opts.asyncOp:
-            if self._worker is not None and self._worker.pending:
-                self._worker.drain()
+            self._quiet()
             run()
             for a in arrays:
                 a.back()
             return _DONE
         if self._worker is None:
             self._worker = _Worker(self.getGroupName() or str(self._ranks))
-        return self._worker.submit(what, run, result, [a for a in arrays if a.copy is not None])
+        return self._worker.submit(what, run, result, arrays)
 
     def _quiet(self):
         """Before a call that does not go through _issue: the worker's earlier collectives first."""
@@ -482,19 +478,19 @@ class ProcessGroupPydist(tdist.ProcessGroup):
     def send(self, tensors, dst, tag=0):
         (t,) = tensors
         a = _Array(t, "send")
-        return self._work(pd.isend(a.array, self._global(dst, "send", "dst"), group=self._group, tag=tag), tensors)
+        return _Work(pd.isend(a.array, self._global(dst, "send", "dst"), group=self._group, tag=tag), tensors)
 
     def recv(self, tensors, src, tag=0):
         (t,) = tensors
         a = _Array(t, "recv")
         work = pd.irecv(a.array, self._global(src, "recv", "src"), group=self._group, tag=tag)
-        return self._work(work, tensors, [a], source=lambda: src)
+        return _Work(work, tensors, [a], source=lambda: src)
 
     def recv_anysource(self, tensors, tag=0):
         (t,) = tensors
         a = _Array(t, "recv")
         work = pd.irecv(a.array, None, group=self._group, tag=tag)
-        return self._work(work, tensors, [a], source=lambda: self._ranks.index(work.source_rank()))
+        return _Work(work, tensors, [a], source=lambda: self._ranks.index(work.source_rank()))
 
 
 _DONE = _Work(None, [])
@@ -508,7 +504,7 @@ def _create(options, backend_options=None):
     if not pd.is_initialized():
         pd.init_process_group(timeout=options.timeout)
     ranks = list(options.global_ranks_in_group) or list(range(pd.get_world_size()))
-    if len(ranks) == pd.get_world_size() and not options.global_ranks_in_group:
+    if not options.global_ranks_in_group:
         # The default group: torch's init_process_group(timeout=...) bounds every pydist wait from now
         # on (MPI was started at import, before torch had a timeout to give).
         pd._set_default_timeout(options.timeout.total_seconds())
@@ -581,8 +577,7 @@ def _fill_env():
     os.environ.setdefault("LOCAL_RANK", os.environ.get("MPI_LOCALRANKID", "0"))
 
 
-if tdist.monitored_barrier is not monitored_barrier and \
-        getattr(tdist.monitored_barrier, "__module__", None) != __name__:   # not again on a reload
+if getattr(tdist.monitored_barrier, "__module__", None) != __name__:   # not again on a reload
     tdist.monitored_barrier = tdist.distributed_c10d.monitored_barrier = monitored_barrier
 if BACKEND.upper() not in tdist.Backend._plugins:
     tdist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
