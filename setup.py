@@ -1,111 +1,71 @@
-"""Build pydist._C against MPICH.
+"""Build pydist._C against MPICH, OpenBLAS and zlib.
 
-MPICH is found by itself: an ``MPICC`` variable (a path to mpicc) wins; otherwise ``pkg-config mpich``;
-otherwise ``mpicc.mpich -show`` / ``mpicc -show``. Without MPICH the build stops with one line saying
-what to install. The training engine needs a CBLAS and zlib, found the same way: ``pkg-config openblas``
-(Debian: libopenblas-dev) and ``pkg-config zlib`` (zlib1g-dev). ``PYDIST_ASAN=1`` builds with AddressSanitizer (the test suite does this once).
+Where each comes from, and in which order they are looked for, is buildsys/pydist_backend.py's
+business: an explicit ``MPICC``, then the environment's MPI, then PyPI's ``mpich``. The build prints
+what it took, and writes it to pydist/_build_config.py (``python -m pydist --version`` shows it).
+``PYDIST_ASAN=1`` builds with AddressSanitizer (the test suite does this once).
 """
 import glob
 import os
-import shlex
-import shutil
-import subprocess
 import sys
 
 import numpy
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
-MISSING_MPI = ("pydist: MPICH was not found; install it first (Debian/Ubuntu: "
-               "`apt-get install -y mpich libmpich-dev`), or set MPICC to the mpicc of an MPICH install")
-MISSING_BLAS = ("pydist: OpenBLAS was not found (`pkg-config openblas`); install it first (Debian/Ubuntu: "
-                "`apt-get install -y libopenblas-dev`)")
-MISSING_ZLIB = ("pydist: zlib was not found (`pkg-config zlib`); install it first (Debian/Ubuntu: "
-                "`apt-get install -y zlib1g-dev`)")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "buildsys"))
+from pydist_backend import Found  # noqa: E402
 
-
-def _run(cmd):
-    try:
-        return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
+found = Found()
 
 
-def _from_show(mpicc):
-    """Split `mpicc -show` into include dirs, library dirs, libraries and extra link args."""
-    out = _run([mpicc, "-show"])
-    if not out:
-        return None
-    flags = {"include_dirs": [], "library_dirs": [], "libraries": [], "extra_link_args": []}
-    for tok in shlex.split(out)[1:]:  # the first word is the compiler itself
-        if tok.startswith("-I"):
-            flags["include_dirs"].append(tok[2:])
-        elif tok.startswith("-L"):
-            flags["library_dirs"].append(tok[2:])
-        elif tok.startswith("-l"):
-            flags["libraries"].append(tok[2:])
-        elif tok.startswith("-Wl,"):
-            flags["extra_link_args"].append(tok)
-    return flags if flags["libraries"] else None
-
-
-def _from_pkg_config(name):
-    pkg_config = os.environ.get("PKG_CONFIG", "pkg-config")
-    cflags = _run([pkg_config, "--cflags", name])
-    libs = _run([pkg_config, "--libs", name])
-    if cflags is None or libs is None:
-        return None
-    flags = {"include_dirs": [], "library_dirs": [], "libraries": [], "extra_link_args": []}
-    for tok in shlex.split(cflags):
-        if tok.startswith("-I"):
-            flags["include_dirs"].append(tok[2:])
-    for tok in shlex.split(libs):
-        if tok.startswith("-L"):
-            flags["library_dirs"].append(tok[2:])
-        elif tok.startswith("-l"):
-            flags["libraries"].append(tok[2:])
-        else:
-            flags["extra_link_args"].append(tok)
-    return flags if flags["libraries"] else None
-
-
-def find_mpich():
-    if os.environ.get("MPICC"):
-        found = _from_show(os.environ["MPICC"])
-        if found is None:
-            sys.exit(f"pydist: MPICC={os.environ['MPICC']} does not answer `-show`; point it at MPICH's mpicc")
-        return found
-    found = _from_pkg_config("mpich")
-    if found is None:
-        for cc in ("mpicc.mpich", "mpicc"):
-            if shutil.which(cc):
-                found = _from_show(cc)
-                if found:
-                    break
-    if found is None:
-        sys.exit(MISSING_MPI)
-    return found
-
-
-def merge(*found):
-    flags = {"include_dirs": [], "library_dirs": [], "libraries": [], "extra_link_args": []}
-    for f in found:
+def merge(*parts):
+    flags = {"include_dirs": [], "library_dirs": [], "libraries": [], "extra_link_args": [],
+             "define_macros": []}
+    for f in parts:
         for key in flags:
             flags[key] += [v for v in f[key] if v not in flags[key]]
     return flags
 
 
+class BuildExt(build_ext):
+    """Links the extension to what was found, says what that was, and records it beside the module."""
+
+    def run(self):
+        message = found.missing()
+        if message:
+            sys.exit(message)
+        libs = merge(found.mpi[0], found.blas[0], found.zlib[0])
+        for ext in self.extensions:
+            for key, values in libs.items():
+                getattr(ext, key).extend(values)
+        for name, (_, where) in (("MPI", found.mpi), ("BLAS", found.blas), ("zlib", found.zlib)):
+            print(f"pydist: {name} from {where}", file=sys.stderr)
+        config = ("# Written by setup.py when pydist._C was built: where its libraries came from.\n"
+                  f"MPI = {found.mpi[1]!r}\nBLAS = {found.blas[1]!r}\nZLIB = {found.zlib[1]!r}\n"
+                  "# PyPI packages whose libraries pydist/_libraries.py loads before pydist._C\n"
+                  f"PYPI_LIBRARIES = {[name for name, _, _ in found.pypi]!r}\n")
+        # Beside the module: the source tree's for an in-place build, the build folder's for a wheel.
+        target = os.path.join("" if self.inplace else self.build_lib, "pydist", "_build_config.py")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "w") as f:
+            f.write(config)
+        # Objects compiled against another MPI's headers are not reused (setuptools would: it compares
+        # only the sources' times).
+        stamp = os.path.join(self.build_temp, "pydist_build_config.py")
+        if not os.path.exists(stamp) or open(stamp).read() != config:
+            self.force = True
+            os.makedirs(self.build_temp, exist_ok=True)
+            with open(stamp, "w") as f:
+                f.write(config)
+        super().run()
+
+
 def extension():
-    mpich = find_mpich()
-    blas, zlib = _from_pkg_config("openblas"), _from_pkg_config("zlib")
-    if blas is None:
-        sys.exit(MISSING_BLAS)
-    if zlib is None:
-        sys.exit(MISSING_ZLIB)
-    mpi = merge(mpich, blas, zlib)
     # -O3: GCC's vectorizer with its normal cost model (at -O2 it skips any loop that needs a remainder,
     # which is most of the engine's kernels); it never reorders float arithmetic, so results are unchanged.
     compile_args = ["-O3", "-Wall", "-Wextra", "-fvisibility=hidden", "-std=c11"]
-    link_args = list(mpi["extra_link_args"])
+    link_args = []
     if os.environ.get("PYDIST_ASAN") == "1":
         compile_args += ["-fsanitize=address", "-fno-omit-frame-pointer", "-g"]
         link_args += ["-fsanitize=address"]
@@ -113,13 +73,13 @@ def extension():
         "pydist._C",
         sources=sorted(glob.glob("csrc/*.c") + glob.glob("csrc/*/*.c")),
         depends=glob.glob("csrc/*.h") + glob.glob("csrc/*/*.h"),
-        include_dirs=[numpy.get_include(), "csrc"] + mpi["include_dirs"],
-        library_dirs=mpi["library_dirs"],
-        libraries=mpi["libraries"],
+        include_dirs=[numpy.get_include(), "csrc"],
         extra_compile_args=compile_args,
         extra_link_args=link_args,
         define_macros=[("_GNU_SOURCE", None)],
     )
 
 
-setup(ext_modules=[extension()])
+# numpy, and the PyPI packages the libraries were taken from (their libraries are loaded from there).
+setup(ext_modules=[extension()], cmdclass={"build_ext": BuildExt},
+      install_requires=["numpy>=1.23"] + found.requirements())

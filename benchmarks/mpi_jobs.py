@@ -6,8 +6,10 @@ import signal
 import subprocess
 import sys
 
+from pydist import _libraries as pydist_libraries
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MPIEXEC = shutil.which("mpiexec.mpich") or shutil.which("mpiexec")
+MPIEXEC = shutil.which(pydist_libraries.mpiexec())   # the one matching pydist's libmpi
 
 
 def mpi_env(timeout):

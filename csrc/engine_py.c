@@ -8,7 +8,7 @@
  */
 #include "pydist.h"
 
-#include <cblas.h>
+#include "engine/blas.h"
 #include <time.h>
 
 #include "engine/checkpoint.h"

@@ -6,6 +6,8 @@ collective. (init_process_group installs the same hook for exceptions; this also
 errors before init.)
 
     mpiexec.mpich -n 4 python -m pydist train.py --epochs 5
+
+python -m pydist --version: pydist's version, and the MPI and BLAS it was built with and runs on.
 """
 import os
 import runpy
@@ -15,7 +17,17 @@ from . import _C
 from .distributed import _abort, _excepthook, _rank_prefix
 
 
+def version():
+    from . import __version__, _build_config
+    mpi = _C.mpi_info()["library_version"].strip().splitlines()[0]
+    return (f"pydist {__version__}\n  built with MPI from {_build_config.MPI}\n  running on {mpi}\n"
+            f"  BLAS from {_build_config.BLAS}\n  zlib from {_build_config.ZLIB}")
+
+
 def main():
+    if len(sys.argv) >= 2 and sys.argv[1] == "--version":
+        print(version())
+        return 0
     if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         print(__doc__.strip())
         return 0 if len(sys.argv) >= 2 else 2

@@ -18,12 +18,16 @@ import weakref
 
 import numpy  # noqa: F401  (before _C, so that NumPy's own BLAS starts with the user's settings)
 
+from . import _libraries
+
 
 def _load_C():
     """Import _C with its OpenBLAS (the engine's) starting one thread. A pthreads OpenBLAS starts its
     pool when it is loaded, and the idle threads spin for a while: on 2 cores that left MPI_Init and
     init_process_group at 2 ranks 110 ms instead of 30 (benchmarks/startup.py). The engine runs one BLAS
-    thread per rank anyway (Trainer's blas_threads, which may raise it). A user's own setting wins."""
+    thread per rank anyway (Trainer's blas_threads, which may raise it). A user's own setting wins.
+    Libraries the build took from PyPI packages are loaded first (_libraries.py)."""
+    _libraries.load()
     if "OPENBLAS_NUM_THREADS" in os.environ:
         from . import _C
         return _C
@@ -260,7 +264,7 @@ def init_process_group(backend="mpi", init_method=None, timeout=None, world_size
         raise DistError(
             f"{fn}(): this process was started as one of {announced} ({var}={announced}, set by {who}), "
             f"but MPI sees a world of 1: pydist is built against MPICH and was launched by another MPI's "
-            f"launcher. Launch it with MPICH's: mpiexec.mpich -n {announced} python ...")
+            f"launcher. Launch it with MPICH's: {_libraries.mpiexec()} -n {announced} python ...")
     if world_size != -1 and world_size != size:
         _C.destroy()
         raise ValueError(f"{fn}(): `world_size` = {world_size} does not match MPI's world size {size} "

@@ -30,9 +30,11 @@ import sys
 import tempfile
 import time
 
+from pydist import _libraries as pydist_libraries
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-MPIEXEC = shutil.which("mpiexec.mpich") or shutil.which("mpiexec")
+MPIEXEC = shutil.which(pydist_libraries.mpiexec())   # the one matching pydist's libmpi
 
 
 def mpi_env(timeout):

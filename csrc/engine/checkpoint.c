@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <zlib.h>
+#include "zlib_calls.h"
 
 static int write_all(int fd, const void *buf, size_t len) {
     const char *p = buf;

@@ -14,7 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <zlib.h>
+#include "zlib_calls.h"
 
 // ---------------------------------------------------------------------------------------------------
 // Reading

@@ -4,7 +4,7 @@
  */
 #include "layers.h"
 
-#include <cblas.h>
+#include "blas.h"
 #include <math.h>
 #include <string.h>
 #ifdef __SSE2__

@@ -12,8 +12,10 @@ import sys
 import textwrap
 import time
 
+from pydist import _libraries as pydist_libraries
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MPIEXEC = shutil.which("mpiexec.mpich") or shutil.which("mpiexec")
+MPIEXEC = shutil.which(pydist_libraries.mpiexec())   # the one matching pydist's libmpi
 
 PRELUDE = """
 import os, sys, time

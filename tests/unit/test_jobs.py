@@ -9,8 +9,10 @@ import time
 
 import pytest
 
+from pydist import _libraries as pydist_libraries
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MPIEXEC = shutil.which("mpiexec.mpich") or shutil.which("mpiexec")
+MPIEXEC = shutil.which(pydist_libraries.mpiexec())   # the one matching pydist's libmpi
 
 
 def mpirun(n, args, timeout=60):
@@ -66,7 +68,7 @@ def test_launched_by_another_mpi_is_refused():
     proc = subprocess.run([sys.executable, "-c", "import pydist as d; d.init_process_group()"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
-    assert "DistError" in proc.stderr and "mpiexec.mpich" in proc.stderr, proc.stderr
+    assert "DistError" in proc.stderr and pydist_libraries.mpiexec() in proc.stderr, proc.stderr
 
 
 def test_python_m_pydist_ends_the_job_on_sys_exit(tmp_path):

@@ -20,7 +20,7 @@ def test_wrong_launcher_is_an_error_naming_mpiexec_mpich(var, size, who):
     assert proc.returncode != 0, proc.stdout + proc.stderr
     err = proc.stderr
     assert "pydist.DistError" in err, err
-    assert "mpiexec.mpich" in err and f"-n {size}" in err, err
+    assert dist._libraries.mpiexec() in err and f"-n {size}" in err, err
     assert f"{var}={size}" in err and who in err, err
 
 

@@ -10,8 +10,10 @@ import subprocess
 import sys
 import textwrap
 
+from pydist import _libraries as pydist_libraries
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MPIEXEC = shutil.which("mpiexec.mpich") or shutil.which("mpiexec")
+MPIEXEC = shutil.which(pydist_libraries.mpiexec())   # the one matching pydist's libmpi
 
 
 def run(tmp_path, n, body, timeout=120):

