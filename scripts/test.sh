@@ -4,7 +4,9 @@
 #                   under mpiexec: examples, a dying rank, the wrong launcher, the build's own checks)
 #   2. tests/mpi    under real mpiexec at world sizes 1, 2, 3 and 4 (tests/run_mpi.py)
 #   3. the same core tests on an AddressSanitizer build of the extension
-#   4. the C API core tests on every other Python version pyproject.toml claims
+#   4. pip install with no system MPI (MPICH 5 and OpenBLAS from PyPI), the manylinux wheel, and the
+#      core multi-rank tests on PyPI's MPICH 5 (stages 1-3 run on Debian's MPICH 4.0.2)
+#   5. the C API core tests on every other Python version pyproject.toml claims
 # Each stage's time is printed as it ends and again at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -107,6 +109,10 @@ fi
 echo "asan: no memory errors; no leaks from csrc/ ($(ls "$ASAN_DIR" | wc -l) process reports read)"
 rm -rf "$ASAN_DIR"; ASAN_DIR=""
 stage_done "AddressSanitizer build and tests"
+
+echo "== pip install with no system MPI, the wheel, MPICH 5 (scripts/test_pip_install.sh)"
+scripts/test_pip_install.sh
+stage_done "pip install, wheel, MPICH 5"
 
 echo "== the C API core on the other Pythons pyproject.toml claims (scripts/test_pythons.sh)"
 scripts/test_pythons.sh

@@ -3,8 +3,9 @@
 # whole suite). For each other claimed 3.x: a venv .venv-py3.x (made once, then reused) with numpy,
 # pytest and hypothesis; the extension built in place with that Python (the .so name carries the
 # version tag, so the builds sit side by side); then the tests that exercise the C API: the core unit
-# files (minus the torch comparisons: torch is installed for .venv's Python only), and on the newest of
-# them the core files of tests/mpi at 2 ranks. A compiler warning or a failing test fails the script;
+# files (minus the torch comparisons: torch is installed for .venv's Python only), which reach every C
+# API entry. (The multi-rank core runs on .venv's Python against both MPICHs: stages 2 and 4 of
+# scripts/test.sh.) A compiler warning or a failing test fails the script;
 # a claimed Python that this machine does not have is one line saying so, not a failure.
 #
 #   scripts/test_pythons.sh              every claimed version but .venv's
@@ -15,11 +16,6 @@ unset PYDIST_REQUIRE_PEERS   # scripts/test.sh sets it; the torch comparisons ar
 CORE_TESTS=(tests/unit/test_api.py tests/unit/test_errors.py tests/unit/test_float16.py tests/unit/test_gil.py
             tests/unit/test_memory.py tests/unit/test_engine.py)
 # Leaves out the tests that import torch; those that only check torch's names and values still run.
-# tests/mpi's files that go through the C API's every entry (the others, the engine's strategies, fuzzing,
-# the pipeline, run what these already reach, and take .venv's run their time).
-CORE_MPI_TESTS=(tests/mpi/test_all_reduce.py tests/mpi/test_collectives.py tests/mpi/test_broadcast_barrier.py
-                tests/mpi/test_p2p.py tests/mpi/test_async.py tests/mpi/test_groups.py tests/mpi/test_errors_mpi.py
-                tests/mpi/test_objects_batch.py tests/mpi/test_shm_small.py tests/mpi/test_shm.py)
 NO_TORCH="not (torch_tensor or torch_parameter or torch_bfloat16 or torch_non_contiguous or torch_float16 or ml_dtypes)"
 
 main=$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true)
@@ -69,12 +65,6 @@ for v in "${versions[@]}"; do
   "$venv/bin/python" -P -c "import pydist._C as c, sys; assert c.__file__.startswith('$PWD/'), c.__file__; \
 print('python', sys.version.split()[0], 'imports', c.__file__)"
   "$venv/bin/python" -P -m pytest -q -p no:cacheprovider -k "$NO_TORCH" "${CORE_TESTS[@]}" || failed+=("$v: tests/unit")
-  # Multi-rank on the newest claimed version only: the unit files above already reach every C API entry
-  # on each version, and make test stays under its 15 minutes.
-  if [ "$v" = "${versions[${#versions[@]}-1]}" ]; then
-    PATH="$PWD/$venv/bin:$PATH" "$venv/bin/python" tests/run_mpi.py -n 2 -- -k "$NO_TORCH" "${CORE_MPI_TESTS[@]}" \
-      || failed+=("$v: tests/mpi")
-  fi
   unset PYTHONPATH
   echo "== Python $v: done in $(( $(date +%s) - start )) s"
 done
