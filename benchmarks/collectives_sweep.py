@@ -43,11 +43,15 @@ import sys
 import time
 
 from mpi_jobs import MPIEXEC, run
+from pydist import _libraries as pydist_libraries
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(HERE, "collectives_raw.c")
-BINARY = os.path.join(HERE, ".build", "collectives_raw")
-MPICC = shutil.which("mpicc.mpich") or shutil.which("mpicc")
+MPICC = shutil.which(pydist_libraries.mpicc())   # the same MPICH as pydist's libmpi and MPIEXEC
+# One binary per MPICH, in a folder named after its mpicc's (usr-bin for Debian's, ...-.venv-bin for
+# PyPI's in a venv), so that a checkout rebuilt against the other MPICH never runs the first one's.
+BINARY = os.path.join(HERE, ".build", os.path.dirname(MPICC or "/none").strip(os.sep).replace(os.sep, "-"),
+                      "collectives_raw")
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 PROGRAMS = ("c", "pydist", "mpi4py", "ring", "shm", "shm-alloc")   # ring, shm: all_reduce(algorithm=...)
@@ -326,7 +330,8 @@ def main():
         worker(program, [(op, int(b), int(i)) for op, b, i in (x.split(":") for x in plan.split(","))])
         return
     if MPIEXEC is None or MPICC is None:
-        sys.exit("collectives_sweep: needs mpiexec.mpich and mpicc.mpich (Debian package mpich)")
+        sys.exit(f"collectives_sweep: needs {pydist_libraries.mpiexec()} and {pydist_libraries.mpicc()}, "
+                 f"the MPICH pydist was built with (Debian package mpich, or PyPI's mpich)")
     programs = [p for p in PROGRAMS if p in args.programs or p == "pydist"]
     if "mpi4py" in programs:
         try:

@@ -31,23 +31,34 @@ def _installed_file(dist_name, suffix):
     raise ImportError(f"pydist: the installed {dist_name} {dist.version} has no {suffix}")
 
 
-def load():
+def _pypi_libraries():
     try:
         from . import _build_config
-    except ImportError:   # built before _build_config existed: nothing to load
-        return
-    for name in _build_config.PYPI_LIBRARIES:
+    except ImportError:   # built before _build_config existed: nothing from PyPI
+        return []
+    return _build_config.PYPI_LIBRARIES
+
+
+def load():
+    for name in _pypi_libraries():
         ctypes.CDLL(str(_installed_file(name, _LIBRARY[name])))
 
 
+def _mpich_tool(name):
+    """MPICH's `name` (mpiexec, mpicc) from the MPICH pydist runs on: the mpich package's own (a full
+    path) when the build took MPICH from PyPI, else the one on PATH (Debian calls it name.mpich; a
+    plain name may be another MPI's)."""
+    if "mpich" in _pypi_libraries():
+        return str(_installed_file("mpich", f"bin/{name}"))
+    return f"{name}.mpich" if shutil.which(f"{name}.mpich") or not shutil.which(name) else name
+
+
 def mpiexec():
-    """The launcher that matches the MPI library pydist runs on: the mpich package's own mpiexec (a
-    full path) when the build took MPICH from PyPI, else MPICH's on PATH (Debian calls it
-    mpiexec.mpich; a plain mpiexec may be another MPI's)."""
-    try:
-        from . import _build_config
-    except ImportError:
-        _build_config = None
-    if _build_config is not None and "mpich" in _build_config.PYPI_LIBRARIES:
-        return str(_installed_file("mpich", "bin/mpiexec"))
-    return "mpiexec.mpich" if shutil.which("mpiexec.mpich") or not shutil.which("mpiexec") else "mpiexec"
+    """The launcher that matches the MPI library pydist runs on."""
+    return _mpich_tool("mpiexec")
+
+
+def mpicc():
+    """The compiler wrapper of that same MPICH, for C programs that run beside pydist under mpiexec()
+    (benchmarks/collectives_raw.c): one built with another MPICH's would load the wrong libmpi."""
+    return _mpich_tool("mpicc")
