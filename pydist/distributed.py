@@ -26,17 +26,20 @@ def _load_C():
     pool when it is loaded, and the idle threads spin for a while: on 2 cores that left MPI_Init and
     init_process_group at 2 ranks 110 ms instead of 30 (benchmarks/startup.py). The engine runs one BLAS
     thread per rank anyway (Trainer's blas_threads, which may raise it). A user's own setting wins.
-    Libraries the build took from PyPI packages are loaded first (_libraries.py)."""
-    _libraries.load()
-    if "OPENBLAS_NUM_THREADS" in os.environ:
+    Libraries the build took from PyPI packages are loaded just before it (_libraries.py), under the
+    same setting: PyPI's OpenBLAS starts its pool when that load runs."""
+    def load():
+        _libraries.load()
         from . import _C
         return _C
+
+    if "OPENBLAS_NUM_THREADS" in os.environ:
+        return load()
     os.environ["OPENBLAS_NUM_THREADS"] = "1"
     try:
-        from . import _C
+        return load()
     finally:
         del os.environ["OPENBLAS_NUM_THREADS"]
-    return _C
 
 
 _C = _load_C()

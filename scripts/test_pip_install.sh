@@ -11,7 +11,8 @@
 #      to their PyPI packages. The repaired wheel goes into a fresh venv, back on the full machine
 #      (Debian's MPICH in view: the wheel must still load PyPI's), and passes the core tests on MPICH 5:
 #      every collective, p2p, async work, groups, errors and timeouts, and the training engine's data
-#      parallelism at 2 and 3 ranks; dying and stuck ranks.
+#      parallelism at 2 and 3 ranks; dying and stuck ranks; the launcher checks and the import (PyPI's
+#      OpenBLAS must start with one thread, as Debian's does).
 #
 # Needs root (a mount namespace and an overlay), as scripts/cluster.sh does, and PyPI (or pip's cache).
 #   scripts/test_pip_install.sh [WORKDIR]   (default: a fresh temporary folder, removed on success)
@@ -114,8 +115,9 @@ echo "-- core tests on MPICH 5: tests/mpi at 2 and 3 ranks"
   tests/mpi/test_all_reduce.py tests/mpi/test_collectives.py tests/mpi/test_broadcast_barrier.py \
   tests/mpi/test_p2p.py tests/mpi/test_async.py tests/mpi/test_groups.py tests/mpi/test_errors_mpi.py \
   tests/mpi/test_objects_batch.py tests/mpi/test_shm_small.py tests/mpi/test_engine_dp.py -k "$NO_TORCH"
-echo "-- core tests on MPICH 5: a timeout, a missing rank, dead ranks (exception, exit, SIGKILL), Ctrl-C"
-"$WORK/w/bin/python" -P -m pytest -q -p no:cacheprovider tests/unit/test_faults.py \
-  -k "timeout_names or names_the_missing_rank or dead_rank or ctrl_c"
+echo "-- core tests on MPICH 5: a timeout, a missing rank, dead ranks (exception, exit, SIGKILL), Ctrl-C;"
+echo "   the process around them (launchers, PyPI's OpenBLAS loaded with one thread, the environment left alone)"
+"$WORK/w/bin/python" -P -m pytest -q -p no:cacheprovider tests/unit/test_faults.py tests/unit/test_launcher.py \
+  -k "timeout_names or names_the_missing_rank or dead_rank or ctrl_c or test_launcher"
 cd /
 rm -rf "$WORK"
