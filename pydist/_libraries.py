@@ -7,9 +7,6 @@ the `mpich` and `scipy-openblas32` packages, satisfies the extension's needs by 
 before any other libmpi.so.12 the system's loader would find (a Debian MPICH), so that libmpi and the
 mpiexec beside it always come from the same MPICH.
 """
-import ctypes
-import importlib.metadata
-import shutil
 from pathlib import Path
 
 # What each PyPI package provides, and where in its files.
@@ -17,6 +14,7 @@ _LIBRARY = {"mpich": "lib/libmpi.so.12", "scipy-openblas32": "lib/libscipy_openb
 
 
 def _installed_file(dist_name, suffix):
+    import importlib.metadata   # here, as ctypes and shutil: 18 ms of every `import pydist` otherwise
     try:
         dist = importlib.metadata.distribution(dist_name)
     except importlib.metadata.PackageNotFoundError:
@@ -40,6 +38,7 @@ def _pypi_libraries():
 
 
 def load():
+    import ctypes
     for name in _pypi_libraries():
         ctypes.CDLL(str(_installed_file(name, _LIBRARY[name])))
 
@@ -48,6 +47,7 @@ def _mpich_tool(name):
     """MPICH's `name` (mpiexec, mpicc) from the MPICH pydist runs on: the mpich package's own (a full
     path) when the build took MPICH from PyPI, else the one on PATH (Debian calls it name.mpich; a
     plain name may be another MPI's)."""
+    import shutil
     if "mpich" in _pypi_libraries():
         return str(_installed_file("mpich", f"bin/{name}"))
     return f"{name}.mpich" if shutil.which(f"{name}.mpich") or not shutil.which(name) else name
