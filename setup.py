@@ -8,6 +8,7 @@ what it took, and writes it to pydist/_build_config.py (``python -m pydist --ver
 import glob
 import os
 import sys
+from pathlib import Path
 
 import numpy
 from setuptools import Extension, setup
@@ -44,7 +45,7 @@ class BuildExt(build_ext):
         config = ("# Written by setup.py when pydist._C was built: where its libraries came from.\n"
                   f"MPI = {found.mpi[1]!r}\nBLAS = {found.blas[1]!r}\nZLIB = {found.zlib[1]!r}\n"
                   "# PyPI packages whose libraries pydist/_libraries.py loads before pydist._C\n"
-                  f"PYPI_LIBRARIES = {[name for name, _, _ in found.pypi]!r}\n")
+                  f"PYPI_LIBRARIES = {found.pypi!r}\n")
         # Beside the module: the source tree's for an in-place build, the build folder's for a wheel.
         target = os.path.join("" if self.inplace else self.build_lib, "pydist", "_build_config.py")
         os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -53,7 +54,8 @@ class BuildExt(build_ext):
         # Objects compiled against another MPI's headers are not reused (setuptools would: it compares
         # only the sources' times).
         stamp = os.path.join(self.build_temp, "pydist_build_config.py")
-        if not os.path.exists(stamp) or open(stamp).read() != config:
+        built_for = Path(stamp).read_text() if os.path.exists(stamp) else None
+        if built_for != config:
             self.force = True
             os.makedirs(self.build_temp, exist_ok=True)
             with open(stamp, "w") as f:

@@ -28,6 +28,7 @@ from setuptools import build_meta as _setuptools
 
 MPICH_PYPI = "mpich>=5.0.2,<6"
 OPENBLAS_PYPI = "scipy-openblas32>=0.3.28"
+PYPI_REQUIREMENT = {"mpich": MPICH_PYPI, "scipy-openblas32": OPENBLAS_PYPI}
 
 
 def _run(cmd):
@@ -131,16 +132,14 @@ def from_pypi_only():
     return os.environ.get("PYDIST_FROM_PYPI", "") not in ("", "0")
 
 
-def environment_mpi():
+def environment_mpi(pypi_mpicc=None):
     """(flags, how it was found) for the MPI the environment provides, or None. PyPI's own mpicc (on
-    PATH inside a venv or pip's build environment) does not count: that is step 3."""
+    PATH inside a venv or pip's build environment, `pypi_mpicc`) does not count: that is step 3."""
     if from_pypi_only():
         return None
     found = from_pkg_config("mpich")
     if found:
         return found, "pkg-config mpich"
-    pypi = pypi_mpich()
-    pypi_mpicc = pypi[2] if pypi else None
     for cc in ("mpicc.mpich", "mpicc"):
         path = shutil.which(cc)
         if path and Path(path).resolve() != pypi_mpicc:
@@ -151,8 +150,9 @@ def environment_mpi():
 
 
 class Found:
-    """What the build links to: each of mpi, blas, zlib is (flags, a line saying where it came from)
-    or None; pypi lists the PyPI packages (name, version, runtime requirement) it took."""
+    """What the build links to: each of mpi, blas, zlib is (flags, a line saying where it came from),
+    or None where nothing was found; pypi names the PyPI packages the build takes them from (or would,
+    once pip has installed them: the build requirements are these too)."""
 
     def __init__(self):
         self.pypi = []
@@ -165,25 +165,21 @@ class Found:
         if mpicc:
             flags = from_show(mpicc)
             return (flags, f"MPICC={mpicc}") if flags else None
-        found = environment_mpi()
+        pypi = pypi_mpich()
+        found = environment_mpi(pypi[2] if pypi else None)
         if found:
             return found
-        pypi = pypi_mpich()
-        if pypi:
-            self.pypi.append(("mpich", pypi[1], MPICH_PYPI))
-            return pypi[0], f"PyPI's mpich {pypi[1]}"
-        return None
+        self.pypi.append("mpich")
+        return (pypi[0], f"PyPI's mpich {pypi[1]}") if pypi else None
 
     def _blas(self):
         if not from_pypi_only():
             found = from_pkg_config("openblas")
             if found:
                 return found, "pkg-config openblas"
+        self.pypi.append("scipy-openblas32")
         pypi = pypi_openblas()
-        if pypi:
-            self.pypi.append(("scipy-openblas32", pypi[1], OPENBLAS_PYPI))
-            return pypi[0], f"PyPI's scipy-openblas32 {pypi[1]}"
-        return None
+        return (pypi[0], f"PyPI's scipy-openblas32 {pypi[1]}") if pypi else None
 
     def _zlib(self):
         found = from_pkg_config("zlib")
@@ -207,18 +203,14 @@ class Found:
                 "`apt-get install -y mpich libmpich-dev libopenblas-dev`), or set MPICC")
 
     def requirements(self):
-        return [req for _, _, req in self.pypi]
+        """The PyPI packages to build with and, once built, to run with."""
+        return [PYPI_REQUIREMENT[name] for name in self.pypi]
 
 
 def build_requirements():
     """The PyPI packages the build needs on top of pyproject.toml's: mpich and scipy-openblas32, each
     only when the machine has no MPI (no MPICC, none in the environment) or no OpenBLAS of its own."""
-    reqs = []
-    if not os.environ.get("MPICC") and environment_mpi() is None:
-        reqs.append(MPICH_PYPI)
-    if from_pypi_only() or from_pkg_config("openblas") is None:
-        reqs.append(OPENBLAS_PYPI)
-    return reqs
+    return Found().requirements()
 
 
 # The PEP 517 hooks: setuptools' own, but for the build requirements, which depend on the machine.
