@@ -5,17 +5,15 @@ message and the time taken. Ranks' output through mpiexec is not line-atomic, so
 something to report writes it with report(), one file per rank, and the test reads those files.
 """
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 
-from pydist import _libraries as pydist_libraries
+from unit_helpers import MPIEXEC
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MPIEXEC = shutil.which(pydist_libraries.mpiexec())   # the one matching pydist's libmpi
 
 PRELUDE = """
 import os, sys, time

@@ -1,7 +1,6 @@
 """Whole jobs under real mpiexec: the examples print what the tutorial says, and a rank that dies
 ends the job quickly with a message naming it, instead of leaving the others waiting."""
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -10,9 +9,9 @@ import time
 import pytest
 
 from pydist import _libraries as pydist_libraries
+from unit_helpers import MPIEXEC
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MPIEXEC = shutil.which(pydist_libraries.mpiexec())   # the one matching pydist's libmpi
 
 
 def mpirun(n, args, timeout=60):

@@ -5,15 +5,13 @@ whose init_process_group(backend="pydist") has nothing but mpiexec to go on (env
 import), trains, identical on every rank."""
 import os
 import re
-import shutil
 import subprocess
 import sys
 import textwrap
 
-from pydist import _libraries as pydist_libraries
+from unit_helpers import MPIEXEC
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MPIEXEC = shutil.which(pydist_libraries.mpiexec())   # the one matching pydist's libmpi
 
 
 def run(tmp_path, n, body, timeout=120):

@@ -9,17 +9,16 @@ import sys
 import numpy as np
 from matplotlib.colors import to_hex
 
-from pydist import _libraries as pydist_libraries
 from pydist.engine import Trainer, mlp
 from pydist.train import SERIES, figure, read_metrics
-from unit_helpers import fit_resumed_at_step_7
+from unit_helpers import MPIEXEC, fit_resumed_at_step_7
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = dict(os.environ, PYTHONPATH=ROOT, UCX_ERROR_SIGNALS="", MPIEXEC_TIMEOUT="120")
 
 
 def run(args, cwd, ranks=2):
-    cmd = [pydist_libraries.mpiexec(), "-n", str(ranks), sys.executable, "-m", "pydist.train"] + args
+    cmd = [MPIEXEC, "-n", str(ranks), sys.executable, "-m", "pydist.train"] + args
     return subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=150)
 
 

@@ -1,5 +1,6 @@
 """Helpers shared by the tests in tests/unit (imported by name; conftest.py holds the fixtures)."""
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -8,7 +9,10 @@ import numpy as np
 import pytest
 
 import pydist as dist
-from pydist import _C
+from pydist import _C, _libraries
+
+# The launcher of the MPICH pydist runs on (Debian's mpiexec.mpich, or the mpich package's own)
+MPIEXEC = shutil.which(_libraries.mpiexec())
 
 
 # Every dtype the contract lists, in DESIGN.md's order.
