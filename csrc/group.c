@@ -25,18 +25,20 @@ typedef struct {
     int *world_ranks;    // [size]: the world rank of each group rank
     int *group_ranks;    // [world size]: the group rank of each world rank, -1 if not a member
     char broken[256];    // non-empty: a collective timed out and the group must not be used again
-    // pydist's own algorithms (the ring) talk on a private dup of `comm`, made on the group's first
-    // ring call, so their messages never match the user's point-to-point traffic on the group.
+    // pydist's own algorithms (the ring) talk on a private dup of `comm`, made with the group, so their
+    // messages never match the user's point-to-point traffic on the group.
     int algo_state;          // ALGO_NONE, ALGO_DUPPING (algo_dup pending) or ALGO_READY
     int algo_dup_waiting;    // a thread is waiting for algo_dup
     MPI_Comm algo_comm;      // ALGO_READY: the private communicator
     MPI_Request algo_dup;    // ALGO_DUPPING: the MPI_Comm_idup
     MPI_Comm *algo_dup_out;  // ALGO_DUPPING: where it writes the new handle (heap: it may outlive the slot)
     unsigned long algo_seq;  // rings started on this group: the next one's tag (mod the tag bound)
-    void *shm;               // the shared-memory all-reduce's channel (shared_memory.c); NULL until used
+    void *shm;               // the shared-memory channel (shared_memory.c), made with the group; NULL: none
 } GroupSlot;
 
 enum { ALGO_NONE = 0, ALGO_DUPPING = 1, ALGO_READY = 2 };
+
+static int group_setup(int slot, const char *fn);
 
 static GroupSlot groups[PD_MAX_GROUPS];
 int pd_initialized = 0;
@@ -678,7 +680,13 @@ PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     default_timeout = timeout;
     pd_persist_read_env();
-    pd_initialized = 1;
+    pd_initialized = 1;   // the world group's set-up runs as a call on it
+    if (group_setup(0, "init_process_group") < 0) {
+        pd_initialized = 0;
+        slot_free(0);
+        pd_shm_session_stop();
+        return NULL;
+    }
     return Py_BuildValue("iii", groups[0].rank, groups[0].size, thread_level);
 }
 
@@ -817,6 +825,23 @@ PyObject *pd_mpi_info(PyObject *self, PyObject *unused) {
 
 
 // ---------------------------------------------------------------------------------------------------
+// What a group is made with
+
+// Everything a call on the group could otherwise have to set up with its peers is made here, while
+// every member is in the (collective) creation anyway: the private communicator of pydist's algorithms
+// and the shared-memory channel. So no call on a group ever waits for its peers to arrive to set
+// something up: an async_op=True call returns at once, its group's first call included. On failure the
+// group is not made (the caller frees the slot) and the error stands.
+static int group_setup(int slot, const char *fn) {
+    int tag;
+    if (pd_group_algo_comm(slot, fn, &tag) == NULL) {
+        return -1;
+    }
+    groups[slot].algo_seq = 0;   // no ring has used that tag
+    return pd_shm_group_setup(slot, fn);
+}
+
+// ---------------------------------------------------------------------------------------------------
 // Sub-groups
 
 static PyObject *take_slot(MPI_Comm comm);
@@ -950,6 +975,10 @@ static PyObject *take_slot(MPI_Comm comm) {
     }
     if (slot_set(slot, comm) < 0) {
         MPI_Comm_free(&comm);
+        return NULL;
+    }
+    if (group_setup(slot, "new_group") < 0) {
+        slot_free(slot);
         return NULL;
     }
     return PyLong_FromLong(slot);

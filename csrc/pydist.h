@@ -259,6 +259,9 @@ int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, long group, int asy
 int pd_shm_session_start(MPI_Comm world, double timeout);
 void pd_shm_session_stop(void);
 void pd_shm_group_release(void *channel);
+// Make the group's channel (collective over its members, at init_process_group / new_group): 0, or -1
+// raised (the group cannot be made). A group that cannot use shared memory gets none (MPI's paths).
+int pd_shm_group_setup(long group, const char *fn);
 int pd_shm_type_init(PyObject *module);
 // n floats in this rank's heap region (zeroed), owned by *owner (release with pd_shm_owner_release, GIL
 // held); NULL when there is no segment or no room (no exception).

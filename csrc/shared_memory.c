@@ -331,8 +331,11 @@ typedef struct {
     long group;
     int small_ok;         // the small collectives' area exists (groups up to SMALL_MAX_RANKS)
     ShmSmall small;
-    Pending queue[SMALL_SLOTS];
-    int q_head, q_len;
+    // The calls this rank has made and not completed, oldest first: queue[q_head .. q_head + q_len).
+    // The first q_posted of them are in the slots; the rest wait for a slot (a rank may be any number
+    // of calls ahead: a post never waits, and progress posts them as the peers free their slots).
+    Pending *queue;
+    int q_cap, q_head, q_len, q_posted;
 } GroupChannel;
 
 static void small_abandon(GroupChannel *g);
@@ -349,6 +352,7 @@ void pd_shm_group_release(void *p) {
         return;
     }
     small_abandon(g);
+    PyMem_RawFree(g->queue);
     if (g->ch.base != NULL) {
         munmap(g->ch.base, g->ch.bytes);
     }
@@ -438,29 +442,34 @@ static int channel_make(GroupChannel *g, long group, const char *fn) {
     return 0;
 }
 
-// The group's channel, made on first use. NULL with *fallback = 1: use MPI; NULL otherwise: raised.
-static GroupChannel *channel_of(long group, const char *fn, int *fallback) {
+int pd_shm_group_setup(long group, const char *fn) {
     void **slot = pd_group_shm(group);
-    GroupChannel *g = *slot;
-    *fallback = 0;
-    if (g == NULL) {
-        if ((g = PyMem_RawCalloc(1, sizeof *g)) == NULL) {
-            PyErr_NoMemory();
-            return NULL;
-        }
-        g->fd = -1;
-        g->busy = 1;   // while it is made (the waits release the GIL): other threads keep off
-        *slot = g;
-        int rc = channel_make(g, group, fn);
-        if (rc == -2) {
-            return NULL;   // freed with its destroyed group
-        }
-        g->busy = 0;
-        if (rc < 0) {
-            return NULL;
-        }
+    if (*slot != NULL || pd_group_size(group) < 2 || !group_on_one_node(group)) {
+        return 0;   // nothing to share: MPI's paths (decided alike on every member)
     }
-    if (g->state == CHANNEL_MPI) {
+    GroupChannel *g = PyMem_RawCalloc(1, sizeof *g);
+    if (g == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    g->fd = -1;
+    g->busy = 1;   // while it is made (the waits release the GIL): other threads keep off
+    *slot = g;
+    init_waits++;   // a wait given up fails the group's creation; it breaks nothing
+    int rc = channel_make(g, group, fn);
+    init_waits--;
+    if (rc == -2) {
+        return -1;   // freed with its destroyed group
+    }
+    g->busy = 0;
+    return rc < 0 ? -1 : 0;
+}
+
+// The group's channel, made with the group. NULL with *fallback = 1: use MPI; NULL otherwise: raised.
+static GroupChannel *channel_of(long group, const char *fn, int *fallback) {
+    GroupChannel *g = *pd_group_shm(group);
+    *fallback = 0;
+    if (g == NULL || g->state == CHANNEL_MPI) {
         *fallback = 1;
         return NULL;
     }
@@ -641,7 +650,7 @@ static void pending_clear(Pending *e) {
 static void small_abandon(GroupChannel *g) {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
-    for (; g->q_len > 0; g->q_len--, g->q_head = (g->q_head + 1) % SMALL_SLOTS) {
+    for (; g->q_len > 0; g->q_len--, g->q_head++) {
         Pending *e = &g->queue[g->q_head];
         if (e->work != NULL) {
             e->work->shm = NULL;
@@ -652,6 +661,7 @@ static void small_abandon(GroupChannel *g) {
         }
         pending_clear(e);
     }
+    g->q_head = g->q_posted = 0;
     unlist(g);
     PyErr_Restore(type, value, tb);
 }
@@ -675,38 +685,71 @@ static void gave_up(long group, int timeout_breaks, const char *what) {
     }
 }
 
-// Complete the oldest pending call. 0 done (a mismatch of a call with a Work is the Work's error);
-// -1 raised: the wait gave up (the call stays pending), the group went, or a call without a Work
-// did not match.
+// Post the queue's calls that can go into a slot without waiting, in order. GIL held.
+static void post_ready(GroupChannel *g) {
+    while (!g->busy && g->q_posted < g->q_len && g->q_posted < SMALL_SLOTS && shm_small_can_post(&g->small)) {
+        shm_small_post(&g->small, &g->queue[g->q_head + g->q_posted].call, NULL);   // no wait: cannot fail
+        g->q_posted++;
+    }
+}
+
+// Run `step` (a post or a completion of the oldest call), with the GIL released unless `ready` says
+// it will not wait. 0, or -1 raised (the wait gave up, or the group went meanwhile: g is then freed).
+static int small_step(GroupChannel *g, int ready, const Pending *e, int complete, const ShmWait *wait,
+                      char *err, size_t errlen, int *rc) {
+    SliceCtx *ctx = wait->ctx;
+    if (ready) {
+        *rc = complete ? shm_small_complete(&g->small, &e->call, wait, err, errlen)
+                       : shm_small_post(&g->small, &e->call, wait);
+        return 0;
+    }
+    g->busy = 1;
+    ctx->released = PyEval_SaveThread();
+    *rc = complete ? shm_small_complete(&g->small, &e->call, wait, err, errlen)
+                   : shm_small_post(&g->small, &e->call, wait);
+    PyEval_RestoreThread(ctx->released);
+    g->busy = 0;
+    return check_orphaned(g, e->what);
+}
+
+// Complete the oldest pending call, posting it first if it waits for a slot (a blocking call, or a
+// Work's wait: these may wait for the peers). 0 done (a mismatch of a call with a Work is the Work's
+// error); -1 raised: the wait gave up (the call stays pending), the group went, or a call without a
+// Work did not match.
 static int complete_oldest(GroupChannel *g, double timeout, int timeout_breaks) {
     Pending *e = &g->queue[g->q_head];
     char err[700] = {0};
     SliceCtx ctx = {NULL, pd_op(e->what, g->group, PD_PEER_ALL), MPI_Wtime(), timeout};
     ShmWait wait = {wait_slice, &ctx};
+    long group = g->group;
     int rc;
-    if (shm_small_arrived(&g->small, g->small.completed)) {   // no wait: keep the GIL
-        rc = shm_small_complete(&g->small, &e->call, &wait, err, sizeof err);
-    } else {
-        g->busy = 1;
-        ctx.released = PyEval_SaveThread();
-        rc = shm_small_complete(&g->small, &e->call, &wait, err, sizeof err);
-        PyEval_RestoreThread(ctx.released);
-        g->busy = 0;
-        if (check_orphaned(g, e->what) < 0) {
+    if (g->q_posted == 0) {
+        if (small_step(g, shm_small_can_post(&g->small), e, 0, &wait, NULL, 0, &rc) < 0) {
             return -1;
         }
+        if (rc < 0) {
+            gave_up(group, timeout_breaks, e->what);
+            return -1;
+        }
+        g->q_posted = 1;
+    }
+    if (small_step(g, shm_small_arrived(&g->small, g->small.completed), e, 1, &wait, err, sizeof err, &rc) < 0) {
+        return -1;
     }
     if (rc == -1) {
-        gave_up(g->group, timeout_breaks, e->what);
+        gave_up(group, timeout_breaks, e->what);
         return -1;
     }
     Pending done = *e;
     *e = (Pending){0};
-    g->q_head = (g->q_head + 1) % SMALL_SLOTS;
+    g->q_head++;
+    g->q_posted--;
     if (--g->q_len == 0) {
+        g->q_head = 0;
         unlist(g);
     }
     calls_small++;
+    post_ready(g);   // a slot came free
     int ret = 0;
     if (rc == -2) {
         PyErr_Format(PyExc_ValueError, "%s: %s", done.what, err);
@@ -725,6 +768,27 @@ static int complete_oldest(GroupChannel *g, double timeout, int timeout_breaks) 
     return ret;
 }
 
+// Room at the queue's end (moving it to the front or growing it). 0, or -1 with MemoryError.
+static int queue_reserve(GroupChannel *g) {
+    if (g->q_head + g->q_len < g->q_cap) {
+        return 0;
+    }
+    if (g->q_head > 0) {
+        memmove(g->queue, g->queue + g->q_head, sizeof(Pending) * (size_t)g->q_len);
+        g->q_head = 0;
+        return 0;
+    }
+    int cap = g->q_cap ? 2 * g->q_cap : 2 * SMALL_SLOTS;
+    Pending *q = PyMem_RawRealloc(g->queue, sizeof(Pending) * (size_t)cap);
+    if (q == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    g->queue = q;
+    g->q_cap = cap;
+    return 0;
+}
+
 PyObject *pd_shm_small_run(const char *fn, const char *what, long group, int async_op, SmallCall *call,
                            PyObject *a, PyObject *b, PyObject *list, int *fallback) {
     if (pd_wait_hook != NULL) {
@@ -738,50 +802,34 @@ PyObject *pd_shm_small_run(const char *fn, const char *what, long group, int asy
         *fallback = 1;
         return NULL;
     }
-    double timeout = pd_session_timeout();
-    while (g->q_len == SMALL_SLOTS) {   // this rank is SMALL_SLOTS calls ahead of its own completions
-        if (complete_oldest(g, timeout, 1) < 0) {
-            return NULL;
-        }
-    }
-    SliceCtx ctx = {NULL, pd_op(what, group, PD_PEER_ALL), MPI_Wtime(), timeout};
-    ShmWait wait = {wait_slice, &ctx};
-    int rc;
-    if (shm_small_can_post(&g->small)) {
-        rc = shm_small_post(&g->small, call, &wait);   // almost always without waiting: keep the GIL
-    } else {
-        g->busy = 1;
-        ctx.released = PyEval_SaveThread();
-        rc = shm_small_post(&g->small, call, &wait);
-        PyEval_RestoreThread(ctx.released);
-        g->busy = 0;
-        if (check_orphaned(g, what) < 0) {
-            return NULL;
-        }
-    }
-    if (rc < 0) {
-        gave_up(group, 1, what);
-        return NULL;   // nothing posted
-    }
-    // Posted: it is ours to complete, in order, whatever happens to this call.
-    Pending *e = &g->queue[(g->q_head + g->q_len) % SMALL_SLOTS];
-    *e = (Pending){*call, what, Py_XNewRef(a), Py_XNewRef(b), NULL};
-    if (g->q_len++ == 0) {
-        with_pending[n_with_pending++] = g;
-    }
+    PdWorkObject *w = NULL;
     if (async_op) {
         PdOp wop = pd_op(what, group, PD_PEER_ALL);
         PyObject *keep = b != NULL ? PyTuple_Pack(2, a, b) : Py_XNewRef(a);   // NULL for a barrier
-        PdWorkObject *w = keep == NULL && a != NULL ? NULL : pd_work_new(MPI_REQUEST_NULL, &wop, keep, list, 0);
+        w = keep == NULL && a != NULL ? NULL : pd_work_new(MPI_REQUEST_NULL, &wop, keep, list, 0);
         Py_XDECREF(keep);
         if (w == NULL) {
-            return NULL;   // the call stays pending with its arrays; a later call completes it
+            return NULL;   // nothing queued
         }
+    }
+    if (queue_reserve(g) < 0) {
+        Py_XDECREF(w);
+        return NULL;
+    }
+    // Queued: it is ours to post and complete, in order, whatever happens to this call. Its arrays stay
+    // alive with it (a call waiting for a slot reads its input when it is posted, as MPI may).
+    g->queue[g->q_head + g->q_len] = (Pending){*call, what, Py_XNewRef(a), Py_XNewRef(b),
+                                               w != NULL ? (PdWorkObject *)Py_NewRef(w) : NULL};
+    if (g->q_len++ == 0) {
+        with_pending[n_with_pending++] = g;
+    }
+    post_ready(g);
+    if (async_op) {
         w->shm = g;
-        e->work = (PdWorkObject *)Py_NewRef(w);
         pd_shm_progress();   // done already if every peer is there
         return (PyObject *)w;
     }
+    double timeout = pd_session_timeout();
     while (g->q_len > 0) {   // earlier async calls first, then this one (the newest)
         if (complete_oldest(g, timeout, 1) < 0) {
             return NULL;
@@ -798,7 +846,8 @@ void pd_shm_progress(void) {
             continue;   // the list shrank
         }
         GroupChannel *g = with_pending[i];
-        while (!g->busy && g->q_len > 0 && shm_small_arrived(&g->small, g->small.completed)) {
+        post_ready(g);
+        while (!g->busy && g->q_posted > 0 && shm_small_arrived(&g->small, g->small.completed)) {
             if (complete_oldest(g, -1.0, 0) < 0) {
                 PyErr_Clear();   // a blocking call's mismatch, given up long ago: nobody to tell
                 break;
