@@ -162,7 +162,7 @@ PyObject *pd_barrier(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         Py_RETURN_NONE;
     }
     PyObject *ret;
-    if (try_small("barrier", group, async_op, (SmallCall){SMALL_BARRIER, SHM_U8, 0, -1, 0, 1, NULL, NULL}, NULL,
+    if (try_small("barrier", group, async_op, (SmallCall){SMALL_BARRIER, SHM_U8, 0, -1, 0, 1, NULL, NULL, 0}, NULL,
                   NULL, NULL, &ret)) {
         return ret;
     }
@@ -203,7 +203,7 @@ PyObject *pd_broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     int is_root = root == pd_group_rank(group);
     // As bytes, as below: ranks may hold different dtypes of one size.
     if (try_small(fn, group, async_op, (SmallCall){SMALL_BCAST, SHM_U8, 0, root, (int64_t)buf.nbytes, 1,
-                  is_root ? buf.data : NULL, is_root ? NULL : buf.data}, (PyObject *)buf.arr, NULL, args[0], &ret)) {
+                  is_root ? buf.data : NULL, is_root ? NULL : buf.data, 0}, (PyObject *)buf.arr, NULL, args[0], &ret)) {
         goto done;
     }
     if (pd_persist_wanted((size_t)buf.nbytes)) {   // as bytes: the same key whatever dtype each rank holds
@@ -364,14 +364,17 @@ PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         ret = all_reduce_ring(args[0], &buf, op, mop, group, async_op);
         goto done;
     }
-    if ((algorithm == ALGORITHM_SHM || (algorithm == ALGORITHM_AUTO && pd_shm_auto(group, buf.nbytes))) &&
-        pd_shm_all_reduce(args[0], &buf, op, group, async_op,
+    // Automatic: a size the small collectives take goes there (below); larger ones to shm or MPI's, chosen
+    // after every rank's header has matched (shared_memory.c).
+    if ((algorithm == ALGORITHM_SHM || (algorithm == ALGORITHM_AUTO && pd_shm_auto(group, buf.nbytes) &&
+                                        !pd_shm_small_wanted(group, (size_t)buf.nbytes))) &&
+        pd_shm_all_reduce(args[0], &buf, op, mop, group, async_op,
                           algorithm == ALGORITHM_SHM || buf.nbytes >= PD_SHM_AUTO_COPY_BYTES, &ret)) {
         goto done;   // else (decided alike everywhere): MPI's
     }
     if (algorithm == ALGORITHM_AUTO &&
         try_small(fn, group, async_op, (SmallCall){SMALL_ALLREDUCE, pd_shm_dtype(&buf), (int)op, -1,
-                  (int64_t)buf.count, (size_t)PyArray_ITEMSIZE(buf.arr), buf.data, buf.data},
+                  (int64_t)buf.count, (size_t)PyArray_ITEMSIZE(buf.arr), buf.data, buf.data, 0},
                   (PyObject *)buf.arr, NULL, args[0], &ret)) {
         goto done;
     }
@@ -422,7 +425,7 @@ PyObject *pd_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         goto done;
     }
     if (try_small(fn, group, async_op, (SmallCall){SMALL_REDUCE, pd_shm_dtype(&buf), (int)op, root,
-                  (int64_t)buf.count, (size_t)PyArray_ITEMSIZE(buf.arr), buf.data, is_root ? buf.data : NULL},
+                  (int64_t)buf.count, (size_t)PyArray_ITEMSIZE(buf.arr), buf.data, is_root ? buf.data : NULL, 0},
                   (PyObject *)buf.arr, NULL, args[0], &ret)) {
         goto done;
     }
@@ -489,7 +492,7 @@ PyObject *pd_all_gather_into_tensor(PyObject *self, PyObject *const *args, Py_ss
     }
     // The staging copy makes the in-place form no different (here as below).
     if (try_small(fn, group, async_op, (SmallCall){SMALL_ALLGATHER, SHM_U8, 0, -1, (int64_t)in.nbytes, 1, in.data,
-                  out.data}, keep, NULL, args[0], &ret)) {
+                  out.data, 0}, keep, NULL, args[0], &ret)) {
         goto done;
     }
     if (pd_persist_allgather_ok && pd_persist_wanted((size_t)out.nbytes)) {
@@ -677,7 +680,7 @@ static PyObject *reduce_scatter_start(const char *fn, PdBuf *out, void *in_data,
     int size = pd_group_size(group);
     PyObject *ret;
     if (try_small(fn, group, async_op, (SmallCall){SMALL_REDUCE_SCATTER, pd_shm_dtype(out), (int)op, -1,
-                  (int64_t)out->count, (size_t)PyArray_ITEMSIZE(out->arr), in_data, out->data}, keep, NULL,
+                  (int64_t)out->count, (size_t)PyArray_ITEMSIZE(out->arr), in_data, out->data, 0}, keep, NULL,
                   result, &ret)) {
         return ret;
     }
@@ -926,7 +929,7 @@ PyObject *pd_all_to_all_single(PyObject *self, PyObject *const *args, Py_ssize_t
     // nothing says another rank has none: the nonblocking path, always.
     if (no_splits(args[2]) && no_splits(args[3]) &&
         try_small(fn, group, async_op, (SmallCall){SMALL_ALLTOALL, SHM_U8, 0, -1, (int64_t)(in.nbytes / size), 1,
-                  in.data, out.data}, keep, NULL, args[0], &ret)) {
+                  in.data, out.data, 0}, keep, NULL, args[0], &ret)) {
         goto done;
     }
     if (no_splits(args[2]) && no_splits(args[3]) && pd_persist_wanted((size_t)in.nbytes)) {

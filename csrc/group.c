@@ -242,6 +242,10 @@ MPI_Comm *pd_group_algo_comm(long handle, const char *fn, int *tag) {
     return &g->algo_comm;
 }
 
+MPI_Comm *pd_group_private_comm(long handle) {
+    return groups[handle].algo_state == ALGO_READY ? &groups[handle].algo_comm : NULL;
+}
+
 // Before every pending request is drained (destroy, finalize): nothing of ours may stay unparked.
 static void algo_release_all(void) {
     for (int i = 0; i < PD_MAX_GROUPS; i++) {

@@ -225,6 +225,9 @@ int pd_op_wait_any(int n, MPI_Request *reqs, int first, int *index, MPI_Status *
 // on the first call and waited for here), and the tag of this call's messages (the group's sequence
 // number of such calls). Every member must make these calls in the same order. NULL with an exception.
 MPI_Comm *pd_group_algo_comm(long handle, const char *fn, int *tag);
+// The same private communicator, made with the group, for calls whose order every member shares but
+// that take no ring tag (shared_memory.c's large all-reduces past their header round). NULL: none.
+MPI_Comm *pd_group_private_comm(long handle);
 // The departed-rank check of pd_op_wait, for waits that are not MPI requests (shared_memory.c):
 // 0, or -1 with DistError set when a rank `op` needs has been gone past its grace since `since`.
 int pd_op_check(const PdOp *op, double since);
@@ -254,7 +257,8 @@ int pd_shm_auto(long group, Py_ssize_t nbytes);
 // memory (spans nodes, or its segment could not be made), or, when not forced (the automatic choice),
 // not every rank's array is in the segment (then MPICH's all-reduce is faster than copying through
 // ours; measured in README). Every rank decides alike (from the headers all ranks published).
-int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, long group, int async_op, int forced, PyObject **ret);
+int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, MPI_Op mop, long group, int async_op, int forced,
+                      PyObject **ret);
 // At init (collective over the world) and at destroy/finalize (local).
 int pd_shm_session_start(MPI_Comm world, double timeout);
 void pd_shm_session_stop(void);

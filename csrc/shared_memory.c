@@ -319,6 +319,11 @@ typedef struct {
     const char *what;
     PyObject *a, *b;       // the arrays it reads and writes (new references; either may be NULL)
     PdWorkObject *work;    // its Work (a new reference), or NULL: a blocking call that was interrupted
+    // A large all-reduce (call.kind has SMALL_HEADER_ONLY; work is never NULL): once every rank's header
+    // has matched, its data goes through the shm all-reduce or MPI's (large_data).
+    void *data;
+    const PdDtype *dtype;
+    MPI_Op mop;
 } Pending;
 
 typedef struct {
@@ -493,6 +498,7 @@ typedef struct {
     PyThreadState *released;
     PdOp op;
     double start, timeout;
+    int no_signals;   // a Ctrl-C waits for the end of this call (its peers are all in it, in step)
 } SliceCtx;
 
 // Every slice of a wait: the GIL, the wait hook, signals, departed ranks, the deadline.
@@ -503,7 +509,7 @@ static int wait_slice(void *p) {
     if (pd_wait_hook != NULL) {
         pd_wait_hook();
     }
-    if (PyErr_CheckSignals() < 0 || pd_op_check(&w->op, w->start) < 0) {
+    if ((!w->no_signals && PyErr_CheckSignals() < 0) || pd_op_check(&w->op, w->start) < 0) {
         rc = -1;
     } else {
         double waited = MPI_Wtime() - w->start;
@@ -531,9 +537,9 @@ static int dtype_code(const PdBuf *buf) {
 // The all-reduce on the group's channel, the GIL released meanwhile. 0 done, -1 raised.
 // 0 done, 2 not done (copy_ok = 0 and some rank's array is not in the segment), -1 raised.
 static int run(GroupChannel *g, long group, const char *what, void *data, int64_t count, int dtype, long op,
-               int copy_ok) {
+               int copy_ok, int no_signals) {
     char err[600] = {0};
-    SliceCtx ctx = {NULL, pd_op(what, group, PD_PEER_ALL), MPI_Wtime(), pd_session_timeout()};
+    SliceCtx ctx = {NULL, pd_op(what, group, PD_PEER_ALL), MPI_Wtime(), pd_session_timeout(), no_signals};
     ShmWait wait = {wait_slice, &ctx};
     g->busy = 1;
     ctx.released = PyEval_SaveThread();
@@ -580,39 +586,8 @@ int pd_shm_allreduce_floats(long group, float *buf, long n) {
     if (g == NULL) {
         return fallback ? 0 : -1;
     }
-    int rc = run(g, group, "the training step's all-reduce (shm)", buf, n, SHM_F32, SHM_SUM, 0);
+    int rc = run(g, group, "the training step's all-reduce (shm)", buf, n, SHM_F32, SHM_SUM, 0, 0);
     return rc < 0 ? -1 : rc == 2 ? 0 : 1;
-}
-
-int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, long group, int async_op, int forced, PyObject **ret) {
-    int fallback;
-    *ret = NULL;
-    GroupChannel *g = channel_of(group, "all_reduce", &fallback);
-    if (g == NULL) {
-        return fallback ? 0 : 1;
-    }
-    int rc = run(g, group, "all_reduce (shm)", buf->data, (int64_t)buf->count, dtype_code(buf), op, forced);
-    if (rc < 0) {
-        return 1;
-    }
-    if (rc == 2) {
-        calls_declined++;
-        return 0;   // automatic, and not every rank's array is in the segment: MPI's is faster (README)
-    }
-    if (!async_op) {
-        *ret = Py_NewRef(Py_None);
-        return 1;
-    }
-    // Done already: a completed Work whose result is the array.
-    PyObject *list = PyList_New(1);
-    if (list == NULL) {
-        return 1;
-    }
-    PyList_SET_ITEM(list, 0, Py_NewRef(tensor));
-    PdOp wop = pd_op("all_reduce (shm)", group, PD_PEER_ALL);
-    *ret = (PyObject *)pd_work_new(MPI_REQUEST_NULL, &wop, NULL, list, 0);
-    Py_DECREF(list);
-    return 1;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -685,6 +660,63 @@ static void gave_up(long group, int timeout_breaks, const char *what) {
     }
 }
 
+// What a large all-reduce's header tells the peers (SmallCall.flags); every rank reads the AND and OR.
+enum {
+    LARGE_ASYNC = 1,        // an async_op=True call: the data must take a path that never waits (MPI's)
+    LARGE_IN_SEGMENT = 2,   // the array is in this rank's region of the session segment (zero copy)
+    LARGE_COPY_OK = 4,      // algorithm="shm", or past PD_SHM_AUTO_COPY_BYTES: copying through shm pays
+};
+
+static int in_this_segment(const void *data, size_t nbytes) {
+    if (session == NULL || nbytes == 0) {
+        return 0;
+    }
+    const char *lo = session->base + session->view.region_bytes * (size_t)session->view.node_rank, *p = data;
+    return p >= lo && p < lo + session->view.region_bytes && nbytes <= (size_t)(lo + session->view.region_bytes - p);
+}
+
+// A large all-reduce whose headers have all matched (GIL held): the same choice on every rank, from
+// every rank's flags. Shared memory when no rank is asynchronous and it pays (every array in the
+// segment, or copying allowed): every rank is then in this call, blocking, so it runs to the end with
+// Ctrl-C held back until it is done (an interrupted rank would leave its peers out of step). Else
+// MPI's nonblocking all-reduce on the group's private communicator, which only these calls use, in
+// the order their headers matched: the same on every rank, whenever each rank gets here. The Work
+// gets the outcome. g may be freed here (its group destroyed while the shm all-reduce waited).
+static void large_data(GroupChannel *g, Pending *e) {
+    PdWorkObject *w = e->work;
+    long group = g->group;
+    uint32_t and_ = g->small.flags_and, or_ = g->small.flags_or;
+    int size = g->small.size, rc;
+    if (!(or_ & LARGE_ASYNC) && ((and_ & LARGE_IN_SEGMENT) || (or_ & LARGE_COPY_OK))) {
+        w->shm = NULL;
+        if (run(g, group, e->what, e->data, e->call.count, e->call.dtype, e->call.op, 1, 1) < 0) {
+            pd_work_fail(w);
+            PyErr_Clear();   // the Work's wait() raises it
+        }
+        pd_work_finish(w);
+        return;
+    }
+    calls_declined++;
+    MPI_Comm *comm = pd_group_private_comm(group);
+    rc = comm == NULL ? MPI_ERR_COMM
+                      : MPI_Iallreduce_c(MPI_IN_PLACE, e->data, (MPI_Count)e->call.count, e->dtype->mpi, e->mop,
+                                         *comm, &w->req);
+    w->shm = NULL;
+    if (rc != MPI_SUCCESS) {
+        pd_raise_mpi(rc, "MPI_Iallreduce_c");
+        pd_work_fail(w);
+        PyErr_Clear();
+        pd_work_finish(w);
+        return;
+    }
+    if (e->call.op == SHM_AVG) {   // MPI sums; the Work divides once it completes
+        w->avg_divisor = size;
+        w->avg_dtype = e->dtype;
+        w->avg_buf = e->data;
+        w->avg_count = (MPI_Count)e->call.count;
+    }
+}
+
 // Post the queue's calls that can go into a slot without waiting, in order. GIL held.
 static void post_ready(GroupChannel *g) {
     while (!g->busy && g->q_posted < g->q_len && g->q_posted < SMALL_SLOTS && shm_small_can_post(&g->small)) {
@@ -719,7 +751,7 @@ static int small_step(GroupChannel *g, int ready, const Pending *e, int complete
 static int complete_oldest(GroupChannel *g, double timeout, int timeout_breaks) {
     Pending *e = &g->queue[g->q_head];
     char err[700] = {0};
-    SliceCtx ctx = {NULL, pd_op(e->what, g->group, PD_PEER_ALL), MPI_Wtime(), timeout};
+    SliceCtx ctx = {NULL, pd_op(e->what, g->group, PD_PEER_ALL), MPI_Wtime(), timeout, 0};
     ShmWait wait = {wait_slice, &ctx};
     long group = g->group;
     int rc;
@@ -748,7 +780,7 @@ static int complete_oldest(GroupChannel *g, double timeout, int timeout_breaks) 
         g->q_head = 0;
         unlist(g);
     }
-    calls_small++;
+    calls_small += !(done.call.kind & SMALL_HEADER_ONLY);   // a large call's header is not a small call
     post_ready(g);   // a slot came free
     int ret = 0;
     if (rc == -2) {
@@ -760,7 +792,9 @@ static int complete_oldest(GroupChannel *g, double timeout, int timeout_breaks) 
             ret = -1;
         }
     }
-    if (done.work != NULL) {
+    if (rc == 0 && (done.call.kind & SMALL_HEADER_ONLY)) {
+        large_data(g, &done);   // g may be freed (its group destroyed meanwhile)
+    } else if (done.work != NULL) {
         done.work->shm = NULL;
         pd_work_finish(done.work);
     }
@@ -789,8 +823,17 @@ static int queue_reserve(GroupChannel *g) {
     return 0;
 }
 
+// A call through the slots; `large` carries a large all-reduce's data (NULL for the small ones).
+static PyObject *small_run(const char *fn, const char *what, long group, int async_op, SmallCall *call, PyObject *a,
+                           PyObject *b, PyObject *list, int *fallback, const Pending *large);
+
 PyObject *pd_shm_small_run(const char *fn, const char *what, long group, int async_op, SmallCall *call,
                            PyObject *a, PyObject *b, PyObject *list, int *fallback) {
+    return small_run(fn, what, group, async_op, call, a, b, list, fallback, NULL);
+}
+
+static PyObject *small_run(const char *fn, const char *what, long group, int async_op, SmallCall *call, PyObject *a,
+                           PyObject *b, PyObject *list, int *fallback, const Pending *large) {
     if (pd_wait_hook != NULL) {
         pd_wait_hook();   // as every MPI wait of pydist does: rings in flight move on (work.c)
     }
@@ -819,7 +862,9 @@ PyObject *pd_shm_small_run(const char *fn, const char *what, long group, int asy
     // Queued: it is ours to post and complete, in order, whatever happens to this call. Its arrays stay
     // alive with it (a call waiting for a slot reads its input when it is posted, as MPI may).
     g->queue[g->q_head + g->q_len] = (Pending){*call, what, Py_XNewRef(a), Py_XNewRef(b),
-                                               w != NULL ? (PdWorkObject *)Py_NewRef(w) : NULL};
+                                               w != NULL ? (PdWorkObject *)Py_NewRef(w) : NULL,
+                                               large ? large->data : NULL, large ? large->dtype : NULL,
+                                               large ? large->mop : MPI_OP_NULL};
     if (g->q_len++ == 0) {
         with_pending[n_with_pending++] = g;
     }
@@ -836,6 +881,66 @@ PyObject *pd_shm_small_run(const char *fn, const char *what, long group, int asy
         }
     }
     Py_RETURN_NONE;
+}
+
+int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, MPI_Op mop, long group, int async_op, int forced,
+                      PyObject **ret) {
+    int fallback;
+    *ret = NULL;
+    GroupChannel *g = channel_of(group, "all_reduce", &fallback);
+    if (g == NULL) {
+        return fallback ? 0 : 1;
+    }
+    if (!g->small_ok) {   // a group too large for the slots: the shm all-reduce alone (blocking)
+        int rc = run(g, group, "all_reduce (shm)", buf->data, (int64_t)buf->count, dtype_code(buf), op,
+                     forced || buf->nbytes >= PD_SHM_AUTO_COPY_BYTES, 0);
+        if (rc == 2) {
+            calls_declined++;
+            return 0;
+        }
+        if (rc == 0 && async_op) {
+            PyObject *list = PyList_New(1);
+            if (list != NULL) {
+                PyList_SET_ITEM(list, 0, Py_NewRef(tensor));
+                PdOp wop = pd_op("all_reduce (shm)", group, PD_PEER_ALL);
+                *ret = (PyObject *)pd_work_new(MPI_REQUEST_NULL, &wop, NULL, list, 0);
+                Py_DECREF(list);
+            }
+        } else if (rc == 0) {
+            *ret = Py_NewRef(Py_None);
+        }
+        return 1;
+    }
+    // The header goes through the small collectives' slots, in order with them: a rank on the other
+    // side of a threshold sees the mismatch, and the data's path is chosen from every rank's flags.
+    uint32_t flags = (async_op ? LARGE_ASYNC : 0) | (in_this_segment(buf->data, (size_t)buf->nbytes) ? LARGE_IN_SEGMENT : 0) |
+                     (forced || buf->nbytes >= PD_SHM_AUTO_COPY_BYTES ? LARGE_COPY_OK : 0);
+    SmallCall call = {SMALL_ALLREDUCE | SMALL_HEADER_ONLY, dtype_code(buf), (int)op, -1, (int64_t)buf->count,
+                      (size_t)PyArray_ITEMSIZE(buf->arr), NULL, NULL, flags};
+    PyObject *list = PyList_New(1);
+    if (list == NULL) {
+        return 1;
+    }
+    PyList_SET_ITEM(list, 0, Py_NewRef(tensor));
+    Pending large = {.data = buf->data, .dtype = buf->dtype, .mop = mop};
+    PyObject *work = small_run("all_reduce", "all_reduce", group, 1, &call, (PyObject *)buf->arr, NULL, list,
+                               &fallback, &large);
+    Py_DECREF(list);
+    if (work == NULL) {
+        return 1;   // the channel exists: no fallback
+    }
+    if (async_op) {
+        *ret = work;
+        return 1;
+    }
+    // Blocking: wait for it as its Work (on Ctrl-C the Work completes it later, as it would a dropped one).
+    PyObject *done = PyObject_CallMethod(work, "wait", NULL);
+    Py_DECREF(work);
+    if (done != NULL) {
+        Py_DECREF(done);
+        *ret = Py_NewRef(Py_None);
+    }
+    return 1;
 }
 
 void pd_shm_progress(void) {

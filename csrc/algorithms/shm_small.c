@@ -34,11 +34,14 @@ size_t shm_small_bytes(int size) {
 }
 
 void shm_small_init(ShmSmall *s, char *base, int rank, int size) {
-    *s = (ShmSmall){rank, size, base, 0, 0};
+    *s = (ShmSmall){rank, size, base, 0, 0, 0, 0};
 }
 
 size_t shm_small_contribution(const SmallCall *c, int size) {
     size_t block = (size_t)c->count * c->itemsize;
+    if (c->kind & SMALL_HEADER_ONLY) {
+        return 0;
+    }
     switch (c->kind) {
     case SMALL_BARRIER: return 0;
     case SMALL_REDUCE_SCATTER: case SMALL_ALLTOALL: return block * (size_t)size;
@@ -91,6 +94,7 @@ int shm_small_post(ShmSmall *s, const SmallCall *c, const ShmWait *w) {
     h->dtype = c->dtype;
     h->op = c->op;
     h->root = c->root;
+    h->flags = c->flags;
     atomic_store_explicit(&h->stamp, r + 1, memory_order_release);
     s->posted = r + 1;
     return 0;
@@ -123,10 +127,12 @@ static void mismatch_message(const ShmSmall *s, uint64_t r, char *err, size_t er
                        "with the same number of elements, dtype, op and root):");
     for (int p = 0; p < s->size && len > 0 && (size_t)len < errlen; p++) {
         const SmallHeader *h = header_of(s, p, r);
-        int kind = h->kind >= 0 && h->kind <= SMALL_ALLTOALL ? h->kind : 0;
+        int kind = h->kind & ~SMALL_HEADER_ONLY;
+        kind = kind >= 0 && kind <= SMALL_ALLTOALL ? kind : 0;
         int moved = kind == SMALL_BCAST || kind == SMALL_ALLGATHER || kind == SMALL_ALLTOALL;   // as bytes
-        len += snprintf(err + len, errlen - (size_t)len, "%s group rank %d: %s of %lld %s", p ? ";" : "", p,
-                        KIND_NAMES[kind], (long long)h->count, moved ? "bytes" : shm_dtype_name(h->dtype));
+        len += snprintf(err + len, errlen - (size_t)len, "%s group rank %d: %s%s of %lld %s", p ? ";" : "", p,
+                        KIND_NAMES[kind], h->kind & SMALL_HEADER_ONLY ? " (a large one)" : "",
+                        (long long)h->count, moved ? "bytes" : shm_dtype_name(h->dtype));
         if (len > 0 && (size_t)len < errlen && (kind == SMALL_ALLREDUCE || kind == SMALL_REDUCE ||
                                                  kind == SMALL_REDUCE_SCATTER)) {
             len += snprintf(err + len, errlen - (size_t)len, ", %s", h->op >= 0 && h->op < 8 ? OP_NAMES[h->op] : "?");
@@ -149,16 +155,20 @@ int shm_small_complete(ShmSmall *s, const SmallCall *c, const ShmWait *w, char *
     }
     const SmallHeader *mine = header_of(s, me, r);
     int same = 1;
+    s->flags_and = ~0u;
+    s->flags_or = 0;
     for (int p = 0; p < R; p++) {
         const SmallHeader *h = header_of(s, p, r);
         same &= h->count == mine->count && h->kind == mine->kind && h->dtype == mine->dtype && h->op == mine->op &&
                 h->root == mine->root;
+        s->flags_and &= h->flags;
+        s->flags_or |= h->flags;
     }
     int rc = 0;
     if (!same) {
         mismatch_message(s, r, err, errlen);
         rc = -2;
-    } else {
+    } else if (!(c->kind & SMALL_HEADER_ONLY)) {
         const size_t block = (size_t)c->count * c->itemsize;
         char *in[SMALL_MAX_RANKS], *out = c->dst;
         switch (c->kind) {

@@ -37,12 +37,17 @@
 
 enum { SMALL_BARRIER, SMALL_BCAST, SMALL_ALLREDUCE, SMALL_REDUCE, SMALL_ALLGATHER, SMALL_REDUCE_SCATTER,
        SMALL_ALLTOALL };
+// Added to a kind: a call past the small bound, whose header alone goes through the slots (its data
+// takes another path once every rank's header has matched). A rank on either side of a threshold
+// then sees the mismatch from the headers, as every other rank does, instead of waiting forever.
+#define SMALL_HEADER_ONLY 0x10
 
 // A slot's header, on a cache line of its own: the stamp and what the call is.
 typedef struct {
     _Alignas(64) _Atomic uint64_t stamp;   // round + 1 once the slot holds that round's contribution
     int64_t count;                         // elements (of the buffer, or of one rank's block)
     int32_t kind, dtype, op, root;
+    uint32_t flags;                        // what the caller tells its peers (not compared)
 } SmallHeader;
 
 // One rank's view of the group's small-collective area.
@@ -51,6 +56,7 @@ typedef struct {
     char *base;              // [size] ranks, each: done line, then SMALL_SLOTS x (header, data)
     uint64_t posted;         // rounds this rank has posted
     uint64_t completed;      // rounds this rank has completed (always <= posted, > posted - SLOTS)
+    uint32_t flags_and, flags_or;   // of every rank's flags, in the round completed last
 } ShmSmall;
 
 // One call, as this rank makes it.
@@ -61,6 +67,7 @@ typedef struct {
     const void *src;             // this rank's contribution: count (or size * count for reduce-scatter
                                  // and all-to-all) elements; NULL for a barrier and broadcast's non-roots
     void *dst;                   // where the result goes; NULL where there is none
+    uint32_t flags;              // published with the header; every rank reads their AND and OR
 } SmallCall;
 
 // Bytes of shared memory the area needs for `size` ranks.
