@@ -3,13 +3,12 @@
  * all_reduce(algorithm="shm"), and dist.empty/zeros, whose arrays live in this rank's part of the
  * session segment so that the all-reduce reads and writes them in place, with no copy.
  *
- * Segments are POSIX shared memory (shm_open + mmap), not MPI windows: an MPI window is freed
+ * Segments are shared memory made by shm_segment.c (a memfd, which can never be left in /dev/shm; a
+ * named segment only where that cannot work) and mapped, not MPI windows: an MPI window is freed
  * collectively (MPI_Win_free), which destroy_process_group (a local call) cannot do when a peer has
  * gone, and it would pull the memory from under arrays that outlive the session. A mapping here is
  * reference counted: the session holds one reference and every dist.empty block another, so such an
  * array stays valid memory after destroy_process_group (a later session treats it as an ordinary array).
- * The name exists only while the ranks open it: the creator unlinks it once everyone has mapped it,
- * so nothing is left in /dev/shm whatever happens to the job later.
  *
  * Collective points, each reached alike by every rank: the session segment at init_process_group (over
  * the node's ranks, MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)); a group's channel at its first shm
@@ -31,6 +30,7 @@
  * from the wait hook), so an async call that nobody waits for still completes, as MPI's do.
  */
 #include "pydist.h"
+#include "shm_segment.h"
 
 #include <errno.h>
 #include <stddef.h>
@@ -60,7 +60,6 @@ static int *node_of = NULL;         // [world size]: each world rank's node (its
 static int world_size = 0;
 static char unavailable[300];       // why there is no segment (empty: there is one)
 static int said_unavailable = 0;
-static unsigned segments_made = 0;
 static long long calls_copied = 0, calls_in_place = 0;   // shm all-reduces by path (for tests)
 static long long calls_declined = 0;                     // automatic ones left to MPI (not all in place)
 
@@ -84,100 +83,6 @@ static int wait_op(MPI_Request *req, long group, const char *what, double timeou
         return -1;
     }
     return 0;
-}
-
-// Make and map a segment of *bytes over comm (rank 0 creates it; all map it; rank 0 unlinks it once
-// all have). Rank 0's *bytes and *stage are broadcast and win on every rank, so all lay the segment out
-// alike even if their environments differ. commit: reserve the pages now (fallocate). Returns 1 made (*base, *fd), 0 not made (the
-// same on every rank; why in `why`), -1 a wait failed (its error stands).
-static int segment_make(MPI_Comm comm, int rank, size_t *bytes, int commit, long group, const char *what,
-                        double timeout, size_t *stage, char **base, int *fd, char *why, size_t whylen) {
-    // What rank 0 tells the others: the name, whether it worked, the size and the staging size. On the
-    // heap: a broadcast given up may still write it later.
-    typedef struct { char name[64]; int err; unsigned long long bytes, stage; int ok, all_ok; } Msg;
-    Msg *msg = PyMem_RawCalloc(1, sizeof(Msg));
-    char name[64] = {0};
-    int rc, made_name = 0;
-    MPI_Request req = MPI_REQUEST_NULL;
-    *fd = -1;
-    *base = NULL;
-    if (msg == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    if (rank == 0) {
-        snprintf(msg->name, sizeof msg->name, "/pydist-%d-%u", (int)getpid(), segments_made++);
-        memcpy(name, msg->name, sizeof name);
-        msg->bytes = *bytes;
-        msg->stage = stage ? *stage : 0;
-        *fd = shm_open(msg->name, O_CREAT | O_EXCL | O_RDWR, 0600);
-        made_name = *fd >= 0;
-        if (*fd < 0 || ftruncate(*fd, (off_t)*bytes) != 0 ||
-            (commit && (errno = posix_fallocate(*fd, 0, (off_t)*bytes)) != 0)) {
-            msg->err = errno ? errno : EIO;
-        }
-    }
-    if ((rc = MPI_Ibcast(msg, (int)offsetof(Msg, ok), MPI_BYTE, 0, comm, &req)) != MPI_SUCCESS) {
-        pd_raise_mpi(rc, "MPI_Ibcast");
-        goto fail;
-    }
-    if (wait_op(&req, group, what, timeout) < 0) {
-        msg = NULL;   // MPI may still write it
-        goto fail;
-    }
-    *bytes = (size_t)msg->bytes;
-    if (stage) {
-        *stage = (size_t)msg->stage;
-    }
-    msg->ok = 1;
-    if (msg->err) {
-        snprintf(why, whylen, "making a %zu-byte segment in /dev/shm failed: %s", *bytes, strerror(msg->err));
-        msg->ok = 0;
-    } else {
-        if (rank != 0) {
-            *fd = shm_open(msg->name, O_RDWR, 0600);
-        }
-        void *p = *fd < 0 ? MAP_FAILED : mmap(NULL, *bytes, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
-        if (p == MAP_FAILED) {
-            snprintf(why, whylen, "mapping the segment failed on a rank: %s", strerror(errno));
-            msg->ok = 0;
-        } else {
-            *base = p;
-        }
-    }
-    if ((rc = MPI_Iallreduce(&msg->ok, &msg->all_ok, 1, MPI_INT, MPI_MIN, comm, &req)) != MPI_SUCCESS) {
-        pd_raise_mpi(rc, "MPI_Iallreduce");
-        goto fail;
-    }
-    if (wait_op(&req, group, what, timeout) < 0) {
-        msg = NULL;   // MPI may still write it
-        goto fail;
-    }
-    if (made_name) {
-        shm_unlink(name);   // every rank has opened it (or failed to): nothing may find it any more
-    }
-    int all_ok = msg->all_ok;
-    if (!all_ok) {
-        if (why[0] == 0) {
-            snprintf(why, whylen, "making the shared segment failed on another rank");
-        }
-        if (*base) munmap(*base, *bytes);
-        if (*fd >= 0) close(*fd);
-        *base = NULL;
-        *fd = -1;
-    }
-    PyMem_RawFree(msg);
-    return all_ok ? 1 : 0;
-fail:
-    if (made_name) {
-        shm_unlink(name);
-    }
-    if (*base) munmap(*base, *bytes);
-    if (*fd >= 0) close(*fd);
-    *base = NULL;
-    *fd = -1;
-    PyMem_RawFree(msg);
-    return -1;
 }
 
 static void session_decref(Session *s) {
@@ -276,8 +181,8 @@ static int session_start(MPI_Comm world, double timeout) {
     char *base;
     int fd;
     size_t bytes = (region > PAGE ? region : PAGE) * (size_t)nsize;
-    int made = segment_make(node, nrank, &bytes, 0, 0, "init_process_group (shm set-up)", timeout, NULL, &base, &fd,
-                            unavailable, sizeof unavailable);
+    int made = pd_shm_segment_make(node, nrank, &bytes, 0, 0, "init_process_group (shm set-up)", timeout, NULL, &base,
+                                   &fd, unavailable, sizeof unavailable, wait_op);
     MPI_Comm_free(&node);
     region = bytes / (size_t)nsize;   // rank 0's
     if (made < 0) {
@@ -408,9 +313,9 @@ static int channel_make(GroupChannel *g, long group, const char *fn) {
     g->small_ok = size <= SMALL_MAX_RANKS;
     bytes += g->small_ok ? shm_small_bytes(size) : 0;   // rank 0's bytes win too: the same stage, the same size
     char *base;
-    // rank 0's size and staging win (segment_make), so every rank lays the channel out alike
-    int made = segment_make(*comm, rank, &bytes, 1, group, fn, pd_session_timeout(), &stage, &base, &g->fd,
-                            g->why, sizeof g->why);
+    // rank 0's size and staging win (pd_shm_segment_make), so every rank lays the channel out alike
+    int made = pd_shm_segment_make(*comm, rank, &bytes, 1, group, fn, pd_session_timeout(), &stage, &base, &g->fd,
+                                   g->why, sizeof g->why, wait_op);
     if (g->orphaned) {   // its group was destroyed while we waited
         if (made == 1) munmap(base, bytes);
         g->busy = 0;
