@@ -899,7 +899,7 @@ def worker(args):
     keep = json.loads(args.keep) if args.keep else None
     with open(os.path.join(args.out, f"rank{rank}.jsonl"), "a", buffering=1) as f:
         for seed in range(args.first, args.first + args.count):
-            prog = generate(seed, size)
+            prog = generate(seed, size, args.length)
             if keep is not None:
                 prog = prog.keep(keep)
             f.write(json.dumps({"seed": seed, "event": "start"}) + "\n")
@@ -962,16 +962,18 @@ class Failure:
     detail: str
     sig: str = ""       # what kinds of failure have in common (the call, op, how), for the summary
     keep: list = None
+    length: int = None  # items per program, where not the generator's own choice
 
     def key(self):
-        return (self.category, self.path, self.sig)
+        return (self.category, self.sig)
 
     def rerun(self):
         cmd = f"python tests/conformance.py --ranks {self.size} --paths {self.path} --seed {self.seed} --programs 1"
+        cmd += f" --length {self.length}" if self.length else ""
         return cmd + (f" --keep {','.join(map(str, self.keep))}" if self.keep else "")
 
 
-def judge(seed, ranks_recs, size, path, killed, ended):
+def judge(seed, ranks_recs, size, path, killed, ended, length=None):
     """Failures of one program from every rank's record (None: the program did not start)."""
     if not ranks_recs:
         return None
@@ -1000,15 +1002,15 @@ def judge(seed, ranks_recs, size, path, killed, ended):
     prog = None
     for iid, hs in sorted(by_item.items(), key=lambda kv: int(kv[0])):
         if len(hs) > 1:
-            prog = prog or generate(seed, size)
+            prog = prog or generate(seed, size, length)
             it = prog.items[int(iid)]
             out.append(("ranks differ", f"item {iid} {it.call}({CALLS[it.call].describe(it.args)}): ranks "
                         + " vs ".join(str(sorted(v)) for v in hs.values()),
                         " ".join(str(x) for x in (it.call, it.args.get("op", ""), it.args.get("algorithm") or "") if x)))
-    return [Failure(seed, size, path, c, d, sig) for c, d, sig in out]
+    return [Failure(seed, size, path, c, d, sig, length=length) for c, d, sig in out]
 
 
-def run_job(size, path, first, count, session_timeout, watchdog, keep=None):
+def run_job(size, path, first, count, session_timeout, watchdog, keep=None, length=None):
     """Programs first..first+count-1 in one job, until one breaks it. Returns ({seed: failures}, calls,
     seeds finished, next seed to run)."""
     out = tempfile.mkdtemp(prefix=f"pydist-conf-n{size}-")
@@ -1017,6 +1019,8 @@ def run_job(size, path, first, count, session_timeout, watchdog, keep=None):
            "--first", str(first), "--count", str(count), "--out", out, "--session-timeout", str(session_timeout)]
     if keep is not None:
         cmd += ["--keep", json.dumps(keep)]
+    if length is not None:
+        cmd += ["--length", str(length)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(path, hard), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
     log = tempfile.TemporaryFile()
@@ -1040,7 +1044,7 @@ def run_job(size, path, first, count, session_timeout, watchdog, keep=None):
     failures, calls, finished = {}, 0, 0
     nxt = first + count
     for seed in range(first, first + count):
-        f = judge(seed, recs.get(seed, {}), size, path, killed, True)
+        f = judge(seed, recs.get(seed, {}), size, path, killed, True, length)
         if f is None:   # the job broke on an earlier program
             nxt = seed
             break
@@ -1072,13 +1076,13 @@ def soak(args):
         seed, end = args.seed, args.seed + args.programs
         while seed < end:
             fs, calls, finished, seed = run_job(n, p, seed, min(args.per_job, end - seed),
-                                                args.session_timeout, args.watchdog, keep)
+                                                args.session_timeout, args.watchdog, keep, args.length)
             figures[task]["programs"] += finished
             figures[task]["calls"] += calls
             for s, f in sorted(fs.items()):
                 figures[task]["failures"] += 1
                 for x in f:
-                    x.keep = keep
+                    x.keep, x.length = keep, args.length
                 failures.extend(f)
                 print(f"FAIL n={n} path={p} seed={s}: {f[0].category}: {f[0].detail[:300]}", flush=True)
     if args.jobs > 1:
@@ -1105,17 +1109,20 @@ def soak(args):
         print("\nFailures by kind (count, first seed, re-run):")
     for k, fs in sorted(cats.items(), key=lambda kv: -len(kv[1])):
         f = min(fs, key=lambda x: (x.size, x.seed))
-        print(f"  [{len(fs)}] {f.category} on {f.path}: {f.detail[:240]}\n      re-run: {f.rerun()}")
+        paths = ", ".join(p for p in PATHS if any(x.path == p for x in fs))
+        sizes = sorted({x.size for x in fs})
+        print(f"  [{len(fs)}] {f.category}: {f.sig} (paths {paths}; ranks {sizes})\n      e.g. {f.detail[:200]}"
+              f"\n      re-run: {f.rerun()}\n      reduce: {f.rerun().replace(' --programs 1', ' --shrink')}")
     return 1 if bad else 0
 
 
 def shrink(args):
     """Remove items from a failing program while it fails the same way (category), one job per try."""
     n, path = args.ranks[0], args.paths[0]
-    prog = generate(args.seed, n)
+    prog = generate(args.seed, n, args.length)
 
     def fails(ids):
-        fs, _, _, _ = run_job(n, path, args.seed, 1, args.session_timeout, args.watchdog, sorted(ids))
+        fs, _, _, _ = run_job(n, path, args.seed, 1, args.session_timeout, args.watchdog, sorted(ids), args.length)
         return fs.get(args.seed, [])
 
     first = fails([it.id for it in prog.items])
@@ -1140,7 +1147,7 @@ def shrink(args):
     last = [f for f in fails(ids) if f.category == want]
     print("\n" + listing(small))
     print(f"\n{want}: {last[0].detail if last else '?'}")
-    f = Failure(args.seed, n, path, want, "", keep=ids)
+    f = Failure(args.seed, n, path, want, "", keep=ids, length=args.length)
     print(f"re-run: {f.rerun()}")
     return 1
 
@@ -1158,6 +1165,7 @@ def main(argv=None):
     ap.add_argument("--big", type=float, default=0.0, help="share of all-reduces of 32 MiB (default 0)")
     ap.add_argument("--show", action="store_true", help="print the program of --seed at --ranks[0], per rank")
     ap.add_argument("--shrink", action="store_true", help="reduce the failing program --seed (--ranks[0], --paths[0])")
+    ap.add_argument("--length", type=int, default=None, help="items per program (default: drawn, 4 to 48)")
     ap.add_argument("--keep", default=None, help="run only these item ids of the program (from --shrink)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--first", type=int, help=argparse.SUPPRESS)
@@ -1168,7 +1176,7 @@ def main(argv=None):
     if args.worker:
         return worker(args)
     if args.show:
-        prog = generate(args.seed, args.ranks[0])
+        prog = generate(args.seed, args.ranks[0], args.length)
         if args.keep:
             prog = prog.keep(int(x) for x in args.keep.split(","))
         print(listing(prog))

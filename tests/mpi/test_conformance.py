@@ -67,7 +67,7 @@ def test_programs_on_path(path):
     failures = []
     for seed in SEEDS:
         recs = {r: everyone[r][seed] for r in range(size) if seed in everyone[r]}
-        for f in conf.judge(seed, recs, size, path, killed=False, ended=False) or []:
+        for f in conf.judge(seed, recs, size, path, killed=False, ended=False, length=LENGTH) or []:
             failures.append(f"{f.category}: {f.detail[:500]}\n    re-run: {f.rerun()}")
         if len(recs) < size or any(rec["error"] for rec in recs.values()):
             break   # the programs after it did not run on every rank
