@@ -593,7 +593,7 @@ static int start_mpi(void) {
 // The communicators init makes: ours of the world (slot 0) and, once per process, liveness.c's control
 // channel. They are duplicated together and waited for under one deadline. Static, because a dup that
 // times out is still pending and MPI writes the handle when (if ever) it completes.
-static MPI_Comm pending_world = MPI_COMM_NULL, pending_ctl = MPI_COMM_NULL;
+static MPI_Comm pending_world = MPI_COMM_NULL, pending_ctl = MPI_COMM_NULL, pending_algo = MPI_COMM_NULL;
 static int ctl_made = 0;
 
 // _C.init(timeout_seconds) -> (rank, size, thread_level). timeout < 0: none.
@@ -626,25 +626,30 @@ PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     // match our messages. Nonblocking and waited for with our poll: with more ranks than cores a
     // blocking call would spin through whole scheduler slices, and a rank that never arrives must
     // end in the user's timeout.
-    MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    // The world group's private communicator (group_setup) is duplicated with them, under the same
+    // deadline: one rendezvous, whatever the other ranks' inits do.
+    MPI_Request reqs[3] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     int want_ctl = !ctl_made && size > 1;
     if ((rc = MPI_Comm_idup(MPI_COMM_WORLD, &pending_world, &reqs[0])) != MPI_SUCCESS ||
+        (rc = MPI_Comm_idup(MPI_COMM_WORLD, &pending_algo, &reqs[2])) != MPI_SUCCESS ||
         (want_ctl && (rc = MPI_Comm_idup(MPI_COMM_WORLD, &pending_ctl, &reqs[1])) != MPI_SUCCESS)) {
-        if (reqs[0] != MPI_REQUEST_NULL) {
-            pd_park(reqs[0], NULL, 0);
-            snprintf(init_failure, sizeof init_failure, "an earlier init_process_group failed half way");
+        for (int j = 0; j < 3; j++) {
+            if (reqs[j] != MPI_REQUEST_NULL) {
+                pd_park(reqs[j], NULL, 0);
+                snprintf(init_failure, sizeof init_failure, "an earlier init_process_group failed half way");
+            }
         }
         return pd_raise_mpi(rc, "MPI_Comm_idup");
     }
     double start = MPI_Wtime();
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 3; i++) {
         double left = timeout < 0 ? -1.0 : timeout - (MPI_Wtime() - start);
         PdWaitSpec spec = {"init_process_group", left < 0 && timeout >= 0 ? 0.0 : left, NULL, NULL, 0.0};
         if (reqs[i] != MPI_REQUEST_NULL && pd_wait(&reqs[i], MPI_STATUS_IGNORE, &spec) < 0) {
             // Another rank never arrived (or Ctrl-C). The dups stay pending, parked, and may complete
             // whenever that rank comes; the ranks no longer agree on what comes next, so pydist refuses
             // to start again in this process rather than match the wrong operations.
-            for (int j = 0; j < 2; j++) {
+            for (int j = 0; j < 3; j++) {
                 if (reqs[j] != MPI_REQUEST_NULL) {
                     pd_park(reqs[j], NULL, 0);
                 }
@@ -656,10 +661,20 @@ PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     if (slot_set(0, pending_world) < 0) {
         MPI_Comm_free(&pending_world);
+        MPI_Comm_free(&pending_algo);
         if (want_ctl) MPI_Comm_free(&pending_ctl);
         return NULL;
     }
     pending_world = MPI_COMM_NULL;
+    groups[0].algo_comm = pending_algo;   // group_setup finds it made
+    groups[0].algo_state = ALGO_READY;
+    pending_algo = MPI_COMM_NULL;
+    if ((rc = MPI_Comm_set_errhandler(groups[0].algo_comm, MPI_ERRORS_RETURN)) != MPI_SUCCESS) {
+        pd_raise_mpi(rc, "MPI_Comm_set_errhandler");
+        slot_free(0);
+        if (want_ctl) MPI_Comm_free(&pending_ctl);
+        return NULL;
+    }
     if (want_ctl) {
         if ((rc = MPI_Comm_set_errhandler(pending_ctl, MPI_ERRORS_RETURN)) != MPI_SUCCESS) {
             pd_raise_mpi(rc, "MPI_Comm_set_errhandler");
