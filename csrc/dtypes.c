@@ -10,7 +10,8 @@
  * does (to nearest even). AVG is SUM followed by a division by the
  * group size, for floating and complex dtypes only (torch's AVG is not defined for integers here).
  * MIN and MAX on unsigned integers use our own ops too where MPI gets them wrong (MPICH 4.0.2 compares
- * them as signed: see unsigned_ops below).
+ * them as signed: see unsigned_ops below), and so do MIN and MAX on every floating dtype, so that NaN
+ * and signed zeros give the same bits on every rank and path (algorithms/minmax.h).
  */
 #include "pydist.h"
 
@@ -203,21 +204,39 @@ uint16_t pd_float_to_bf16(float f) {
         }                                                                                           \
     }
 
-// MIN/MAX propagate NaN, as np.minimum/np.maximum do.
-#define NAN_MIN (a != a || b != b) ? NAN : (a < b ? a : b)
-#define NAN_MAX (a != a || b != b) ? NAN : (a > b ? a : b)
 HALF_OP(half_sum, half_to_float, float_to_half, a + b)
 HALF_OP(half_prod, half_to_float, float_to_half, a * b)
-HALF_OP(half_min, half_to_float, float_to_half, NAN_MIN)
-HALF_OP(half_max, half_to_float, float_to_half, NAN_MAX)
 HALF_OP(bf16_sum, bf16_to_float, float_to_bf16, a + b)
 HALF_OP(bf16_prod, bf16_to_float, float_to_bf16, a * b)
-HALF_OP(bf16_min, bf16_to_float, float_to_bf16, NAN_MIN)
-HALF_OP(bf16_max, bf16_to_float, float_to_bf16, NAN_MAX)
+
+// ---------------------------------------------------------------------------------------------------
+// Floating MIN and MAX (float16, bfloat16, float32, float64). MPI's MPI_MIN/MPI_MAX are (a < b ? a : b)
+// or the like, whose result for NaN and for -0.0/+0.0 depends on which operand comes first, and MPI
+// orders them differently on different ranks: MPICH gave rank 0 [1.0, nan] and rank 1 [nan, 1.0] from
+// the same all-reduce. These ops reduce with the shared-memory kernels (shm.c), which follow
+// algorithms/minmax.h's commutative rule, so MPI's collectives, the persistent requests and the ring
+// give what the shared-memory paths give, bitwise, on every rank.
+
+#define FLOAT_MINMAX_OP(name, shm_dtype, shm_op)                                                   \
+    static void name(void *in, void *inout, MPI_Count *len, MPI_Datatype *dt) {                    \
+        (void)dt;                                                                                   \
+        shm_combine(inout, in, (size_t)*len, shm_dtype, shm_op);                                    \
+    }
+
+FLOAT_MINMAX_OP(half_min, SHM_F16, SHM_MIN)
+FLOAT_MINMAX_OP(half_max, SHM_F16, SHM_MAX)
+FLOAT_MINMAX_OP(bf16_min, SHM_BF16, SHM_MIN)
+FLOAT_MINMAX_OP(bf16_max, SHM_BF16, SHM_MAX)
+FLOAT_MINMAX_OP(f32_min, SHM_F32, SHM_MIN)
+FLOAT_MINMAX_OP(f32_max, SHM_F32, SHM_MAX)
+FLOAT_MINMAX_OP(f64_min, SHM_F64, SHM_MIN)
+FLOAT_MINMAX_OP(f64_max, SHM_F64, SHM_MAX)
 
 // [float16, bfloat16][sum, prod, min, max]
 static MPI_Op half_ops[2][4] = {{MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL},
                                 {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}};
+// [float32, float64][min, max]
+static MPI_Op float_ops[2][2] = {{MPI_OP_NULL, MPI_OP_NULL}, {MPI_OP_NULL, MPI_OP_NULL}};
 
 // ---------------------------------------------------------------------------------------------------
 // MIN and MAX of unsigned integers. MPICH 4.0.2 (Debian's) compares them as signed, so that
@@ -284,6 +303,17 @@ int pd_ops_init(void) {
             }
         }
     }
+    MPI_User_function_c *floats[2][2] = {{f32_min, f32_max}, {f64_min, f64_max}};
+    for (int f = 0; f < 2; f++) {
+        for (int j = 0; j < 2; j++) {
+            if (float_ops[f][j] == MPI_OP_NULL) {
+                int rc = MPI_Op_create_c(floats[f][j], 1, &float_ops[f][j]);
+                if (rc != MPI_SUCCESS) {
+                    return pd_raise_mpi_int(rc, "MPI_Op_create_c");
+                }
+            }
+        }
+    }
     MPI_User_function_c *minmax[4][2] = {{u8_min, u8_max}, {u16_min, u16_max}, {u32_min, u32_max},
                                          {u64_min, u64_max}};
     for (int i = 0; i < 4; i++) {
@@ -309,6 +339,10 @@ void pd_ops_free(void) {
             }
         }
         for (int j = 0; j < 2; j++) {
+            if (i < 2 && float_ops[i][j] != MPI_OP_NULL) {
+                MPI_Op_free(&float_ops[i][j]);
+                float_ops[i][j] = MPI_OP_NULL;
+            }
             if (unsigned_ops[i][j] != MPI_OP_NULL) {
                 MPI_Op_free(&unsigned_ops[i][j]);
                 unsigned_ops[i][j] = MPI_OP_NULL;
@@ -331,6 +365,12 @@ const char *pd_op_name(int op) {
 static MPI_Op half_op(int half, int i) {
     MPI_Op m = half_ops[half == PD_HALF_BF16][i];
     return m != MPI_OP_NULL ? m : MPI_SUM;
+}
+
+// float32's and float64's MIN and MAX: ours (created at init; MPI's own as the placeholder before).
+static MPI_Op float_minmax_op(const PdDtype *dt, int op) {
+    MPI_Op m = float_ops[dt->mpi == MPI_DOUBLE][op == PD_OP_MAX];
+    return m != MPI_OP_NULL ? m : op == PD_OP_MIN ? MPI_MIN : MPI_MAX;
 }
 
 static MPI_Op op_for(int op, const PdDtype *dt) {
@@ -368,8 +408,7 @@ static MPI_Op op_for(int op, const PdDtype *dt) {
         switch (op) {
         case PD_OP_SUM: case PD_OP_AVG: return MPI_SUM;
         case PD_OP_PRODUCT: return MPI_PROD;
-        case PD_OP_MIN: return MPI_MIN;
-        case PD_OP_MAX: return MPI_MAX;
+        case PD_OP_MIN: case PD_OP_MAX: return float_minmax_op(dt, op);
         default: return MPI_OP_NULL;
         }
     case 'c':

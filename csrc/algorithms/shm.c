@@ -46,6 +46,7 @@
 #endif
 
 #include "shm.h"
+#include "minmax.h"
 
 #include <math.h>
 #include <sched.h>
@@ -87,7 +88,8 @@ static const char *op_name(int op) {
 
 // ---------------------------------------------------------------------------------------------------
 // Kernels: acc[i] = acc[i] (op) in[i], as NumPy computes it pairwise (integers wrap, bool is logical,
-// MIN/MAX propagate NaN as np.minimum/np.maximum, float16 and bfloat16 round after each step).
+// float16 and bfloat16 round after each step); floating MIN/MAX as minmax.h defines them (NaN
+// propagates as with np.minimum/np.maximum, and the result does not depend on the order).
 
 #define LOOP(T, expr)                                                                              \
     do {                                                                                           \
@@ -113,12 +115,13 @@ static const char *op_name(int op) {
     default: return;                                                                               \
     }
 
-#define FLOAT_OPS(T)                                                                               \
+// MIN/MAX on the bits, by minmax.h's rule (U: the unsigned integer of T's width).
+#define FLOAT_OPS(T, U, BITS, INF)                                                                 \
     switch (op) {                                                                                  \
     case SHM_SUM: case SHM_AVG: LOOP(T, x + y);                                                    \
     case SHM_PRODUCT: LOOP(T, x * y);                                                              \
-    case SHM_MIN: LOOP(T, (x < y || x != x) ? x : y);                                              \
-    case SHM_MAX: LOOP(T, (x > y || x != x) ? x : y);                                              \
+    case SHM_MIN: LOOP(U, pd_fmin##BITS(x, y, INF));                                               \
+    case SHM_MAX: LOOP(U, pd_fmax##BITS(x, y, INF));                                               \
     default: return;                                                                               \
     }
 
@@ -150,12 +153,13 @@ static const char *op_name(int op) {
         return;                                                                                    \
     } while (0)
 
-#define HALF_OPS(widen, narrow)                                                                    \
+// MIN/MAX pick one input, so they need no widening: on the bits, by minmax.h's rule.
+#define HALF_OPS(widen, narrow, INF)                                                               \
     switch (op) {                                                                                  \
     case SHM_SUM: case SHM_AVG: HALF_LOOP(widen, narrow, x + y);                                   \
     case SHM_PRODUCT: HALF_LOOP(widen, narrow, x * y);                                             \
-    case SHM_MIN: HALF_LOOP(widen, narrow, (x < y || x != x) ? x : y);                             \
-    case SHM_MAX: HALF_LOOP(widen, narrow, (x > y || x != x) ? x : y);                             \
+    case SHM_MIN: LOOP(uint16_t, pd_fmin16(x, y, INF));                                            \
+    case SHM_MAX: LOOP(uint16_t, pd_fmax16(x, y, INF));                                            \
     default: return;                                                                               \
     }
 
@@ -176,10 +180,10 @@ HOT static void combine(void *acc, const void *in, size_t n, int dtype, int op) 
     case SHM_U16: INT_OPS(uint16_t, uint16_t)
     case SHM_U32: INT_OPS(uint32_t, uint32_t)
     case SHM_U64: INT_OPS(uint64_t, uint64_t)
-    case SHM_F16: HALF_OPS(pd_half_to_float, pd_float_to_half)
-    case SHM_BF16: HALF_OPS(pd_bf16_to_float, pd_float_to_bf16)
-    case SHM_F32: FLOAT_OPS(float)
-    case SHM_F64: FLOAT_OPS(double)
+    case SHM_F16: HALF_OPS(pd_half_to_float, pd_float_to_half, PD_F16_INF)
+    case SHM_BF16: HALF_OPS(pd_bf16_to_float, pd_float_to_bf16, PD_BF16_INF)
+    case SHM_F32: FLOAT_OPS(float, uint32_t, 32, PD_F32_INF)
+    case SHM_F64: FLOAT_OPS(double, uint64_t, 64, PD_F64_INF)
     case SHM_C64: COMPLEX_OPS(float);
     case SHM_C128: COMPLEX_OPS(double);
     default: return;
@@ -249,6 +253,10 @@ HOT static void reduce_slice(char *const *outs, int n_outs, char *const *ins, in
             copy_bytes(outs[o] + off, tmp, bytes);
         }
     }
+}
+
+void shm_combine(void *acc, const void *in, size_t n, int dtype, int op) {
+    combine(acc, in, n, dtype, op);
 }
 
 void shm_reduce(char *const *outs, int n_outs, char *const *ins, int R, size_t len, int dtype, int op) {

@@ -93,6 +93,10 @@ void shm_channel_release(ShmChannel *c);
 int shm_allreduce(ShmChannel *c, const ShmSession *session, void *data, int64_t count, int dtype, int op,
                   int copy_ok, const ShmWait *wait, char *err, size_t errlen);
 
+// acc[0..n) = acc[i] (op) in[i], the kernels' one pairwise step (not AVG's division): dtypes.c's MPI
+// user ops for float16/bfloat16 and floating MIN/MAX reduce with it too, so every path computes alike.
+void shm_combine(void *acc, const void *in, size_t n, int dtype, int op);
+
 // outs[0..n_outs)[0..len) = the reduction of ins[0..R)[0..len) with op, in rank order (AVG divides by R).
 void shm_reduce(char *const *outs, int n_outs, char *const *ins, int R, size_t len, int dtype, int op);
 
