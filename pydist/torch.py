@@ -9,7 +9,9 @@ How it fits torch 2.13: ``Backend.register_backend("pydist", creator, extended_a
 devices=["cpu"])``; torch calls the creator for the default group and for every ``new_group`` with the
 group's global ranks, and the creator returns a ``ProcessGroup`` subclass whose methods (``allreduce``,
 ``broadcast``, ``allgather``, ..., the names torch's Python front and its C++ trampoline call) run the
-pydist call and return a ``Work``. A blocking call (``async_op=False``) runs to the end in the
+pydist call and return a ``Work``. Every torch group is a pydist group of its own (its communicator,
+its shared-memory channel), one of the whole world included; only torch's default group is pydist's
+default group. A blocking call (``async_op=False``) runs to the end in the
 method. An asynchronous one (``async_op=True``, and every gradient bucket of
 DistributedDataParallel, which waits on the Work's future from C++ where nothing of ours runs) goes to
 the group's worker thread, which runs the group's asynchronous collectives in order and completes
@@ -294,17 +296,28 @@ class _Worker:
 
 
 class ProcessGroupPydist(tdist.ProcessGroup):
-    """torch's ProcessGroup over a pydist group (the world, or a sub-group made members-only)."""
+    """torch's ProcessGroup over a pydist group: pydist's default group for torch's default group, and
+    for every other torch group (one of the whole world included) a pydist group of its own, made
+    members-only. Two torch groups never share one: each has its worker thread, and two threads on one
+    pydist group (its communicator, its shared-memory channel) would mix their collectives."""
 
-    def __init__(self, rank, size, global_ranks):
+    def __init__(self, rank, size, global_ranks, default=False):
         super().__init__(rank, size)
         self._ranks = list(global_ranks)
         self._worker = None   # started at the first asynchronous collective
-        if len(self._ranks) == pd.get_world_size():
+        if default:
             self._group = None
         else:
             self._group = pd.ProcessGroup(pd._C.new_group(self._ranks, True), self._ranks)
             pd._subgroups.add(self._group)
+
+    def shutdown(self):
+        """torch's destroy_process_group: frees this group's own pydist group (not while its worker still
+        runs calls: a collective some rank never joined must not lose its communicator). torch's
+        default group leaves pydist's default group alone: MPI stays up for a later init."""
+        if self._group is not None and self._group._handle > 0 and \
+                (self._worker is None or not self._worker.pending):
+            pd.destroy_process_group(self._group)
 
     # names and sizes ---------------------------------------------------------------------------
 
@@ -508,9 +521,11 @@ def _create(options, backend_options=None):
         # The default group: torch's init_process_group(timeout=...) bounds every pydist wait from now
         # on (MPI was started at import, before torch had a timeout to give).
         pd._set_default_timeout(options.timeout.total_seconds())
-    if len(ranks) < pd.get_world_size():
-        # Only the members get here (torch returns early on the others): wait until all have arrived,
-        # through the store and with its timeout, before MPI's blocking members-only creation.
+    default = not options.global_ranks_in_group
+    if not default:
+        # Only the members get here (torch returns early on the others; all of them for a group of the
+        # whole world): wait until all have arrived, through the store and with its timeout, before
+        # MPI's blocking members-only creation.
         options.store.add("pydist_arrived", 1)
         deadline = time.monotonic() + options.timeout.total_seconds()
         while options.store.add("pydist_arrived", 0) < options.group_size:
@@ -518,7 +533,7 @@ def _create(options, backend_options=None):
                 raise pd.DistTimeoutError(f"new_group(): not every member of {ranks} arrived within "
                                           f"{options.timeout}")
             time.sleep(0.001)
-    return ProcessGroupPydist(options.group_rank, options.group_size, ranks)
+    return ProcessGroupPydist(options.group_rank, options.group_size, ranks, default=default)
 
 
 _torch_monitored_barrier = tdist.monitored_barrier

@@ -359,3 +359,132 @@ def test_ddp_equals_one_process_with_the_whole_batch(gloo, make, shape, bucket_m
     parallel_assert(rel < 1e-5 and bitwise and flight,
                     f"relative difference {rel:.2e}, bitwise equal on every rank: {bitwise}, "
                     f"futures handed out running / most in flight: {seen.tolist()}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Torch groups of the whole world: each is its own pydist group (issue 25, item 1). Before, every torch
+# group of the whole world was pydist's default group, so the default group's worker thread and
+# g2's ran collectives on one communicator and one shared-memory channel: sums mixed, or DistError.
+# tests/unit/test_torch_backend_jobs.py runs these on every path (PYDIST_SHM_SMALL_BYTES=0,
+# PYDIST_SHM_BYTES=0, PYDIST_PERSISTENT_BYTES=0).
+
+def whole_world_groups(n):
+    size = tdist.get_world_size()
+    groups = [tdist.new_group(list(range(size))) for _ in range(n)]
+    handles = {tdist.distributed_c10d._get_default_group()._group} | {g._group for g in groups}
+    return groups, len(handles) == n + 1 and None in handles
+
+
+def test_whole_world_group_and_default_group_never_mix(gloo):
+    """The issue's reproduction: a on the default group and b on new_group(all ranks), both async."""
+    rank, size = tdist.get_rank(), tdist.get_world_size()
+    before = dist._C.live_groups()
+    (g2,), distinct = whole_world_groups(1)
+    wrong = []
+    for k in range(200):
+        a = torch.full((8,), float(1 + rank))
+        b = torch.full((8,), float(100 * (1 + rank)))
+        wa = tdist.all_reduce(a, async_op=True)
+        wb = tdist.all_reduce(b, group=g2, async_op=True)
+        wa.wait()
+        wb.wait()
+        want_a = np.sum([np.full(8, 1.0 + r) for r in range(size)], axis=0)
+        want_b = np.sum([np.full(8, 100.0 * (1 + r)) for r in range(size)], axis=0)
+        if not (np.array_equal(a.numpy(), want_a) and np.array_equal(b.numpy(), want_b)):
+            wrong.append((k, a[0].item(), b[0].item()))
+    tdist.destroy_process_group(g2)   # frees its communicator (ProcessGroupPydist.shutdown)
+    freed = dist._C.live_groups() == before
+    parallel_assert(distinct and not wrong and freed,
+                    f"own pydist groups: {distinct}; wrong at {wrong[:3]}; freed at destroy: {freed}")
+
+
+@pytest.mark.parametrize("numel", [8, 3000, 70000], ids=["small", "mid", "large"])
+def test_whole_world_groups_from_several_threads(gloo, numel):
+    """Three threads, each on its own group of every rank (the default group and two new_group(all)),
+    each mixing blocking and async all_reduces, broadcasts and all_gathers: every result exactly NumPy's.
+    Sizes on each side of the small/shared-memory/persistent thresholds."""
+    import threading
+    rank, size = tdist.get_rank(), tdist.get_world_size()
+    groups, distinct = whole_world_groups(2)
+    wrong = []
+
+    def hammer(t, group, iterations):
+        for k in range(iterations):
+            seed = 1000 * t + k
+            x = torch.from_numpy(np.full(numel, float(seed % 7 + rank + 1)))
+            want = np.sum([np.full(numel, float(seed % 7 + r + 1)) for r in range(size)], axis=0)
+            if k % 2:
+                tdist.all_reduce(x, group=group, async_op=True).wait()
+            else:
+                tdist.all_reduce(x, group=group)
+            y = torch.from_numpy(np.full(numel, float(rank * 10 + t)))
+            if k % 3:
+                tdist.broadcast(y, src=size - 1, group=group, async_op=True).wait()
+            else:
+                tdist.broadcast(y, src=size - 1, group=group)
+            out = [torch.empty(4, dtype=torch.int64) for _ in range(size)]
+            tdist.all_gather(out, torch.full((4,), 100 * t + rank, dtype=torch.int64), group=group)
+            ok = np.array_equal(x.numpy(), want) and np.all(y.numpy() == (size - 1) * 10 + t) and \
+                all(np.all(o.numpy() == 100 * t + r) for r, o in enumerate(out))
+            if not ok:
+                wrong.append((t, k))
+
+    def run(t, group, iterations):
+        try:
+            hammer(t, group, iterations)
+        except BaseException as e:   # recorded: every rank must see the failure, not hang
+            wrong.append((t, repr(e)))
+
+    iterations = 60 if numel < 10000 else 15
+    threads = [threading.Thread(target=run, args=(t, g, iterations)) for t, g in enumerate([None] + groups)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for g in groups:
+        tdist.destroy_process_group(g)
+    parallel_assert(distinct and not wrong, f"own pydist groups: {distinct}; wrong: {wrong[:3]}")
+
+
+def test_ddp_on_a_whole_world_group_beside_the_default_group(gloo):
+    """DistributedDataParallel on new_group(all ranks) while another thread runs async all-reduces on the
+    default group the whole time: DDP's weights are what one process reaches with the whole batch,
+    bitwise equal on every rank, and every default-group sum is exactly NumPy's."""
+    import threading
+    rank, size = tdist.get_rank(), tdist.get_world_size()
+    (g2,), distinct = whole_world_groups(1)
+    per_rank, steps = 4, 4
+    g = torch.Generator().manual_seed(6)
+    batches = [(torch.randn(size * per_rank, 1, 28, 28, generator=g),
+                torch.randint(0, 10, (size * per_rank,), generator=g)) for _ in range(steps)]
+    torch.manual_seed(0)
+    alone = LeNet5()
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(LeNet5(), process_group=g2, bucket_cap_mb=0.01)
+    mine = [(x[rank * per_rank:(rank + 1) * per_rank], y[rank * per_rank:(rank + 1) * per_rank]) for x, y in batches]
+    # The default group's traffic: as many rounds on every rank, so it runs through the whole training.
+    wrong, rounds = [], 150
+
+    def beside():
+        try:
+            for k in range(rounds):
+                a = torch.full((8,), float(k + rank))
+                tdist.all_reduce(a, async_op=True).wait()
+                if not np.array_equal(a.numpy(), np.full(8, float(sum(k + r for r in range(size))))):
+                    wrong.append(k)
+        except BaseException as e:
+            wrong.append(repr(e))
+
+    t = threading.Thread(target=beside)
+    t.start()
+    ours = train(ddp, mine)
+    t.join()
+    want = train(alone, batches)
+    rel = float((ours - want).abs().max() / want.abs().max())
+    everyone = [torch.empty_like(ours) for _ in range(size)]
+    tdist.all_gather(everyone, ours)
+    bitwise = all(torch.equal(everyone[0], p) for p in everyone)
+    tdist.destroy_process_group(g2)
+    parallel_assert(distinct and rel < 1e-5 and bitwise and not wrong,
+                    f"own pydist groups: {distinct}, relative difference {rel:.2e}, bitwise equal on every "
+                    f"rank: {bitwise}, default group wrong: {wrong[:3]}")

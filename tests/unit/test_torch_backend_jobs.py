@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from unit_helpers import MPIEXEC
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -97,3 +99,19 @@ def test_the_tutorial_example_trains_identically_on_every_rank(tmp_path):
     assert done, out
     first, last, accuracy = map(float, done.groups())
     assert last < first - 0.2 and accuracy > 0.3, out   # it learns (chance is 0.1)
+
+
+@pytest.mark.parametrize("variable", ["PYDIST_SHM_SMALL_BYTES", "PYDIST_SHM_BYTES", "PYDIST_PERSISTENT_BYTES"])
+def test_torch_groups_of_the_whole_world_on_every_path(variable):
+    """tests/mpi/test_torch_backend.py's whole-world-group tests (issue 25, item 1: two torch groups of
+    the same ranks never share a pydist group) with one of pydist's paths off, read at init: the small
+    collectives in shared memory, the shared-memory all-reduce, the persistent requests. The automatic
+    choice runs in tests/mpi itself."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env[variable] = "0"
+    cmd = [sys.executable, os.path.join(ROOT, "tests", "run_mpi.py"), "-n", "2", "--",
+           os.path.join(ROOT, "tests", "mpi", "test_torch_backend.py"), "-k", "whole_world"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert re.search(r"world size 2: 5 passed, 0 failed on 2/2 ranks", out), out
