@@ -231,98 +231,6 @@ done:
 // PD_SHM_AUTO_COPY_BYTES up; else MPI's.
 enum { ALGORITHM_MPI = 0, ALGORITHM_RING = 1, ALGORITHM_SHM = 2, ALGORITHM_AUTO = 3 };
 
-static void scratch_free(PyObject *capsule) {
-    PyMem_RawFree(PyCapsule_GetPointer(capsule, "pydist.ring_scratch"));
-}
-
-// `bytes` of scratch owned by a capsule, so that a parked step's receive buffer outlives this call.
-static PyObject *scratch_new(size_t bytes, void **data) {
-    void *p = PyMem_RawMalloc(bytes > 0 ? bytes : 1);
-    if (p == NULL) {
-        return PyErr_NoMemory();
-    }
-    PyObject *capsule = PyCapsule_New(p, "pydist.ring_scratch", scratch_free);
-    if (capsule == NULL) {
-        PyMem_RawFree(p);
-        return NULL;
-    }
-    *data = p;
-    return capsule;
-}
-
-// The ring all-reduce of buf (validated) on the group's private communicator. Blocking: each step is
-// waited for the pydist way (pd_op_wait_or_park: timeouts, Ctrl-C, departed ranks), and a step given
-// up is parked with the array and the scratch. Async: a Work that moves the steps along (work.c).
-static PyObject *all_reduce_ring(PyObject *tensor, PdBuf *buf, long op, MPI_Op mop, long group, int async_op) {
-    PyObject *ret = NULL, *scratch = NULL, *keep = NULL, *list = NULL;
-    RingAllreduce *ring = NULL;
-    MPI_Request req = MPI_REQUEST_NULL;
-    void *tmp = NULL;
-    int tag, rc, size = pd_group_size(group);
-    MPI_Comm *comm = pd_group_algo_comm(group, "all_reduce", &tag);
-    if (comm == NULL) {
-        return NULL;
-    }
-    size_t extent = (size_t)PyArray_ITEMSIZE(buf->arr);
-    if ((scratch = scratch_new((size_t)ring_scratch_elements(buf->count, size) * extent, &tmp)) == NULL ||
-        (keep = PyTuple_Pack(2, (PyObject *)buf->arr, scratch)) == NULL) {
-        goto done;
-    }
-    if ((ring = PyMem_RawMalloc(sizeof *ring)) == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    if ((rc = ring_init(ring, buf->data, buf->count, buf->dtype->mpi, mop, *comm, tag, tmp, NULL)) != MPI_SUCCESS) {
-        pd_raise_mpi(rc, "MPI_Comm_size");
-        goto done;
-    }
-    PdOp pop = pd_op("all_reduce (ring)", group, PD_PEER_ALL);
-    if ((rc = ring_post(ring, &req)) != MPI_SUCCESS) {
-        pd_raise_mpi(rc, "MPI_Isendrecv_c");
-        goto done;
-    }
-    if (async_op) {
-        if ((list = PyList_New(1)) == NULL) {
-            pd_park(req, Py_NewRef(keep), 0);   // nobody can own the step now: keep its memory alive
-            goto done;
-        }
-        PyList_SET_ITEM(list, 0, Py_NewRef(tensor));
-        PdWorkObject *w = pd_ring_work_new(req, &pop, keep, list, ring);   // takes ring, parks on failure
-        ring = NULL;
-        if (w != NULL && op == PD_OP_AVG) {
-            w->avg_divisor = size;
-            w->avg_dtype = buf->dtype;
-            w->avg_buf = buf->data;
-            w->avg_count = buf->count;
-        }
-        ret = (PyObject *)w;
-        goto done;
-    }
-    while (req != MPI_REQUEST_NULL) {
-        if (pd_op_wait_or_park(&req, MPI_STATUS_IGNORE, &pop, keep, 0) < 0) {
-            goto done;
-        }
-        if ((rc = pd_ring_complete_step(ring)) != MPI_SUCCESS) {
-            pd_raise_mpi(rc, "MPI_Reduce_local_c");
-            goto done;
-        }
-        if ((rc = ring_post(ring, &req)) != MPI_SUCCESS) {
-            pd_raise_mpi(rc, "MPI_Isendrecv_c");
-            goto done;
-        }
-    }
-    if (op == PD_OP_AVG) {
-        pd_divide_inplace(buf->data, buf->count, buf->dtype, size);
-    }
-    ret = Py_NewRef(Py_None);
-done:
-    PyMem_RawFree(ring);
-    Py_XDECREF(list);
-    Py_XDECREF(keep);
-    Py_XDECREF(scratch);
-    return ret;
-}
-
 // _C.all_reduce(tensor, op, group, async_op[, algorithm]) -> None | Work. In place. algorithm: 0 MPI's
 // MPI_Iallreduce, 1 our ring, 2 our shared-memory all-reduce, 3 automatic (the default).
 PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -361,7 +269,7 @@ PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     if (algorithm == ALGORITHM_RING) {
-        ret = all_reduce_ring(args[0], &buf, op, mop, group, async_op);
+        ret = pd_ring_all_reduce(args[0], &buf, op, mop, group, async_op);
         goto done;
     }
     // Automatic: a size the small collectives take goes there (below); larger ones to shm or MPI's, chosen

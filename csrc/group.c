@@ -158,8 +158,7 @@ static void dup_cell_free(PyObject *capsule) {
 // dup is parked, a finished one freed. GIL held.
 static void algo_release(int slot) {
     GroupSlot *g = &groups[slot];
-    pd_persist_group_free(slot);   // before the communicator goes: its persistent requests are freed first
-    pd_ring_works_abandon(slot, g->generation);
+    pd_paths_group_release(slot, g->generation);   // what the paths have in flight goes before the communicators
     if (g->algo_state == ALGO_DUPPING) {
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
@@ -261,8 +260,6 @@ static void slot_free(int slot) {
     GroupSlot *g = &groups[slot];
     if (g->in_use) {
         algo_release(slot);
-        pd_shm_group_release(g->shm);
-        g->shm = NULL;
     }
     if (g->in_use && g->comm != MPI_COMM_NULL) {
         MPI_Comm_free(&g->comm);
@@ -857,7 +854,7 @@ static int group_setup(int slot, const char *fn) {
         return -1;
     }
     groups[slot].algo_seq = 0;   // no ring has used that tag
-    return pd_shm_group_setup(slot, fn);
+    return pd_paths_group_setup(slot, fn);
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -89,6 +89,12 @@ static int module_exec(PyObject *m) {
     if (pd_work_type_init(m) < 0 || pd_engine_type_init(m) < 0 || pd_shm_type_init(m) < 0) {
         return -1;
     }
+    // The paths, in the order a group's release reaches them: the persistent requests are freed before
+    // the communicators they were made on, the rings in flight abandoned, then the shared channel goes.
+    if (pd_path_register(&pd_persistent_path) < 0 || pd_path_register(&pd_ring_path) < 0 ||
+        pd_path_register(&pd_shm_path) < 0) {
+        return -1;
+    }
     static const struct { const char *name; int value; } ints[] = {
         {"OP_SUM", PD_OP_SUM}, {"OP_AVG", PD_OP_AVG}, {"OP_PRODUCT", PD_OP_PRODUCT},
         {"OP_MIN", PD_OP_MIN}, {"OP_MAX", PD_OP_MAX}, {"OP_BAND", PD_OP_BAND},

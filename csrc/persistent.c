@@ -21,8 +21,12 @@
  * A key has up to KEY_ENTRIES requests, made lazily in order; the n-th call with that key uses entry
  * n % KEY_ENTRIES on every rank (async_op, and so busy-ness, may differ between ranks; the entry
  * choice must not). If that entry is still busy with an earlier call of this rank (an async Work not
- * yet waited, or a blocking wait that was given up), that call is completed first (its result copied
- * into its own array, its Work marked complete), and the entry reused.
+ * yet waited, or a blocking wait that was given up), an async call never waits for it: it joins the
+ * entry's queue of deferred calls, and the path's progress (every pydist wait) starts each once the
+ * one before it has completed, in order. Deferring a start is safe because MPICH matches a persistent
+ * request's starts by the request (its tag is taken at init), not by their order among the
+ * communicator's other collectives; tests/mpi/test_semantics.py mixes the two. A blocking call
+ * completes the earlier ones first (it may wait), then starts.
  *
  * Lifetime: an entry is freed when it is neither in a cache nor active. An active entry belongs to
  * its Work (which finishes it: copy out, then let go), to a thread waiting on it, or to nobody (a wait
@@ -56,6 +60,8 @@ struct PdPersistEntry {
     int waiting;            // a thread tests `req` with the GIL released (blocking call or reclaim)
     int pinned;             // a call is reclaiming it (entry_reclaim): that call decides its fate
     PdWorkObject *work;     // borrowed: the async Work of the active call; NULL: none
+    struct Deferred *deferred, *deferred_last;   // async calls waiting for this entry, oldest first
+    struct PdPersistEntry *next_busy;            // on the list of entries with deferred calls
     // The active call's completion: copy recv into dst (dst_bytes), divide by avg_divisor (AVG). dst is
     // NULL when nothing is copied (a blocking wait given up: the caller has moved on).
     char *dst;
@@ -65,6 +71,17 @@ struct PdPersistEntry {
     MPI_Count avg_count;
     PyObject *keep;         // owns dst when no Work does (a dropped Work's arrays)
 };
+
+// An async call that found its entry busy: started by the path's progress once the calls before it
+// have completed. It holds a reference to its Work (whose `keep` owns its arrays).
+typedef struct Deferred {
+    PdPersistCall call;
+    PdWorkObject *work;
+    struct Deferred *next;
+} Deferred;
+
+// The entries with deferred calls (the path's progress walks them).
+static PdPersistEntry *busy_entries = NULL;
 
 typedef struct Key {
     PdPersistKey k;
@@ -104,16 +121,18 @@ static void entry_finish(PdPersistEntry *e) {
             pd_divide_inplace(e->dst, e->avg_count, e->avg_dtype, e->avg_divisor);
         }
     }
-    if (e->work != NULL) {
-        e->work->req = MPI_REQUEST_NULL;   // the Work's copy of the handle: complete now
-        e->work->persist = NULL;
-        e->work = NULL;
-    }
+    PdWorkObject *w = e->work;
+    e->work = NULL;
     e->active = 0;
     e->dst = NULL;
     e->avg_divisor = 0;
     Py_CLEAR(e->keep);
-    if (!e->in_cache && !e->waiting && !e->pinned) {
+    if (w != NULL) {
+        w->pending = NULL;
+        w->state = NULL;
+        pd_work_finish(w);
+    }
+    if (!e->in_cache && !e->waiting && !e->pinned && e->deferred == NULL) {
         entry_free(e);
     }
 }
@@ -148,8 +167,8 @@ static void entry_park(PdPersistEntry *e) {
 // Its key is going (eviction, group destroyed).
 static void entry_leave_cache(PdPersistEntry *e) {
     e->in_cache = 0;
-    if (e->pinned) {
-        return;   // the call reclaiming it sees it has left, and frees or parks it
+    if (e->pinned || e->deferred != NULL) {
+        return;   // the call reclaiming it, or the progress starting its deferred calls, frees it
     }
     if (!e->active) {
         entry_free(e);
@@ -337,9 +356,9 @@ static int entry_reclaim(Cache *c, PdPersistEntry *e, const PdOp *op) {
 // ---------------------------------------------------------------------------------------------------
 // A call
 
-// This call's entry, idle and ready to start: the key found or made (evicting as needed), entry
-// calls % K made if new, and its earlier call completed if still active.
-static PdPersistEntry *acquire(Cache *c, const PdPersistKey *k, MPI_Comm comm, const PdOp *op) {
+// This call's entry: the key found or made (evicting as needed), entry calls % K made if new. It may
+// still be busy with earlier calls of this rank.
+static PdPersistEntry *acquire(Cache *c, const PdPersistKey *k, MPI_Comm comm) {
     Key *key = c->head;
     while (key != NULL && !key_equal(&key->k, k)) {
         key = key->next;
@@ -370,11 +389,114 @@ static PdPersistEntry *acquire(Cache *c, const PdPersistKey *k, MPI_Comm comm, c
         c->bytes += bytes;
     }
     key->calls++;   // counted once this rank's init (if any) is made, as every rank's is
-    if (e->active && entry_reclaim(c, e, op) < 0) {
-        return NULL;
-    }
     return e;
 }
+
+// Start `call` on the idle entry e; `w` (borrowed, may be NULL: a blocking call) owns its completion.
+// 0, or -1 raised (nothing started).
+static int entry_start(PdPersistEntry *e, const PdPersistCall *call, PdWorkObject *w) {
+    if (call->src != NULL && call->src_bytes > 0) {
+        memcpy(e->send, call->src, call->src_bytes);
+    }
+    int rc = MPI_Start(&e->req);
+    if (rc != MPI_SUCCESS) {
+        return pd_raise_mpi_int(rc, "MPI_Start");
+    }
+    e->active = 1;
+    e->dst = call->dst;
+    e->dst_bytes = call->dst_bytes;
+    e->avg_divisor = call->avg_divisor;
+    e->avg_dtype = call->avg_dtype;
+    e->avg_count = call->avg_count;
+    e->work = w;
+    if (w != NULL) {
+        w->req = e->req;   // a copy of the handle, for the record; the entry's is the one tested
+    }
+    return 0;
+}
+
+static void busy_unlist(PdPersistEntry *e) {
+    for (PdPersistEntry **p = &busy_entries; *p != NULL; p = &(*p)->next_busy) {
+        if (*p == e) {
+            *p = e->next_busy;
+            e->next_busy = NULL;
+            return;
+        }
+    }
+}
+
+// The entry is idle: start its oldest deferred call. A start MPI refuses fails that call's Work (the
+// other ranks' starts then wait for their timeout, as a failed MPI_Start would make them anyway).
+static void deferred_start_next(PdPersistEntry *e) {
+    Deferred *d = e->deferred;
+    if (d == NULL || e->active) {
+        return;
+    }
+    e->deferred = d->next;
+    if (e->deferred == NULL) {
+        e->deferred_last = NULL;
+        busy_unlist(e);
+    }
+    PdWorkObject *w = d->work;
+    if (entry_start(e, &d->call, w) < 0) {
+        w->pending = NULL;
+        w->state = NULL;
+        pd_work_fail(w);
+        PyErr_Clear();
+    }
+    Py_DECREF(w);   // the queue's reference: the entry holds a borrowed one while active, as for any Work
+    PyMem_RawFree(d);
+}
+
+// The path's progress: every entry with deferred calls whose active call MPI has completed finishes
+// it and starts the next one. GIL held, never raises.
+static void persist_progress(void) {
+    if (busy_entries == NULL) {
+        return;
+    }
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    for (PdPersistEntry *e = busy_entries, *next; e != NULL; e = next) {
+        next = e->next_busy;
+        if (e->active) {
+            int done = 0;
+            if (e->waiting || e->pinned || (e->work != NULL && e->work->waiting) ||
+                MPI_Test(&e->req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done) {
+                continue;   // another thread tests it, or not yet (an MPI error: its wait reports it)
+            }
+            e->pinned++;   // not freed by finishing it: its deferred calls still need it
+            entry_finish(e);
+            e->pinned--;
+        }
+        deferred_start_next(e);
+    }
+    PyErr_Restore(type, value, tb);
+}
+
+// A blocking call, or a Work's wait for a deferred call: complete the entry's active call and start
+// the deferred ones before `until` (NULL: all of them), waiting for each in turn. 0, or -1 raised.
+static int entry_drain(Cache *c, PdPersistEntry *e, const PdOp *op, PdWorkObject *until) {
+    for (;;) {
+        if (until != NULL && e->work == until) {
+            return 0;   // started already (by the progress, meanwhile)
+        }
+        if (e->active) {
+            e->pinned++;
+            int rc = entry_reclaim(c, e, op);
+            e->pinned--;
+            if (rc < 0) {
+                return -1;
+            }
+            continue;
+        }
+        if (e->deferred == NULL || e->deferred->work == until) {
+            return 0;
+        }
+        deferred_start_next(e);
+    }
+}
+
+static const PdPending persist_pending;
 
 PyObject *pd_persist_run(const PdOp *op, MPI_Comm comm, const PdPersistKey *k, const PdPersistCall *call,
                          PyObject *keep, PyObject *list) {
@@ -383,46 +505,71 @@ PyObject *pd_persist_run(const PdOp *op, MPI_Comm comm, const PdPersistKey *k, c
         return PyErr_Format(pd_DistError, "%s(): another thread is inside a collective on this group; "
                             "collectives on one group must not be called from two threads at once", op->what);
     }
-    PdPersistEntry *e = acquire(c, k, comm, op);
+    PdPersistEntry *e = acquire(c, k, comm);
     if (e == NULL) {
         return NULL;
     }
-    // The Work first: once started, the request must have an owner.
+    if (list != NULL && e->active) {   // async: a finished earlier call is finished now, without waiting
+        int done = 0;
+        if (!e->waiting && !e->pinned && (e->work == NULL || !e->work->waiting) &&
+            MPI_Test(&e->req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) {
+            e->pinned++;
+            entry_finish(e);
+            e->pinned--;
+        }
+    }
     PdWorkObject *w = NULL;
-    if (list != NULL && (w = pd_work_new(MPI_REQUEST_NULL, op, keep, list, 0)) == NULL) {
+    if (list != NULL) {   // the Work first: once started or queued, the call must have an owner
+        if ((w = pd_work_make(&persist_pending, e, op, keep, list)) == NULL) {
+            return NULL;
+        }
+        if (e->active || e->deferred != NULL) {
+            // Busy with earlier calls of this rank: queued, never waited for (the progress starts it).
+            Deferred *d = PyMem_RawMalloc(sizeof *d);
+            if (d == NULL) {
+                w->pending = NULL;
+                Py_DECREF(w);
+                return PyErr_NoMemory();
+            }
+            *d = (Deferred){*call, (PdWorkObject *)Py_NewRef(w), NULL};
+            if (e->deferred == NULL) {
+                e->deferred = d;
+                e->next_busy = busy_entries;
+                busy_entries = e;
+            } else {
+                e->deferred_last->next = d;
+            }
+            e->deferred_last = d;
+            return (PyObject *)w;
+        }
+        if (entry_start(e, call, w) < 0) {
+            w->pending = NULL;
+            Py_DECREF(w);
+            return NULL;
+        }
+        return (PyObject *)w;
+    }
+    if ((e->active || e->deferred != NULL) && entry_drain(c, e, op, NULL) < 0) {
         return NULL;
     }
-    if (call->src != NULL && call->src_bytes > 0) {
-        memcpy(e->send, call->src, call->src_bytes);
+    if (!e->in_cache) {   // its group was destroyed while this call waited (another thread)
+        if (!e->active && e->deferred == NULL && !e->pinned && !e->waiting) entry_free(e);
+        return PyErr_Format(PyExc_ValueError, "%s(): `group` was destroyed while this call waited", op->what);
     }
-    int rc = MPI_Start(&e->req);
-    if (rc != MPI_SUCCESS) {
-        Py_XDECREF(w);
-        return pd_raise_mpi(rc, "MPI_Start");
-    }
-    e->active = 1;
-    e->dst = call->dst;
-    e->dst_bytes = call->dst_bytes;
-    e->avg_divisor = call->avg_divisor;
-    e->avg_dtype = call->avg_dtype;
-    e->avg_count = call->avg_count;
-    if (w != NULL) {   // async: the Work finishes it (or hands it back if dropped)
-        w->req = e->req;
-        w->persist = e;
-        e->work = w;
-        return (PyObject *)w;
+    if (entry_start(e, call, NULL) < 0) {
+        return NULL;
     }
     MPI_Request req = e->req;
     e->waiting = 1;
     c->waits++;
-    rc = pd_op_wait(&req, MPI_STATUS_IGNORE, op, pd_session_timeout(), 1);
+    int rc = pd_op_wait(&req, MPI_STATUS_IGNORE, op, pd_session_timeout(), 1);
     c->waits--;
     e->waiting = 0;
     if (rc < 0) {
         // Given up (timeout, Ctrl-C, a departed rank): MPI may still complete it into the staging,
         // which the entry owns; the caller's array is never written after this call returns.
         e->dst = NULL;
-        if (!e->in_cache) {
+        if (!e->in_cache && e->deferred == NULL) {
             entry_park(e);   // its group was destroyed meanwhile (another thread): nobody else will finish it
         }
         return NULL;
@@ -432,44 +579,117 @@ PyObject *pd_persist_run(const PdOp *op, MPI_Comm comm, const PdPersistKey *k, c
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Work hooks (work.c)
+// The pending operation of an async call (its Work's): active on its entry, or deferred behind it
 
-void pd_persist_work_finished(PdWorkObject *w) {
-    if (w->persist != NULL) {
-        entry_finish(w->persist);   // clears w->persist and w->req
+static int persist_test(PdWorkObject *w) {
+    persist_progress();
+    PdPersistEntry *e = w->state;
+    if (w->pending == NULL || e->work != w) {
+        return w->pending == NULL;   // over, or still deferred
     }
-    w->req = MPI_REQUEST_NULL;
+    int done = 0;
+    int rc = MPI_Test(&e->req, &done, &w->status);
+    if (rc != MPI_SUCCESS) {
+        pd_raise_mpi(rc, w->op.what);
+        e->work = NULL;   // the entry stays active, its request MPI's to finish; nobody owns it now
+        w->pending = NULL;
+        w->state = NULL;
+        pd_work_fail(w);
+        PyErr_Clear();
+        return 1;
+    }
+    if (done) {
+        entry_finish(e);   // over: w->pending cleared
+    }
+    return done;
 }
 
-void pd_persist_work_dropped(PdWorkObject *w) {
-    PdPersistEntry *e = w->persist;
-    w->persist = NULL;
-    w->req = MPI_REQUEST_NULL;
-    if (e == NULL) {
+static int persist_wait(PdWorkObject *w, double timeout, int timeout_breaks) {
+    PdPersistEntry *e = w->state;
+    if (e->work != w) {   // deferred: the calls before it complete first (the entry is not freed meanwhile)
+        if (entry_drain(&caches[w->op.group], e, &w->op, w) < 0) {
+            return -1;
+        }
+        if (e->work != w) {
+            deferred_start_next(e);   // ours, now at the head of an idle entry
+        }
+        if (w->pending == NULL) {
+            return 0;   // its start failed (recorded)
+        }
+    }
+    MPI_Request req = e->req;
+    if (pd_op_wait(&req, &w->status, &w->op, timeout, timeout_breaks) < 0) {
+        return -1;   // a persistent handle is never nulled: it stays pending, and the Work usable
+    }
+    entry_finish(e);
+    return 0;
+}
+
+// Dropped while active (a deferred call's Work is held by its queue until started): the entry keeps
+// the arrays and finishes the call later, when it is next needed, evicted or its group destroyed.
+static void persist_abandon(PdWorkObject *w) {
+    PdPersistEntry *e = w->state;
+    w->state = NULL;
+    if (e->work != w) {
+        return;   // deferred: its queue holds a reference, so only a failed start gets here
+    }
+    int done = 0, fin = 1;
+    MPI_Finalized(&fin);
+    if (!fin && MPI_Test(&e->req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) {
+        e->work = w;   // deliver now, as if waited
+        entry_finish(e);
         return;
     }
-    // The entry finishes the call later (its arrays kept alive meanwhile): when it is next needed,
-    // evicted or its group destroyed.
+    if (!fin) {
+        pd_work_warn_dropped(w);
+    }
     e->work = NULL;
     e->keep = w->keep;
     w->keep = NULL;
-    int fin = 1;
-    MPI_Finalized(&fin);
     if (fin) {
         e->dst = NULL;     // MPI has ended: nothing will complete; let go of it
         if (!e->in_cache) {
             entry_finish(e);
         }
-    } else if (!e->in_cache && !e->waiting) {
+    } else if (!e->in_cache && !e->waiting && e->deferred == NULL) {
         entry_park(e);
     }
 }
 
+static const PdPending persist_pending = {persist_test, persist_wait, persist_abandon};
+
 // ---------------------------------------------------------------------------------------------------
 // Groups
 
-void pd_persist_group_free(long group) {
+// The group's communicators are going (destroy, exit): its deferred calls can never start (their Works
+// fail), and its cache is freed; what is still active is finished by its Work, or parked.
+static void persist_group_release(long group, unsigned generation) {
+    (void)generation;
     Cache *c = &caches[group];
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    for (Key *key = c->head; key != NULL; key = key->next) {
+        for (int i = 0; i < KEY_ENTRIES; i++) {
+            PdPersistEntry *e = key->entries[i];
+            while (e != NULL && e->deferred != NULL) {
+                Deferred *d = e->deferred;
+                e->deferred = d->next;
+                PyErr_Format(pd_DistError, "%s was abandoned: its process group was destroyed before it started",
+                             d->work->op.what);
+                d->work->pending = NULL;
+                d->work->state = NULL;
+                pd_work_fail(d->work);
+                PyErr_Clear();
+                Py_DECREF(d->work);
+                PyMem_RawFree(d);
+            }
+            if (e != NULL) {
+                e->deferred_last = NULL;
+                busy_unlist(e);
+            }
+        }
+    }
+    PyErr_Restore(type, value, tb);
     while (c->head != NULL) {
         key_drop(c, c->head);
     }
@@ -517,3 +737,5 @@ PyObject *pd_persistent_stats(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     return Py_BuildValue("(illn)", c->keys, entries, active, (Py_ssize_t)c->bytes);
 }
+
+const PdPath pd_persistent_path = {"persistent", persist_progress, NULL, persist_group_release};

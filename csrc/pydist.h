@@ -148,15 +148,33 @@ int pd_wait(MPI_Request *req, MPI_Status *status, const PdWaitSpec *spec);
 // *index: the one that completed (-1 when every request is null: returns 0 at once).
 int pd_wait_any(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, const PdWaitSpec *spec);
 
-// Called with the GIL held once per wait slice (about 2 ms) of every pd_wait, to move along what no
-// thread is waiting for (work.c's rings in flight). NULL: nothing.
-extern void (*pd_wait_hook)(void);
 
 // Raise DistTimeoutError "<what> timed out after <waited> s (timeout <timeout> s): <why>"; returns -1.
 int pd_raise_timeout(const char *what, double waited, double timeout, const char *why);
 // Yield (GIL released) while busy(ctx): another thread is finishing what we need. Checks signals and
 // `timeout` (raising DistTimeoutError "<what> timed out ...: <why>"). 0, or -1 with the error set.
 int pd_yield_while(int (*busy)(const void *), const void *ctx, double timeout, const char *what, const char *why);
+
+// ---------------------------------------------------------------------------------------------------
+// The progress engine (progress.c): all the wait loop, Work and the group table know of the paths.
+
+// A path (request.c, ring_path.c, shared_memory.c, persistent.c) registers once, at module exec.
+typedef struct {
+    const char *name;
+    // Move along what no thread waits for. GIL held, never raises; called when every pydist wait
+    // starts and after each of its slices (about 2 ms), and by Work.is_completed. NULL: nothing.
+    void (*progress)(void);
+    // What the path makes with a new group, every member being in its (collective) creation: 0, or -1
+    // raised (the group is not made). NULL: nothing.
+    int (*group_setup)(long group, const char *fn);
+    // The group's communicators are going (destroy, exit): give up what is in flight on it. Called
+    // again harmlessly. NULL: nothing.
+    void (*group_release)(long group, unsigned generation);
+} PdPath;
+int pd_path_register(const PdPath *path);
+void pd_progress_all(void);
+int pd_paths_group_setup(long group, const char *fn);
+void pd_paths_group_release(long group, unsigned generation);
 
 // Move a pending request and a reference to its owners onto the parked list (steals `keep`), so MPI
 // never writes into freed memory. GIL held.
@@ -262,10 +280,10 @@ int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, MPI_Op mop, long gr
 // At init (collective over the world) and at destroy/finalize (local).
 int pd_shm_session_start(MPI_Comm world, double timeout);
 void pd_shm_session_stop(void);
-void pd_shm_group_release(void *channel);
-// Make the group's channel (collective over its members, at init_process_group / new_group): 0, or -1
-// raised (the group cannot be made). A group that cannot use shared memory gets none (MPI's paths).
-int pd_shm_group_setup(long group, const char *fn);
+// The shared-memory path: a group's channel is made with the group (collective over its members, at
+// init_process_group / new_group; a group that cannot use shared memory gets none and takes MPI's
+// paths) and released with it; its progress completes small collectives whose peers have posted.
+extern const PdPath pd_shm_path;
 int pd_shm_type_init(PyObject *module);
 // n floats in this rank's heap region (zeroed), owned by *owner (release with pd_shm_owner_release, GIL
 // held); NULL when there is no segment or no room (no exception).
@@ -286,58 +304,70 @@ int pd_shm_small_wanted(long group, size_t contribution);
 // group cannot use shared memory (the same answer on every rank): use MPI's collective.
 PyObject *pd_shm_small_run(const char *fn, const char *what, long group, int async_op, SmallCall *call,
                            PyObject *a, PyObject *b, PyObject *list, int *fallback);
-// Complete every pending small collective whose peers have all posted (no wait). Never raises.
-void pd_shm_progress(void);
 int pd_shm_dtype(const PdBuf *buf);
 PyObject *pd_set_shm_small_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_shm_info(PyObject *self, PyObject *unused);
 
 // ---------------------------------------------------------------------------------------------------
-// Work handles (work.c): async_op=True, isend/irecv.
+// Work handles (work.c): async_op=True, isend/irecv. A Work knows its operation only as a PdPending,
+// which the operation's path implements in its own file.
+
+typedef struct PdWorkObject PdWorkObject;
 
 typedef struct {
+    // Move it along without waiting. 1: over (finished, or failed with w->error set); 0: not yet.
+    // GIL held; never raises.
+    int (*test)(PdWorkObject *w);
+    // Wait for it (GIL held on entry and exit). 0: over (finished, or failed with w->error set); -1:
+    // raised, still pending (timeout, signal, a departed rank; the session's own timeout breaks the
+    // group when timeout_breaks).
+    int (*wait)(PdWorkObject *w, double timeout, int timeout_breaks);
+    // The Work is going before it is over (dropped, or cleared by the collector): whatever MPI or the
+    // peers may still write keeps its memory (its arrays, parked or owned by the path), and the
+    // operation still completes. GIL held.
+    void (*abandon)(PdWorkObject *w);
+} PdPending;
+
+struct PdWorkObject {
     PyObject_HEAD
-    MPI_Request req;
+    const PdPending *pending;  // how its path moves it along; NULL once over
+    void *state;           // that path's own state for it (a ring, a cache entry, a group's channel)
+    MPI_Request req;       // the path's MPI request, if it has one
     MPI_Status status;
     PdOp op;               // what, group and peers, for the wait and for messages
     PyObject *keep;        // owns the memory MPI reads/writes (a tuple of arrays); NULL when done
     PyObject *result;      // what result() returns (list of arrays)
     int is_recv;           // a point-to-point receive: has a source rank, and may be cancelled
-    int waiting;           // a thread is in wait() on this request: nobody else may touch it
+    int waiting;           // a thread is in wait() on this operation: nobody else may touch it
     int avg_divisor;       // >0: divide the result by this after completion (AVG)
     const PdDtype *avg_dtype;
     void *avg_buf;
     MPI_Count avg_count;
     PyObject *error;       // exception raised by a failed completion, re-raised by later wait()s
-    RingAllreduce *ring;   // our ring all-reduce: `req` is its posted step; NULL for MPI's operations
-    struct PdPersistEntry *persist;  // a cached persistent request (persistent.c): `req` is a copy of its
-                                     // handle, which MPI never nulls; finished through persistent.c
-    void *shm;             // a small shm collective still pending (shared_memory.c): its group's channel
-} PdWorkObject;
+};
 
 extern PyTypeObject *pd_WorkType;
 int pd_work_type_init(PyObject *module);
-// A new Work for `req` that keeps `keep` alive (new reference taken) and returns `result` from
-// result() (new reference taken, may be NULL for an empty list). is_recv: a point-to-point receive.
-// On failure the request is parked with `keep`, so its memory stays alive, and NULL is returned.
-PdWorkObject *pd_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObject *result, int is_recv);
-// A Work for a ring all-reduce whose first step is posted in `req` (takes `ring`, a PyMem_RawMalloc'd
-// state; `keep` owns the array and the ring's scratch). Until the ring completes, the list of rings in
-// flight holds a reference to the Work, and every wait slice of pydist moves it along: rings started in
-// the same order everywhere complete whatever order they are waited in, and one dropped unwaited still
-// completes. On failure the step is parked with `keep`, and NULL is returned.
-PdWorkObject *pd_ring_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObject *result,
-                               RingAllreduce *ring);
-// A Work's wait for its pending small collective (and the ones before it). 0, or -1 raised.
-int pd_shm_work_wait(PdWorkObject *w, double timeout, int timeout_breaks);
+// A new Work for a pending operation of `pending`'s path (NULL: over already) that keeps `keep` alive
+// and returns `result` from result() (new references taken; result NULL: an empty list). NULL with an
+// exception; the caller still owns its operation then.
+PdWorkObject *pd_work_make(const PdPending *pending, void *state, const PdOp *op, PyObject *keep, PyObject *result);
 // The operation is over: let go of the arrays (and finish AVG) / record the exception set as its error.
 void pd_work_finish(PdWorkObject *w);
 void pd_work_fail(PdWorkObject *w);
-// One ring step's local work (ring_complete), with the GIL released around a large reduction.
-int pd_ring_complete_step(RingAllreduce *r);
-// Give up the rings in flight on `group` (its communicators are going): each posted step is parked
-// with its arrays, and the Work fails with DistError. GIL held.
-void pd_ring_works_abandon(long group, unsigned generation);
+// A dropped Work's caller never learned whether it completed: say so (ResourceWarning). GIL held.
+void pd_work_warn_dropped(PdWorkObject *w);
+
+// The plain MPI path (request.c): one MPI request, waited for the pydist way.
+extern const PdPending pd_request_pending;
+// A new Work for `req` (MPI_REQUEST_NULL: complete already). is_recv: a point-to-point receive. On
+// failure the request is parked with `keep`, so its memory stays alive, and NULL is returned.
+PdWorkObject *pd_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObject *result, int is_recv);
+
+// Our ring all-reduce as a path (ring_path.c): blocking, or a Work whose steps every wait moves along.
+PyObject *pd_ring_all_reduce(PyObject *tensor, PdBuf *buf, long op, MPI_Op mop, long group, int async_op);
+extern const PdPath pd_ring_path;
+
 // ---------------------------------------------------------------------------------------------------
 // Cached persistent requests for small collectives (persistent.c)
 
@@ -382,13 +412,7 @@ void pd_persist_read_env(void);
 // None) or async (returns a Work holding `keep` whose result() is `list`). NULL with an exception.
 PyObject *pd_persist_run(const PdOp *op, MPI_Comm comm, const PdPersistKey *key, const PdPersistCall *call,
                          PyObject *keep, PyObject *list);
-// A Work's request has completed: deliver the result (copy out, AVG) and let go of the entry.
-void pd_persist_work_finished(PdWorkObject *w);
-// A Work dropped before completion: its entry keeps the arrays and finishes the call later.
-void pd_persist_work_dropped(PdWorkObject *w);
-// The group's communicators are going (destroy, exit): free its cache; what is still active is
-// finished by its Work, or parked.
-void pd_persist_group_free(long group);
+extern const PdPath pd_persistent_path;
 PyObject *pd_persistent_stats(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 // ---------------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@
  * The same channel carries the small collectives (algorithms/shm_small.h): every collective up to
  * PYDIST_SHM_SMALL_BYTES per rank (default and most 64 KiB) on a group within one node. Their calls
  * are posted at once and completed in order from the group's queue: by the call itself (blocking),
- * by Work.wait/is_completed, by the next call on the group, or by any pydist wait (pd_shm_progress,
+ * by Work.wait/is_completed, by the next call on the group, or by any pydist wait (the path's progress,
  * from the wait hook), so an async call that nobody waits for still completes, as MPI's do.
  */
 #include "pydist.h"
@@ -252,7 +252,7 @@ static void small_abandon(GroupChannel *g);
 
 enum { CHANNEL_READY = 1, CHANNEL_MPI = 2, CHANNEL_BROKEN = 3 };
 
-void pd_shm_group_release(void *p) {
+static void channel_release(void *p) {
     GroupChannel *g = p;
     if (g == NULL) {
         return;
@@ -319,7 +319,7 @@ static int channel_make(GroupChannel *g, long group, const char *fn) {
     if (g->orphaned) {   // its group was destroyed while we waited
         if (made == 1) munmap(base, bytes);
         g->busy = 0;
-        pd_shm_group_release(g);
+        channel_release(g);
         if (made >= 0) {
             PyErr_Format(PyExc_ValueError, "%s(): `group` was destroyed while this call waited", fn);
         }
@@ -352,7 +352,8 @@ static int channel_make(GroupChannel *g, long group, const char *fn) {
     return 0;
 }
 
-int pd_shm_group_setup(long group, const char *fn) {
+// The path's group_setup: the channel, made while every member is in the group's creation.
+static int shm_group_setup(long group, const char *fn) {
     void **slot = pd_group_shm(group);
     if (*slot != NULL || pd_group_size(group) < 2 || !group_on_one_node(group)) {
         return 0;   // nothing to share: MPI's paths (decided alike on every member)
@@ -411,9 +412,7 @@ static int wait_slice(void *p) {
     SliceCtx *w = p;
     int rc = 0;
     PyEval_RestoreThread(w->released);
-    if (pd_wait_hook != NULL) {
-        pd_wait_hook();
-    }
+    pd_progress_all();
     if ((!w->no_signals && PyErr_CheckSignals() < 0) || pd_op_check(&w->op, w->start) < 0) {
         rc = -1;
     } else {
@@ -453,7 +452,7 @@ static int run(GroupChannel *g, long group, const char *what, void *data, int64_
     PyEval_RestoreThread(ctx.released);
     g->busy = 0;
     if (g->orphaned) {   // another thread destroyed the group meanwhile: the channel is ours to free
-        pd_shm_group_release(g);
+        channel_release(g);
         g = NULL;
     }
     if (rc == -1) {
@@ -502,7 +501,10 @@ int pd_shm_allreduce_floats(long group, float *buf, long n) {
 Py_ssize_t pd_shm_small_bytes = (Py_ssize_t)SMALL_SLOT_BYTES;
 static long long calls_small = 0;
 
-// The channels with posted, uncompleted calls: pd_shm_progress moves them along.
+static const PdPending small_pending;
+static void shm_progress(void);
+
+// The channels with posted, uncompleted calls: shm_progress moves them along.
 static GroupChannel *with_pending[PD_MAX_GROUPS];
 static int n_with_pending = 0;
 
@@ -533,7 +535,8 @@ static void small_abandon(GroupChannel *g) {
     for (; g->q_len > 0; g->q_len--, g->q_head++) {
         Pending *e = &g->queue[g->q_head];
         if (e->work != NULL) {
-            e->work->shm = NULL;
+            e->work->pending = NULL;
+            e->work->state = NULL;
             PyErr_Format(pd_DistError, "%s was abandoned: its process group was destroyed before it completed",
                          e->what);
             pd_work_fail(e->work);
@@ -554,7 +557,7 @@ static int check_orphaned(GroupChannel *g, const char *what) {
     if (!PyErr_Occurred()) {
         PyErr_Format(pd_DistError, "%s: its group was destroyed while this call waited", what);
     }
-    pd_shm_group_release(g);
+    channel_release(g);
     return -1;
 }
 
@@ -592,8 +595,9 @@ static void large_data(GroupChannel *g, Pending *e) {
     long group = g->group;
     uint32_t and_ = g->small.flags_and, or_ = g->small.flags_or;
     int size = g->small.size, rc;
+    w->pending = NULL;
+    w->state = NULL;
     if (!(or_ & LARGE_ASYNC) && ((and_ & LARGE_IN_SEGMENT) || (or_ & LARGE_COPY_OK))) {
-        w->shm = NULL;
         if (run(g, group, e->what, e->data, e->call.count, e->call.dtype, e->call.op, 1, 1) < 0) {
             pd_work_fail(w);
             PyErr_Clear();   // the Work's wait() raises it
@@ -606,7 +610,6 @@ static void large_data(GroupChannel *g, Pending *e) {
     rc = comm == NULL ? MPI_ERR_COMM
                       : MPI_Iallreduce_c(MPI_IN_PLACE, e->data, (MPI_Count)e->call.count, e->dtype->mpi, e->mop,
                                          *comm, &w->req);
-    w->shm = NULL;
     if (rc != MPI_SUCCESS) {
         pd_raise_mpi(rc, "MPI_Iallreduce_c");
         pd_work_fail(w);
@@ -614,6 +617,7 @@ static void large_data(GroupChannel *g, Pending *e) {
         pd_work_finish(w);
         return;
     }
+    w->pending = &pd_request_pending;   // from here on, the plain MPI path's
     if (e->call.op == SHM_AVG) {   // MPI sums; the Work divides once it completes
         w->avg_divisor = size;
         w->avg_dtype = e->dtype;
@@ -700,7 +704,8 @@ static int complete_oldest(GroupChannel *g, double timeout, int timeout_breaks) 
     if (rc == 0 && (done.call.kind & SMALL_HEADER_ONLY)) {
         large_data(g, &done);   // g may be freed (its group destroyed meanwhile)
     } else if (done.work != NULL) {
-        done.work->shm = NULL;
+        done.work->pending = NULL;
+        done.work->state = NULL;
         pd_work_finish(done.work);
     }
     pending_clear(&done);
@@ -739,9 +744,7 @@ PyObject *pd_shm_small_run(const char *fn, const char *what, long group, int asy
 
 static PyObject *small_run(const char *fn, const char *what, long group, int async_op, SmallCall *call, PyObject *a,
                            PyObject *b, PyObject *list, int *fallback, const Pending *large) {
-    if (pd_wait_hook != NULL) {
-        pd_wait_hook();   // as every MPI wait of pydist does: rings in flight move on (work.c)
-    }
+    pd_progress_all();   // as every MPI wait of pydist does: what is in flight moves on
     GroupChannel *g = channel_of(group, fn, fallback);
     if (g == NULL) {
         return NULL;
@@ -754,7 +757,7 @@ static PyObject *small_run(const char *fn, const char *what, long group, int asy
     if (async_op) {
         PdOp wop = pd_op(what, group, PD_PEER_ALL);
         PyObject *keep = b != NULL ? PyTuple_Pack(2, a, b) : Py_XNewRef(a);   // NULL for a barrier
-        w = keep == NULL && a != NULL ? NULL : pd_work_new(MPI_REQUEST_NULL, &wop, keep, list, 0);
+        w = keep == NULL && a != NULL ? NULL : pd_work_make(&small_pending, g, &wop, keep, list);
         Py_XDECREF(keep);
         if (w == NULL) {
             return NULL;   // nothing queued
@@ -775,8 +778,7 @@ static PyObject *small_run(const char *fn, const char *what, long group, int asy
     }
     post_ready(g);
     if (async_op) {
-        w->shm = g;
-        pd_shm_progress();   // done already if every peer is there
+        shm_progress();   // done already if every peer is there
         return (PyObject *)w;
     }
     double timeout = pd_session_timeout();
@@ -848,7 +850,8 @@ int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, MPI_Op mop, long gr
     return 1;
 }
 
-void pd_shm_progress(void) {
+// The path's progress: every pending small collective whose peers have all posted completes (no wait).
+static void shm_progress(void) {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     for (int i = n_with_pending - 1; i >= 0; i--) {
@@ -867,10 +870,15 @@ void pd_shm_progress(void) {
     PyErr_Restore(type, value, tb);
 }
 
-int pd_shm_work_wait(PdWorkObject *w, double timeout, int timeout_breaks) {
-    GroupChannel *g = w->shm;
+// ---------------------------------------------------------------------------------------------------
+// The pending operation of an async call through the slots, and the path
+
+// Complete the group's calls in order up to this one (they may wait: a Work's wait is blocking); a
+// large all-reduce then goes on as MPI's request (large_data), under the same deadline.
+static int small_wait(PdWorkObject *w, double timeout, int timeout_breaks) {
+    GroupChannel *g = w->state;
     double start = MPI_Wtime();
-    while (w->shm != NULL) {
+    while (w->pending == &small_pending) {
         if (g->busy) {
             PyErr_Format(pd_DistError, "wait(): another thread is in a shared-memory collective on the group of "
                          "%s; collectives on one group must not be called from two threads at once", w->op.what);
@@ -881,8 +889,37 @@ int pd_shm_work_wait(PdWorkObject *w, double timeout, int timeout_breaks) {
             return -1;
         }
     }
+    if (w->pending != NULL) {
+        double left = timeout < 0 ? -1.0 : timeout - (MPI_Wtime() - start);
+        return w->pending->wait(w, timeout < 0 || left > 0 ? left : 0.0, timeout_breaks);
+    }
     return 0;
 }
+
+static int small_test(PdWorkObject *w) {
+    shm_progress();
+    if (w->pending == &small_pending) {
+        return 0;
+    }
+    return w->pending == NULL || w->pending->test(w);
+}
+
+// Never reached while queued (the queue holds a reference to the Work).
+static void small_pending_abandon(PdWorkObject *w) {
+    w->state = NULL;
+}
+
+static const PdPending small_pending = {small_test, small_wait, small_pending_abandon};
+
+// The path's group_release: the channel goes with its group (its calls still queued fail).
+static void shm_group_release(long group, unsigned generation) {
+    (void)generation;
+    void **slot = pd_group_shm(group);
+    channel_release(*slot);
+    *slot = NULL;
+}
+
+const PdPath pd_shm_path = {"shm", shm_progress, shm_group_setup, shm_group_release};
 
 // _C.set_shm_small_bytes(n) -> the old bound: tests reach MPI's paths with 0 (every rank alike).
 PyObject *pd_set_shm_small_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {

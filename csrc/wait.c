@@ -16,8 +16,9 @@
  * at once. Every other MPI call of ours runs with the GIL held, so the loop then tests with the GIL
  * held too and releases it only to yield: the GIL is the lock that serialises our MPI calls.
  *
- * The loop also calls pd_wait_hook (GIL held) when it starts and after every slice: our own ring
- * all-reduces in flight are sequences of steps that only we can post, and every wait moves them along.
+ * The loop also runs the progress engine (progress.c, GIL held) when it starts and after every slice:
+ * what the paths have in flight that only we can move (a ring's next step, a small collective whose
+ * peers have posted) moves along in every wait.
  *
  * A wait that is given up (signal, timeout, check) leaves its request pending, and MPI may still
  * write into the caller's memory. Such requests are parked with a reference to their owners until MPI
@@ -29,7 +30,6 @@
 
 int pd_wait_mode = PD_WAIT_POLL;
 int pd_wait_serialized = 0;
-void (*pd_wait_hook)(void) = NULL;
 
 // Tests before the loop starts yielding: enough to catch a reply that is microseconds away without
 // a syscall, short enough that an oversubscribed peer gets the core back quickly.
@@ -100,9 +100,7 @@ int pd_wait(MPI_Request *req, MPI_Status *status, const PdWaitSpec *spec) {
 int pd_wait_any(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, const PdWaitSpec *spec) {
     int done = 0, rc;
     *index = -1;
-    if (pd_wait_hook != NULL) {
-        pd_wait_hook();   // once per wait, however short, and then once per slice
-    }
+    pd_progress_all();   // once per wait, however short, and then once per slice
     int live = 0;
     for (int i = 0; i < n; i++) live += reqs[i] != MPI_REQUEST_NULL;
     if (n == 1 && live == 0) {
@@ -135,9 +133,7 @@ int pd_wait_any(int n, MPI_Request *reqs, int first, int *index, MPI_Status *sta
         if (done) {
             return 0;
         }
-        if (pd_wait_hook != NULL) {
-            pd_wait_hook();   // never raises: what it moves along records its own errors
-        }
+        pd_progress_all();   // never raises: what it moves along records its own errors
         if (PyErr_CheckSignals() < 0 || (spec->check != NULL && spec->check(spec->check_ctx, spec->check_since > 0 ? spec->check_since : start) < 0)) {
             return -1;
         }
