@@ -302,6 +302,11 @@ def init_process_group(backend="mpi", init_method=None, timeout=None, world_size
     world of size 1. An unhandled exception on any rank then prints a ``[rankN]`` traceback and
     ends the whole job.
 
+    Child processes (``os.fork``, ``multiprocessing`` with any start method, ``subprocess``) never
+    finalize or abort the parent's MPI, whatever way they exit; every call they make into pydist
+    (this one included, and any collective, send or receive) raises ``DistError`` saying MPI belongs
+    to the parent rank. A child that needs to communicate does it through its parent.
+
     Example::
 
         >>> import pydist as dist

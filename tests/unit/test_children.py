@@ -14,9 +14,11 @@ import textwrap
 
 import pytest
 
+import pydist
 from unit_helpers import MPIEXEC
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The pydist under test (the in-place build, or the AddressSanitizer one scripts/test.sh points to)
+PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(pydist.__file__)))
 
 JOB = """
 import json, multiprocessing, os, subprocess, sys
@@ -125,7 +127,7 @@ KINDS = {"fork-exit": 0, "fork-raise": 1, "fork-_exit": 3, "mp-fork": 0, "mp-spa
 def test_a_child_never_harms_the_parents_job(tmp_path, kind):
     (tmp_path / "job.py").write_text(JOB)
     env = dict(os.environ, MPIEXEC_TIMEOUT="90", UCX_ERROR_SIGNALS="", JOB_OUT=str(tmp_path))
-    env["PYTHONPATH"] = os.pathsep.join([ROOT] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["PYTHONPATH"] = os.pathsep.join([PKG_PARENT] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     proc = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(tmp_path / "job.py"), kind], cwd=str(tmp_path),
                           env=env, capture_output=True, text=True, timeout=150)
     out = proc.stdout + proc.stderr
