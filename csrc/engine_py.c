@@ -208,7 +208,7 @@ static void drop_strategy(EngineObject *e) {
     }
     int finalized = 1;
     MPI_Finalized(&finalized);
-    if (e->strategy_comm != MPI_COMM_NULL && !finalized) {
+    if (e->strategy_comm != MPI_COMM_NULL && !finalized && !pd_mpi_inherited) {   // a forked child: the parent's
         MPI_Comm_free(&e->strategy_comm);
     }
     e->strategy_comm = MPI_COMM_NULL;

@@ -79,6 +79,10 @@ static int check_handle(long handle, const char *fn) {
 }
 
 MPI_Comm *pd_group_comm(long handle, const char *fn) {
+    if (pd_mpi_inherited) {   // a forked child: the MPI here is the parent's (child.c)
+        pd_child_refuse(fn);
+        return NULL;
+    }
     if (check_handle(handle, fn) < 0) {
         return NULL;
     }
@@ -601,7 +605,7 @@ PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         return NULL;
     }
     double timeout = PyFloat_AsDouble(args[0]);
-    if (timeout == -1.0 && PyErr_Occurred()) {
+    if ((timeout == -1.0 && PyErr_Occurred()) || pd_child_check_init() < 0) {
         return NULL;
     }
     if (pd_initialized) {
@@ -710,6 +714,10 @@ PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 PyObject *pd_destroy(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
+    if (pd_mpi_inherited) {
+        pd_child_refuse("destroy_process_group");
+        return NULL;
+    }
     if (!pd_initialized) {
         PyErr_SetString(PyExc_ValueError, "destroy_process_group(): the default process group has not "
                         "been initialized");
@@ -730,7 +738,7 @@ PyObject *pd_finalize(PyObject *self, PyObject *unused) {
     int init = 0, fin = 0;
     MPI_Initialized(&init);
     MPI_Finalized(&fin);
-    if (init && !fin) {
+    if (init && !fin && !pd_mpi_inherited) {   // a forked child's exit leaves the parent's MPI alone
         algo_release_all();
         if (pd_liveness_announce() < 0 || pd_parked_drain() > 0) {
             // A collective some rank never joined is still pending (or the wait for the others to
@@ -770,7 +778,7 @@ PyObject *pd_abort(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     MPI_Initialized(&init);
     MPI_Finalized(&fin);
-    if (init && !fin) {
+    if (init && !fin && !pd_mpi_inherited) {   // a forked child's failure is not the job's
         MPI_Abort(MPI_COMM_WORLD, (int)code);
     }
     Py_RETURN_NONE;
@@ -1004,7 +1012,8 @@ static PyObject *take_slot(MPI_Comm comm) {
 PyObject *pd_destroy_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     long h;
-    if (pd_check_nargs(nargs, 1, "destroy_group") < 0 || pd_arg_long(args[0], "destroy_group", "group", &h) < 0) {
+    if (pd_check_nargs(nargs, 1, "destroy_group") < 0 || pd_arg_long(args[0], "destroy_group", "group", &h) < 0 ||
+        (pd_mpi_inherited && pd_child_refuse("destroy_process_group") < 0)) {
         return NULL;
     }
     if (h <= 0 || h >= PD_MAX_GROUPS || !groups[h].in_use) {

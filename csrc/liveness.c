@@ -89,6 +89,9 @@ double pd_liveness_left(int world_rank) {
 // reach exit too. Returns -1 if that wait failed or was interrupted (then MPI_Finalize must be
 // skipped).
 int pd_liveness_announce(void) {
+    if (pd_mpi_inherited) {
+        return -1;   // a forked child: the parent's departure is not the child's to announce
+    }
     if (ctl == MPI_COMM_NULL) {
         return 0;
     }

@@ -49,6 +49,8 @@ static PyMethodDef module_methods[] = {
     FAST("new_group", pd_new_group, "new_group(sorted_ranks[, members_only]) -> handle, or -1 on non-members"),
     FAST("destroy_group", pd_destroy_group, "destroy_group(handle) -> None"),
     {"live_groups", pd_live_groups, METH_NOARGS, "live_groups() -> number of communicators held"},
+    {"parent_rank", pd_parent_rank, METH_NOARGS,
+     "parent_rank() -> None, or in a process forked from a rank, the rank whose MPI it inherited"},
     {"parked", pd_parked_count, METH_NOARGS, "parked() -> number of requests parked until MPI completes them"},
     FAST("persistent_stats", pd_persistent_stats,
          "persistent_stats(group) -> (keys, requests, active requests, staging bytes) of the group's cache"),
@@ -86,7 +88,8 @@ static int module_exec(PyObject *m) {
                PyModule_AddObjectRef(m, "DistTimeoutError", pd_DistTimeoutError) < 0) {
         return -1;
     }
-    if (pd_work_type_init(m) < 0 || pd_engine_type_init(m) < 0 || pd_shm_type_init(m) < 0) {
+    if (pd_child_register() < 0 || pd_work_type_init(m) < 0 || pd_engine_type_init(m) < 0 ||
+        pd_shm_type_init(m) < 0) {
         return -1;
     }
     // The paths, in the order a group's release reaches them: the persistent requests are freed before

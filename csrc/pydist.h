@@ -192,6 +192,14 @@ double pd_liveness_left(int world_rank); // MPI_Wtime() when that rank's notice 
 int pd_liveness_announce(void);          // at exit, before MPI_Finalize
 
 // ---------------------------------------------------------------------------------------------------
+// A process forked from a rank (child.c)
+
+extern int pd_mpi_inherited;             // forked from a process whose MPI had started: not ours to use
+int pd_child_register(void);             // module exec: the pthread_atfork handler that sets it
+int pd_child_refuse(const char *fn);     // raise DistError ("a child process of rank N") and return -1
+int pd_child_check_init(void);           // before MPI_Init: -1 with DistError raised in such a child
+
+// ---------------------------------------------------------------------------------------------------
 // The session and its process groups (group.c)
 
 // Groups are slots in a table of communicators; Python refers to them by slot index. Slot 0 is the
@@ -439,6 +447,7 @@ PyObject *pd_mpi_info(PyObject *self, PyObject *unused);                        
 PyObject *pd_new_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs);      // group.c
 PyObject *pd_destroy_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs);  // group.c
 PyObject *pd_live_groups(PyObject *self, PyObject *unused);                           // group.c
+PyObject *pd_parent_rank(PyObject *self, PyObject *unused);                           // child.c
 
 PyObject *pd_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   // p2p.c
 PyObject *pd_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   // p2p.c

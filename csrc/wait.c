@@ -100,6 +100,9 @@ int pd_wait(MPI_Request *req, MPI_Status *status, const PdWaitSpec *spec) {
 int pd_wait_any(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, const PdWaitSpec *spec) {
     int done = 0, rc;
     *index = -1;
+    if (pd_mpi_inherited) {
+        return pd_child_refuse(spec->what);   // a Work the child inherited: its request is the parent's
+    }
     pd_progress_all();   // once per wait, however short, and then once per slice
     int live = 0;
     for (int i = 0; i < n; i++) live += reqs[i] != MPI_REQUEST_NULL;

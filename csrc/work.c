@@ -145,6 +145,10 @@ static PyObject *work_wait(PdWorkObject *w, PyObject *const *args, Py_ssize_t na
 
 static PyObject *work_is_completed(PdWorkObject *w, PyObject *unused) {
     (void)unused;
+    if (pd_mpi_inherited) {
+        pd_child_refuse("is_completed");   // a Work the child inherited: its operation is the parent's
+        return NULL;
+    }
     if (w->waiting) {
         Py_RETURN_FALSE;   // another thread owns the operation until its wait returns
     }

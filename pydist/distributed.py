@@ -10,6 +10,7 @@ import datetime
 import enum
 import operator
 import os
+import stat
 import sys
 import time
 import traceback
@@ -180,6 +181,68 @@ def _launcher_size():
     return 1, None, None
 
 
+# A process made from a rank never uses the rank's MPI (DESIGN.md, "Semantics every path keeps"). A
+# forked one holds a copy of it, which csrc/child.c marks and refuses. A fresh interpreter (spawn,
+# forkserver, subprocess) holds only the rank's environment, and with it the launcher's variables:
+# MPI_Init there would join the job as the rank (with the connection still open: close_fds=False),
+# or talk PMI to a closed descriptor, or to whatever file now has its number. So the process the
+# launcher started records its connection in PYDIST_MPI_OWNER at import, and init refuses in a
+# process that holds the same connection but is not that process. A nested mpiexec gives its ranks
+# a connection of their own, and a plain singleton (no launcher variables) has nothing to protect.
+_OWNER = "PYDIST_MPI_OWNER"   # "pid rank connection" of the process the launcher started
+
+
+def _launcher_connection():
+    """The launcher connection this process's MPI_Init would use: "fd6:<device>:<inode>" (hydra's
+    PMI_FD; "fd6:none" when that descriptor is no socket here), "port<host:port>" (PMI_PORT), or ""."""
+    fd = os.environ.get("PMI_FD")
+    if fd is not None:
+        try:
+            st = os.fstat(int(fd))
+            if stat.S_ISSOCK(st.st_mode):
+                return f"fd{fd}:{st.st_dev}:{st.st_ino}"
+        except (OSError, ValueError):
+            pass
+        return f"fd{fd}:none"
+    port = os.environ.get("PMI_PORT")
+    return f"port{port}" if port else ""
+
+
+def _claim_launcher():
+    """At import, in the process the launcher started: record its connection for its children."""
+    connection = _launcher_connection()
+    if not connection or connection.endswith(":none"):
+        return
+    owner = os.environ.get(_OWNER, "").split(" ")
+    if len(owner) == 3 and owner[2] == connection:
+        return   # inherited with its descriptor still open (close_fds=False): a child's, not ours
+    os.environ[_OWNER] = f"{os.getpid()} {os.environ.get('PMI_RANK', '?')} {connection}"
+
+
+def _child_reason(fn):
+    """Why this process may not use MPI (it was made from a rank), or None."""
+    rank = _C.parent_rank()
+    if rank is not None:
+        return (f"{fn}(): this is a child process (pid {os.getpid()}) of rank {rank}, made by fork: MPI "
+                f"belongs to the parent, and a child cannot use it (communicate through the parent, or "
+                f"start the work as an MPI job of its own)")
+    if _C.is_initialized():
+        return None
+    connection = _launcher_connection()
+    owner = os.environ.get(_OWNER, "").split(" ")
+    ours = len(owner) == 3 and owner[0] == str(os.getpid())
+    if connection.endswith(":none") or (len(owner) == 3 and not ours and owner[2] == connection):
+        rank, pid = (owner[1], owner[0]) if len(owner) == 3 else (os.environ.get("PMI_RANK", "?"), "?")
+        return (f"{fn}(): this is a child process (pid {os.getpid()}) of rank {rank} (pid {pid}), started "
+                f"with its launcher's variables: MPI belongs to the parent, and MPI_Init here would join "
+                f"the job as that rank (PMI_FD/PMI_PORT name the parent's connection); start the work "
+                f"as an MPI job of its own")
+    return None
+
+
+_claim_launcher()
+
+
 def _rank_prefix():
     try:
         return f"[rank{_C.get_rank(0)}]"
@@ -195,7 +258,8 @@ def _excepthook(exc_type, exc, tb):
     prefix = _rank_prefix()
     text = "".join(traceback.format_exception(exc_type, exc, tb))
     text = "".join(f"{prefix}: {line}\n" for line in text.rstrip("\n").split("\n"))
-    aborting = _C.is_initialized() and _C.get_world_size(0) > 1
+    # A child made from a rank prints its traceback and exits alone: the job is not its to end.
+    aborting = _C.is_initialized() and _C.get_world_size(0) > 1 and _C.parent_rank() is None
     streams = [sys.stderr]
     if aborting and sys.__stderr__ is not None and sys.stderr is not sys.__stderr__:
         # A hook that called us captures sys.stderr to print it once we return (torch.distributed's
@@ -238,6 +302,11 @@ def init_process_group(backend="mpi", init_method=None, timeout=None, world_size
     world of size 1. An unhandled exception on any rank then prints a ``[rankN]`` traceback and
     ends the whole job.
 
+    Child processes (``os.fork``, ``multiprocessing`` with any start method, ``subprocess``) never
+    finalize or abort the parent's MPI, whatever way they exit; every call they make into pydist
+    (this one included, and any collective, send or receive) raises ``DistError`` saying MPI belongs
+    to the parent rank. A child that needs to communicate does it through its parent.
+
     Example::
 
         >>> import pydist as dist
@@ -254,6 +323,9 @@ def init_process_group(backend="mpi", init_method=None, timeout=None, world_size
     for name, value in (("world_size", world_size), ("rank", rank)):
         if not isinstance(value, int) or isinstance(value, bool):
             raise TypeError(f"{fn}(): `{name}` must be an int; got {type(value).__name__}")
+    reason = _child_reason(fn)
+    if reason is not None:
+        raise DistError(reason)
     if _C.is_initialized():
         raise ValueError(f"{fn}(): the default process group is already initialized; "
                          "call destroy_process_group() before initializing it again")
@@ -494,6 +566,8 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm
 
 
 def _factory(fn, shape, dtype, group, zero):
+    if _C.parent_rank() is not None:   # the segment is the parent's, and its allocator too
+        raise DistError(_child_reason(fn))
     if group is not None:
         if _group_handle(group, fn) < 0:
             raise ValueError(f"{fn}(): this rank is not a member of `group`")

@@ -269,6 +269,8 @@ class _Worker:
         return work
 
     def drain(self):
+        if pd._C.parent_rank() is not None:
+            return   # a forked child: the thread that would empty the queue stayed in the parent
         with self.lock:
             while self.pending:
                 self._ready.wait()
@@ -580,8 +582,8 @@ def _pydist_rendezvous(url, timeout=datetime.timedelta(minutes=30), **kwargs):
 def _fill_env():
     """With no RANK set (under mpiexec, or a plain `python script.py`: a world of one): MPI's rank and
     size, and rank 0's address and a free port, for torch's default env:// rendezvous."""
-    if "RANK" in os.environ or tdist.is_initialized():
-        return
+    if "RANK" in os.environ or tdist.is_initialized() or pd._child_reason("import pydist.torch") is not None:
+        return   # (a child made from a rank: its init_process_group raises why)
     if not pd.is_initialized():
         pd.init_process_group()
     address, port = _master()
