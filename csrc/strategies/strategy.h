@@ -1,13 +1,13 @@
 /*
  * strategy.h: the registry of strategies, how ranks cooperate in training. It maps a name to a kind
  * and a kind to its table of hooks (hooks.h), and is what the glue (csrc/engine_py.c) calls: create a
- * strategy, then reach its hooks through the functions below.
- * The layers, arrows pointing down only:
- *   strategy.c  the registry: names, kinds, dispatch; the only file that knows every strategy.
- *   sync.c      allreduce, ring, central, ps.      averaging.c  average, easgd.
- *   async.c     downpour, adag, aeasgd, dynsgd (a server loop).      pipeline.c  pipeline stages.
- *               each fills its kinds' tables (hooks.h), knowing neither the registry nor each other;
- *   comm.c      counted communication and the servers' shards (comm.h), knowing no strategy.
+ * strategy, then reach its hooks through the functions below. The layers, each calling only down:
+ *   strategy.c   the registry: names, kinds, the servers' places, scratch, dispatch through the
+ *                tables; the only file that knows every strategy.
+ *   sync.c (allreduce, ring, central, ps), averaging.c (average, easgd), async.c (downpour, adag,
+ *   aeasgd, dynsgd: a server loop), pipeline.c (stages): the families, each filling its kinds'
+ *                tables (hooks.h); none knows the registry or another family.
+ *   comm.c       counted communication and the servers' shards (comm.h); knows no strategy.
  */
 #ifndef PYDIST_STRATEGIES_STRATEGY_H
 #define PYDIST_STRATEGIES_STRATEGY_H
