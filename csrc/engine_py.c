@@ -465,7 +465,7 @@ static int hook_end_call(void *ctx) {
 
 static int hook_run_step(void *ctx, const Dataset *ds, const int *perm, int offset, int batch, float *params,
                          float *momentum, int *started, double *loss, int *correct) {
-    return pipeline_run_step(ctx, ds, perm, offset, batch, params, momentum, started, loss, correct);
+    return strategy_run_step(ctx, ds, perm, offset, batch, params, momentum, started, loss, correct);
 }
 
 static double hook_seconds(void *ctx) {

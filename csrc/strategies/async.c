@@ -21,40 +21,50 @@
  * A server pre-posts one receive per worker and serves whichever completes first, looking from the
  * worker after the last one it served (fair: no worker starves another, unlike MPI_ANY_SOURCE), or,
  * deterministic, in a fixed round-robin over the workers still running (a run is bitwise repeatable).
+ * Every kind's hooks are the one table at the end (hooks.h); the communication is comm.c's.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "strategy.h"
+#include "comm.h"
+#include "engine/sgd.h"
+#include "hooks.h"
 
-enum { TAG_EXCHANGE = 5, TAG_REPLY = 6, TAG_DONE = 7, TAG_GRANT = 8 };
+enum { TAG_CENTER = 4, TAG_EXCHANGE = 5, TAG_REPLY = 6, TAG_DONE = 7, TAG_GRANT = 8 };
 
-int async_create(Strategy *s) {
+// The registry has placed the servers (s->server, the shard); take what this rank keeps besides scratch.
+static int async_create(Strategy *s, const Model *m, const char *name, char *err, size_t errlen) {
+    (void)m;
+    if (s->cfg.window < 1) {
+        snprintf(err, errlen, "strategy '%s': the window must be >= 1; got %d", name, s->cfg.window);
+        return -1;
+    }
     const long n = s->n;
-    if (strategy_is_server(s)) {
+    if (s->server) {
         const long W = s->workers, len = s->shard_hi - s->shard_lo;
         s->replies = malloc(sizeof(float) * (size_t)(W * len > 0 ? W * len : 1));
         s->reqs = malloc(sizeof(MPI_Request) * (size_t)(3 * W));   // receives, replies, grants
         s->grants = malloc(sizeof(long long) * (size_t)(2 * W));
         s->pulled_at = calloc((size_t)W, sizeof(long long));
-        free(s->scratch);     // the receive buffers, one shard per worker
-        s->scratch = malloc(sizeof(float) * (size_t)(W * len > 0 ? W * len : 1));
-        s->scratch_len = W * len;
         if (s->reqs != NULL) {
             for (long i = 0; i < 3 * W; i++) s->reqs[i] = MPI_REQUEST_NULL;
         }
-        return s->replies && s->reqs && s->grants && s->pulled_at && s->scratch ? 0 : -1;
+        return s->replies && s->reqs && s->grants && s->pulled_at ? 0 : -2;
     }
     s->base = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
     s->reqs = malloc(sizeof(MPI_Request) * (size_t)(2 * s->cfg.servers + 1));   // + server 0's grant
     s->grants = malloc(sizeof(long long) * 2);
-    free(s->scratch);         // the message: the accumulated update, or aeasgd's reply e
-    s->scratch = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
-    s->scratch_len = n;
-    return s->base && s->reqs && s->grants && s->scratch ? 0 : -1;
+    return s->base && s->reqs && s->grants ? 0 : -2;
 }
 
-void async_free(Strategy *s) {
+// A server's receive buffers, one shard per worker; a worker's message: the accumulated update, or
+// aeasgd's reply e.
+static long async_scratch(const Strategy *s) {
+    return s->server ? (long)s->workers * (s->shard_hi - s->shard_lo) : s->n;
+}
+
+static void async_free(Strategy *s) {
     free(s->base);
     free(s->replies);
     free(s->reqs);
@@ -67,7 +77,7 @@ void async_free(Strategy *s) {
 
 // Every rank holds the same weights (the initial ones, or a checkpoint's center): the center and the
 // workers' last pull.
-void async_restore(Strategy *s, const float *params) {
+static void async_restore(Strategy *s, const float *params) {
     if (s->base != NULL) {
         memcpy(s->base, params, sizeof(float) * (size_t)s->n);
     }
@@ -103,12 +113,12 @@ static void first_block(long long first, long long end, long long window, int w,
 // ---------------------------------------------------------------------------------------------------
 // The worker
 
-void async_begin_call(Strategy *s, int first, int last) {
+static void async_begin_call(Strategy *s, int first, int last) {
     const long long W = s->workers;
     first_block(first * W, last * W, s->cfg.window, s->comm.rank, &s->block_pos, &s->block_end);
 }
 
-int async_next_batch(Strategy *s, long *batch_index) {
+static int async_next_batch(Strategy *s, long *batch_index) {
     if (s->block_pos >= s->block_end) {
         return 0;
     }
@@ -151,7 +161,7 @@ static int exchange(Strategy *s, float *params) {
 }
 
 // A worker's step: a local SGD step, and an exchange when its block of batches is done.
-int async_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
+static int async_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
     (void)step;
     SgdConfig sgd = s->sgd;
     if (s->cfg.kind == STRATEGY_AEASGD && sgd.momentum > 0.0f) {
@@ -162,7 +172,7 @@ int async_step(Strategy *s, float *params, float *grads, float *momentum, int *s
 }
 
 // The call's last message: DONE (empty) to every server.
-int async_end_call(Strategy *s) {
+static int async_end_call(Strategy *s) {
     Comm *c = &s->comm;
     const int S = s->cfg.servers;
     int rc = 0;
@@ -216,7 +226,7 @@ static int next_running(const int *done, int W, int w) {
 
 // Serve one train_steps call of steps [first, last): every worker's exchanges until every worker's
 // DONE; server 0 also grants the next block with each reply.
-int async_serve_call(Strategy *s, float *params, int first, int last) {
+static int async_serve_call(Strategy *s, float *params, int first, int last) {
     Comm *c = &s->comm;
     const int W = s->workers, granting = c->rank == W;
     const long len = s->shard_hi - s->shard_lo;
@@ -277,9 +287,18 @@ int async_serve_call(Strategy *s, float *params, int first, int last) {
     return rc;
 }
 
+// ---------------------------------------------------------------------------------------------------
+// Evaluation and checkpoints
+
+// The center, a shard on each server.
+static int async_weights(Strategy *s, const float *params, float *out) {
+    return comm_gather_shards(&s->comm, params, out, s->n, s->cfg.servers, TAG_CENTER);
+}
+
 // What a checkpoint saves besides the center: the workers' mean momentum (the servers keep none).
-int async_state(Strategy *s, float *momentum_out, int *started_out) {
-    if (strategy_is_server(s)) {
+static int async_state(Strategy *s, const float *momentum, float *momentum_out, int *started_out) {
+    (void)momentum;
+    if (s->server) {
         memset(momentum_out, 0, sizeof(float) * (size_t)s->n);
         *started_out = 0;
     }
@@ -287,3 +306,12 @@ int async_state(Strategy *s, float *momentum_out, int *started_out) {
     for (long i = 0; i < s->n && rc == 0; i++) momentum_out[i] /= (float)s->workers;
     return rc == 0 ? comm_allreduce_max_int(&s->comm, started_out) : rc;
 }
+
+// ---------------------------------------------------------------------------------------------------
+// The table: downpour, adag, aeasgd and dynsgd alike (apply and exchange tell them apart)
+
+const StrategyHooks async_hooks = {.create = async_create, .free = async_free, .scratch_len = async_scratch,
+                                   .step = async_step, .begin_call = async_begin_call,
+                                   .next_batch = async_next_batch, .end_call = async_end_call,
+                                   .serve_call = async_serve_call, .weights = async_weights, .state = async_state,
+                                   .restore = async_restore};

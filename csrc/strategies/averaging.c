@@ -9,10 +9,15 @@
  *            the workers' weights plus the center; the center is kept, identical, on every rank.
  * The mean comes from one all-reduce of the weights, whose result MPI gives every rank alike, so after
  * an averaging step every rank holds the same bits.
+ * Each kind's hooks are its table at the end (hooks.h); the communication is comm.c's.
  */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include "strategy.h"
+#include "comm.h"
+#include "engine/sgd.h"
+#include "hooks.h"
 
 static int mean_in_place(Comm *c, float *buf, long n) {
     int rc = comm_allreduce_sum(c, buf, n);
@@ -23,7 +28,35 @@ static int mean_in_place(Comm *c, float *buf, long n) {
     return rc;
 }
 
-int average_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
+// Both exchange every `period` steps.
+static int check_period(Strategy *s, const char *name, char *err, size_t errlen) {
+    if (s->cfg.period < 1) {
+        snprintf(err, errlen, "strategy '%s': the period must be >= 1; got %d", name, s->cfg.period);
+        return -1;
+    }
+    return 0;
+}
+
+// The workers' momenta differ: a checkpoint saves their mean, as the weights' mean.
+static int mean_state(Strategy *s, const float *momentum, float *momentum_out, int *started_out) {
+    (void)momentum;
+    int rc = comm_allreduce_sum(&s->comm, momentum_out, s->n);
+    if (rc < 0) {
+        return rc;
+    }
+    for (long i = 0; i < s->n; i++) momentum_out[i] /= (float)s->comm.size;
+    return comm_allreduce_max_int(&s->comm, started_out);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// average
+
+static int average_create(Strategy *s, const Model *m, const char *name, char *err, size_t errlen) {
+    (void)m;
+    return check_period(s, name, err, errlen);
+}
+
+static int average_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
     const long n = s->n;
     int rc;
     if (step < s->cfg.warmup) {  // synchronous SGD: the mean gradient, the same update everywhere
@@ -46,12 +79,44 @@ int average_step(Strategy *s, float *params, float *grads, float *momentum, int 
     return 0;
 }
 
-int average_weights(Strategy *s, const float *params, float *out) {
+static int average_weights(Strategy *s, const float *params, float *out) {
     memcpy(out, params, sizeof(float) * (size_t)s->n);
     return mean_in_place(&s->comm, out, s->n);
 }
 
-int easgd_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
+// ---------------------------------------------------------------------------------------------------
+// easgd
+
+static int easgd_create(Strategy *s, const Model *m, const char *name, char *err, size_t errlen) {
+    (void)m;
+    if (check_period(s, name, err, errlen) < 0) {
+        return -1;
+    }
+    s->center = malloc(sizeof(float) * (size_t)(s->n > 0 ? s->n : 1));
+    return s->center != NULL ? 0 : -2;
+}
+
+static long easgd_scratch(const Strategy *s) {   // the workers' weights, summed
+    return s->n;
+}
+
+static void easgd_free(Strategy *s) {
+    free(s->center);
+    s->center = NULL;
+}
+
+// The center starts (and resumes) where every rank's weights are.
+static void easgd_restore(Strategy *s, const float *params) {
+    memcpy(s->center, params, sizeof(float) * (size_t)s->n);
+}
+
+static int easgd_weights(Strategy *s, const float *params, float *out) {
+    (void)params;
+    memcpy(out, s->center, sizeof(float) * (size_t)s->n);
+    return 0;
+}
+
+static int easgd_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
     const long n = s->n;
     sgd_step(&s->sgd, params, grads, momentum, started, n);
     if ((step + 1) % s->cfg.period != 0) {
@@ -71,3 +136,12 @@ int easgd_step(Strategy *s, float *params, float *grads, float *momentum, int *s
     }
     return 0;
 }
+
+// ---------------------------------------------------------------------------------------------------
+// The tables
+
+const StrategyHooks average_hooks = {.create = average_create, .step = average_step, .weights = average_weights,
+                                     .state = mean_state};
+const StrategyHooks easgd_hooks = {.create = easgd_create, .free = easgd_free, .scratch_len = easgd_scratch,
+                                   .step = easgd_step, .weights = easgd_weights, .state = mean_state,
+                                   .restore = easgd_restore};

@@ -17,13 +17,18 @@
  * always consecutive, so slots are taken and freed in order. Receives are posted as early as a slot
  * allows: an input as soon as its slot is free, an output's gradient right after the output is sent.
  * Every message of a step is received within that step, and every send is complete when it returns.
+ * Its hooks are the table at the end (hooks.h); the communication is comm.c's.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "strategy.h"
+#include "comm.h"
+#include "engine/data.h"
+#include "engine/model.h"
+#include "engine/sgd.h"
+#include "hooks.h"
 
 enum { TAG_ACT = 9, TAG_GRAD = 10, TAG_GATHER = 11 };
 enum { F = 0, B = 1, UPDATE = 2 };   // PipelineEvent kinds
@@ -72,7 +77,9 @@ static const Layer *layer(const Pipeline *pl, int k) {
 // ---------------------------------------------------------------------------------------------------
 // Set-up
 
-int pipeline_create(Strategy *s, const Model *m, char *err, size_t errlen) {
+// Its messages name the strategy themselves: there is one pipeline.
+static int pipeline_create(Strategy *s, const Model *m, const char *name, char *err, size_t errlen) {
+    (void)name;
     const StrategyConfig *cfg = &s->cfg;
     const int R = s->comm.size, P = cfg->stages, L = m->num_layers;
     if (P < 1 || R % P != 0) {
@@ -156,7 +163,7 @@ static void free_slots(Pipeline *pl) {
     pl->nslots = 0, pl->mb = 0;
 }
 
-void pipeline_free(Strategy *s) {
+static void pipeline_free(Strategy *s) {
     Pipeline *pl = s->pipe;
     if (pl == NULL) return;
     free_slots(pl);
@@ -388,8 +395,8 @@ static int replicas_allreduce(Strategy *s, float *buf, long n) {
     return rc;
 }
 
-int pipeline_run_step(Strategy *s, const Dataset *ds, const int *perm, int offset, int batch, float *params,
-                      float *momentum, int *started, double *loss, int *correct) {
+static int pipeline_run_step(Strategy *s, const Dataset *ds, const int *perm, int offset, int batch, float *params,
+                             float *momentum, int *started, double *loss, int *correct) {
     Pipeline *pl = s->pipe;
     if (batch % pl->M != 0) {   // the caller checks; a wrong batch here would read past the slots
         return comm_fail(&s->comm, MPI_ERR_ARG, "the pipeline's micro-batches (the batch must divide into them)");
@@ -439,7 +446,7 @@ int pipeline_run_step(Strategy *s, const Dataset *ds, const int *perm, int offse
 // The whole model, for evaluation and checkpoints
 
 // Every stage's slice of src (replica 0's: the replicas hold the same) into out[n] on every rank.
-int pipeline_gather(Strategy *s, const float *src, float *out) {
+static int pipeline_gather(Strategy *s, const float *src, float *out) {
     Pipeline *pl = s->pipe;
     Comm *c = &s->comm;
     int rc = 0;
@@ -463,6 +470,28 @@ int pipeline_gather(Strategy *s, const float *src, float *out) {
     }
     return rc == 0 ? comm_bcast(c, out, s->n, 0) : rc;
 }
+
+static int pipeline_weights(Strategy *s, const float *params, float *out) {
+    return pipeline_gather(s, params, out);
+}
+
+// Each stage holds its slice's momentum; every stage has started alike.
+static int pipeline_state(Strategy *s, const float *momentum, float *momentum_out, int *started_out) {
+    (void)started_out;
+    return pipeline_gather(s, momentum, momentum_out);
+}
+
+// The replica: its data shard.
+static int pipeline_worker_rank(const Strategy *s) {
+    return s->comm.rank % s->workers;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The table, and the measurements the glue reads
+
+const StrategyHooks pipeline_hooks = {.create = pipeline_create, .free = pipeline_free,
+                                      .worker_rank = pipeline_worker_rank, .run_step = pipeline_run_step,
+                                      .weights = pipeline_weights, .state = pipeline_state};
 
 const PipelineStats *pipeline_stats(const Strategy *s) {
     return s->pipe ? &s->pipe->stats : NULL;

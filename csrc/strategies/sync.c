@@ -10,20 +10,61 @@
  *   ps         a sharded parameter server: the last S ranks each own a contiguous shard of the
  *              parameters and its momentum; the workers push gradient shards and pull weight shards.
  * The gradients are the mean over the workers' batches, as one process with their union would take.
+ * Each kind's hooks are its table at the end (hooks.h); the communication is comm.c's.
  */
 #include <stdlib.h>
 
-#include "strategy.h"
+#include "algorithms/ring.h"
+#include "comm.h"
+#include "engine/sgd.h"
+#include "hooks.h"
 
 enum { TAG_GRADS = 1, TAG_WEIGHTS = 2, TAG_STATE = 3 };
 
-// central: rank 0 gathers, sums in rank order, updates, and sends the weights back.
-static int central_step(Strategy *s, float *params, float *grads, float *momentum, int *started) {
+// ---------------------------------------------------------------------------------------------------
+// allreduce and ring
+
+// The gradients' sum (rc: how getting it went), then every rank's same update with their mean. The
+// mean is the sum times 1/R, applied inside the update's one pass over the parameters (grads keep the
+// sum). 1/R: the bits that scaling first gave; at R = 1 the factor is exactly 1.
+static int update_with_mean(Strategy *s, int rc, float *params, float *grads, float *momentum, int *started) {
+    if (rc < 0) {
+        return rc;
+    }
+    sgd_step_scaled(&s->sgd, 1.0f / (float)s->comm.size, params, grads, momentum, started, s->n);
+    return 0;
+}
+
+static int allreduce_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
+    (void)step;
+    return update_with_mean(s, comm_allreduce_sum_shm(&s->comm, grads, s->n), params, grads, momentum, started);
+}
+
+static int ring_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
+    (void)step;
+    return update_with_mean(s, comm_ring_allreduce_sum(&s->comm, grads, s->n, s->scratch), params, grads, momentum,
+                            started);
+}
+
+static long ring_scratch(const Strategy *s) {
+    return (long)ring_scratch_elements(s->n, s->comm.size);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// central
+
+// Rank 0 gathers, sums in rank order, updates, and sends the weights back; alone it is plain SGD.
+static int central_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
+    (void)step;
     Comm *c = &s->comm;
     const int R = c->size;
     const long n = s->n;
     MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     int rc = 0;
+    if (R == 1) {
+        sgd_step(&s->sgd, params, grads, momentum, started, n);
+        return 0;
+    }
     if (c->rank != 0) {
         if ((rc = comm_isend(c, grads, n, 0, TAG_GRADS, &reqs[0])) < 0 ||
             (rc = comm_irecv(c, params, n, 0, TAG_WEIGHTS, &reqs[1])) < 0) {
@@ -56,8 +97,23 @@ static int central_step(Strategy *s, float *params, float *grads, float *momentu
     return rc;
 }
 
-// ps worker: push each server its gradient shard, pull its weight shard.
-static int ps_push_pull(Strategy *s, float *params, const float *grads) {
+static long central_scratch(const Strategy *s) {   // rank 0 receives every other rank's gradients
+    return s->comm.rank == 0 ? (long)(s->comm.size - 1) * s->n : 0;
+}
+
+// Rank 0 alone keeps the optimizer state: every rank saves its.
+static int central_state(Strategy *s, const float *momentum, float *momentum_out, int *started_out) {
+    (void)momentum;
+    int rc = comm_bcast(&s->comm, momentum_out, s->n, 0);
+    return rc < 0 ? rc : comm_allreduce_max_int(&s->comm, started_out);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// ps
+
+// A worker's step: push each server its gradient shard, pull its weight shard (the servers update).
+static int ps_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
+    (void)momentum, (void)started, (void)step;
     Comm *c = &s->comm;
     const int S = s->cfg.servers;
     MPI_Request *reqs = malloc(sizeof(MPI_Request) * (size_t)(2 * S));
@@ -77,28 +133,9 @@ static int ps_push_pull(Strategy *s, float *params, const float *grads) {
     return rc;
 }
 
-int sync_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
-    (void)step;
-    int rc = 0;
-    switch (s->cfg.kind) {
-        case STRATEGY_CENTRAL: return s->comm.size > 1 ? central_step(s, params, grads, momentum, started) : (
-            sgd_step(&s->sgd, params, grads, momentum, started, s->n), 0);
-        case STRATEGY_PS: return ps_push_pull(s, params, grads);
-        case STRATEGY_RING: rc = comm_ring_allreduce_sum(&s->comm, grads, s->n, s->scratch); break;
-        default: rc = comm_allreduce_sum_shm(&s->comm, grads, s->n); break;
-    }
-    if (rc < 0) {
-        return rc;
-    }
-    // The mean is the sum times 1/R, applied inside the update's one pass over the parameters (grads
-    // keep the sum). 1/R: the bits that scaling first gave; at R = 1 the factor is exactly 1.
-    sgd_step_scaled(&s->sgd, 1.0f / (float)s->comm.size, params, grads, momentum, started, s->n);
-    return 0;
-}
-
 // ps server: one step: every worker's gradient shard, their mean, the update of this shard, and the
 // new weights to every worker.
-int ps_serve(Strategy *s, float *params, float *momentum, int *started, long step) {
+static int ps_serve(Strategy *s, float *params, float *momentum, int *started, long step) {
     (void)step;
     Comm *c = &s->comm;
     const int W = s->workers;
@@ -129,15 +166,29 @@ int ps_serve(Strategy *s, float *params, float *momentum, int *started, long ste
     return rc;
 }
 
+static long ps_scratch(const Strategy *s) {   // a server receives every worker's gradient shard
+    return s->server ? (long)s->workers * (s->shard_hi - s->shard_lo) : 0;
+}
+
 // The workers hold every shard after each pull; rank 0 (a worker) tells the servers.
-int ps_weights(Strategy *s, const float *params, float *out) {
+static int ps_weights(Strategy *s, const float *params, float *out) {
     for (long i = 0; i < s->n; i++) out[i] = params[i];
     return comm_bcast(&s->comm, out, s->n, 0);
 }
 
 // The momentum lives on the servers, a shard each: gather it to every rank.
-int ps_state(Strategy *s, float *momentum_out, int *started_out) {
+static int ps_state(Strategy *s, const float *momentum, float *momentum_out, int *started_out) {
+    (void)momentum;
     int rc = comm_gather_shards(&s->comm, momentum_out, momentum_out, s->n, s->cfg.servers, TAG_STATE);
     if (rc == 0) rc = comm_allreduce_max_int(&s->comm, started_out);
     return rc;
 }
+
+// ---------------------------------------------------------------------------------------------------
+// The tables
+
+const StrategyHooks allreduce_hooks = {.step = allreduce_step};
+const StrategyHooks ring_hooks = {.scratch_len = ring_scratch, .step = ring_step};
+const StrategyHooks central_hooks = {.scratch_len = central_scratch, .step = central_step, .state = central_state};
+const StrategyHooks ps_hooks = {.scratch_len = ps_scratch, .step = ps_step, .serve = ps_serve, .weights = ps_weights,
+                                .state = ps_state};

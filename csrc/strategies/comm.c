@@ -1,0 +1,196 @@
+/*
+ * comm.c: counted communication (comm.h), the helpers every strategy shares. Each takes the caller's
+ * lock around its MPI calls and adds what it sends to comm.count and the time it spent to comm.seconds,
+ * so every strategy reports its cost the same way. Nothing here knows a strategy: the registry
+ * (strategy.c) and the strategy families (sync.c, averaging.c, async.c, pipeline.c) call down into it.
+ */
+#include "comm.h"
+
+#include <stdlib.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int comm_fail(Comm *c, int rc, const char *call) {
+    c->mpi_rc = rc;
+    c->mpi_call = call;
+    return -2;
+}
+
+int comm_wait(Comm *c, MPI_Request *req) {
+    double t0 = now();
+    c->lock(c->ctx);
+    int rc = c->wait(req, c->ctx);
+    c->unlock(c->ctx);
+    c->seconds += now() - t0;
+    return rc;
+}
+
+int comm_waitall(Comm *c, int n, MPI_Request *reqs) {
+    for (int i = 0; i < n; i++) {
+        if (comm_wait(c, &reqs[i]) < 0) {
+            c->lock(c->ctx);  // the failed wait parked its own request; the rest are parked here
+            for (int j = i + 1; j < n; j++) {
+                if (reqs[j] != MPI_REQUEST_NULL) c->park(&reqs[j], c->ctx);
+            }
+            c->unlock(c->ctx);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+double comm_now(void) {
+    return MPI_Wtime();
+}
+
+int comm_waitany(Comm *c, int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, double since) {
+    double t0 = now();
+    c->lock(c->ctx);
+    int rc = c->waitany(n, reqs, first, index, status, since, c->ctx);
+    c->unlock(c->ctx);
+    c->seconds += now() - t0;
+    return rc;
+}
+
+void comm_park_all(Comm *c, int n, MPI_Request *reqs) {
+    c->lock(c->ctx);
+    for (int i = 0; i < n; i++) {
+        if (reqs[i] != MPI_REQUEST_NULL) c->park(&reqs[i], c->ctx);
+    }
+    c->unlock(c->ctx);
+}
+
+long shard_lo(long n, int servers, int j) {
+    return j * (n / servers) + (j < n % servers ? j : n % servers);
+}
+
+// Rank 0 (a worker) receives each server's shard of src, then broadcasts the whole.
+int comm_gather_shards(Comm *c, const float *src, float *out, long n, int servers, int tag) {
+    const int W = c->size - servers;
+    int rc = 0;
+    if (c->rank == 0 || c->rank >= W) {
+        MPI_Request *reqs = malloc(sizeof(MPI_Request) * (size_t)servers);
+        if (reqs == NULL) {
+            return comm_fail(c, MPI_ERR_NO_MEM, "malloc (gathering shards)");
+        }
+        int posts = c->rank == 0 ? servers : 1;
+        for (int j = 0; j < posts; j++) reqs[j] = MPI_REQUEST_NULL;
+        for (int j = 0; j < posts && rc == 0; j++) {
+            int server = c->rank == 0 ? j : c->rank - W;
+            long lo = shard_lo(n, servers, server), len = shard_lo(n, servers, server + 1) - lo;
+            rc = c->rank == 0 ? comm_irecv(c, out + lo, len, W + server, tag, &reqs[j])
+                              : comm_isend(c, src + lo, len, 0, tag, &reqs[j]);
+        }
+        rc = rc < 0 ? (comm_park_all(c, posts, reqs), rc) : comm_waitall(c, posts, reqs);
+        free(reqs);
+    }
+    return rc == 0 ? comm_bcast(c, out, n, 0) : rc;
+}
+
+int comm_isend(Comm *c, const float *buf, long n, int dst, int tag, MPI_Request *req) {
+    double t0 = now();
+    c->lock(c->ctx);
+    int rc = MPI_Isend_c(buf, (MPI_Count)n, MPI_FLOAT, dst, tag, c->comm, req);
+    c->unlock(c->ctx);
+    c->seconds += now() - t0;
+    if (rc != MPI_SUCCESS) {
+        return comm_fail(c, rc, "MPI_Isend_c");
+    }
+    c->count.bytes_sent += (long long)n * (long long)sizeof(float);
+    c->count.messages++;
+    return 0;
+}
+
+int comm_irecv(Comm *c, float *buf, long n, int src, int tag, MPI_Request *req) {
+    double t0 = now();
+    c->lock(c->ctx);
+    int rc = MPI_Irecv_c(buf, (MPI_Count)n, MPI_FLOAT, src, tag, c->comm, req);
+    c->unlock(c->ctx);
+    c->seconds += now() - t0;
+    return rc != MPI_SUCCESS ? comm_fail(c, rc, "MPI_Irecv_c") : 0;
+}
+
+static int collective(Comm *c, MPI_Request *req, int rc, const char *call) {
+    if (rc != MPI_SUCCESS) {
+        c->unlock(c->ctx);
+        return comm_fail(c, rc, call);
+    }
+    rc = c->wait(req, c->ctx);
+    c->unlock(c->ctx);
+    return rc;
+}
+
+int comm_allreduce_sum(Comm *c, float *buf, long n) {
+    const int R = c->size;
+    if (R == 1) return 0;
+    MPI_Request req = MPI_REQUEST_NULL;
+    double t0 = now();
+    c->lock(c->ctx);
+    int rc = collective(c, &req, MPI_Iallreduce_c(MPI_IN_PLACE, buf, (MPI_Count)n, MPI_FLOAT, MPI_SUM, c->comm, &req),
+                        "MPI_Iallreduce_c");
+    c->seconds += now() - t0;
+    c->count.bytes_sent += 2LL * (R - 1) * (long long)n * (long long)sizeof(float) / R;
+    c->count.messages += 2 * (R - 1);
+    return rc;
+}
+
+int comm_allreduce_sum_shm(Comm *c, float *buf, long n) {
+    const int R = c->size;
+    if (R == 1 || c->shm_allreduce == NULL) {
+        return comm_allreduce_sum(c, buf, n);
+    }
+    double t0 = now();
+    c->lock(c->ctx);
+    int done = c->shm_allreduce(buf, n, c->ctx);
+    c->unlock(c->ctx);
+    if (done == 0) {
+        return comm_allreduce_sum(c, buf, n);   // not usable here (the same answer on every rank)
+    }
+    c->seconds += now() - t0;
+    c->count.bytes_sent += 2LL * (R - 1) * (long long)n * (long long)sizeof(float) / R;   // as MPI's is counted
+    c->count.messages += 2 * (R - 1);
+    return done < 0 ? -1 : 0;
+}
+
+int comm_ring_allreduce_sum(Comm *c, float *buf, long n, float *tmp) {
+    if (c->size == 1) return 0;
+    int mpi_rc = MPI_SUCCESS;
+    const char *call = NULL;
+    double t0 = now();
+    c->lock(c->ctx);
+    int rc = ring_allreduce(buf, (MPI_Count)n, MPI_FLOAT, MPI_SUM, c->comm, 0, tmp, &c->count, c->wait, c->ctx,
+                            &mpi_rc, &call);
+    c->unlock(c->ctx);
+    c->seconds += now() - t0;
+    return rc == -2 ? comm_fail(c, mpi_rc, call) : rc;
+}
+
+int comm_allreduce_max_int(Comm *c, int *value) {
+    if (c->size == 1) return 0;
+    MPI_Request req = MPI_REQUEST_NULL;
+    double t0 = now();
+    c->lock(c->ctx);
+    int rc = collective(c, &req, MPI_Iallreduce(MPI_IN_PLACE, value, 1, MPI_INT, MPI_MAX, c->comm, &req),
+                        "MPI_Iallreduce");
+    c->seconds += now() - t0;
+    return rc;
+}
+
+int comm_bcast(Comm *c, float *buf, long n, int root) {
+    if (c->size == 1) return 0;
+    MPI_Request req = MPI_REQUEST_NULL;
+    double t0 = now();
+    c->lock(c->ctx);
+    int rc = collective(c, &req, MPI_Ibcast_c(buf, (MPI_Count)n, MPI_FLOAT, root, c->comm, &req), "MPI_Ibcast_c");
+    c->seconds += now() - t0;
+    if (c->rank == root) {
+        c->count.bytes_sent += (long long)(c->size - 1) * (long long)n * (long long)sizeof(float);
+        c->count.messages += c->size - 1;
+    }
+    return rc;
+}
