@@ -329,3 +329,20 @@ def test_integer_min_max_unchanged():
                 if not np.array_equal(x, f.reduce(np.stack(every), axis=0)):
                     wrong.append((np.dtype(dtype).name, op.name, algorithm))
     parallel_assert(not wrong, f"{wrong[:4]}")
+
+
+@pytest.mark.parametrize("name", ["auto", "auto-alloc", "shm", "ring", "mpi"])
+def test_every_16_bit_pattern(name):
+    """Every float16 and bfloat16 bit pattern (subnormals, every NaN) against partners from the other
+    ranks (the same patterns, rotated), 128 KiB: both sides of the kernels' and the user ops' rule."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    wrong = []
+    with path(name) as (algorithm, group, alloc, _):
+        for fmt in ("float16", "bfloat16"):
+            every = [np.roll(np.arange(1 << 16, dtype=np.uint16), 7919 * r) for r in range(size)]
+            for op in (MIN, MAX):
+                x = array_of(every[rank], fmt, alloc)
+                dist.all_reduce(x, op=op, group=group, algorithm=algorithm)
+                if not np.array_equal(x.view(np.uint16), reference_bits(op, every, fmt)):
+                    wrong.append((fmt, op.name))
+    parallel_assert(not wrong, f"{wrong}")
