@@ -17,7 +17,8 @@
  * Why a canonical NaN rather than one of the inputs': so that the test for it is one unordered compare
  * and one select. Branch-free with compare masks, float32 MIN/MAX cost 7 vector operations (the old,
  * order-dependent (a < b || a != a) ? a : b cost 4); choosing among several NaNs by their bits took 13
- * and ran the kernel at half its old speed.
+ * and ran the kernel at half its old speed. benchmarks/minmax_kernels.c measures the kernels. (GCC 12
+ * leaves the float64 loops scalar in shm.c's baseline SSE2 clone, which only CPUs without AVX2 run.)
  */
 #ifndef PYDIST_ALGORITHMS_MINMAX_H
 #define PYDIST_ALGORITHMS_MINMAX_H
