@@ -243,6 +243,8 @@ def test_all_reduce_min_max(name):
                         differ.append((fmt, n, op.name))
         after = counters(group)
     taken = moved is None or size == 1 or after[moved] > before[moved]
+    if name == "persistent-off":   # the cache stayed empty: MPI's nonblocking calls at every size
+        taken = after["persistent"] == before["persistent"] == 0
     parallel_assert(not wrong and not differ and taken,
                     f"wrong {wrong[:4]}; ranks differ {differ[:4]}; {moved}: {before} -> {after}")
 
