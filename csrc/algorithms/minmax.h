@@ -6,48 +6,79 @@
  *
  * Why our own: a reduction's inputs meet in a different order on each path and, under MPI, on each
  * rank, and the usual (a < b ? a : b) is not commutative for NaN and signed zeros: MPICH's MPI_MIN gave
- * rank 0 [1.0, nan] and rank 1 [nan, 1.0] from the same inputs. The rule here is a commutative and
- * associative choice of one input's bits, so any order on any rank gives bitwise the same result:
- *   - any NaN among the inputs gives NaN (as np.minimum/np.maximum); of several NaNs, the one whose
- *     bits are the largest unsigned integer (payload and sign kept, a signalling NaN is not quieted);
+ * rank 0 [1.0, nan] and rank 1 [nan, 1.0] from the same inputs. The rule here is commutative and
+ * associative, so any order on any rank gives bitwise the same result:
+ *   - any NaN among the inputs gives NaN (as np.minimum/np.maximum), the format's canonical quiet NaN
+ *     (sign 0, top mantissa bit alone: float32 0x7fc00000), whatever NaNs came in;
  *   - otherwise the smallest (MIN) or largest (MAX) value, with -0.0 below +0.0: MIN(-0.0, +0.0) is
- *     -0.0 and MAX(-0.0, +0.0) is +0.0.
- * At one rank nothing is reduced and the result is the input, which this rule also gives.
+ *     -0.0 and MAX(-0.0, +0.0) is +0.0 (the only equal values with different bits).
+ * A reduction over one rank combines nothing: its result is the input, NaN payload and all.
  *
- * It works on the bits, branch-free, so the kernels' loops vectorize. key() makes a signed integer
- * that orders as the values do (IEEE's totalOrder on non-NaNs): negatives flip their magnitude bits,
- * so -0.0 is -1 and +0.0 is 0. A NaN is a magnitude above infinity's; non-NaNs count as 0 in the NaN
- * choice, and no NaN's bits are 0, so "any NaN" is "the chosen NaN bits are not 0".
- * The same code serves float16 and bfloat16 (16 bits, infinity 0x7c00 and 0x7f80), float32 and float64.
+ * Why a canonical NaN rather than one of the inputs': so that the test for it is one unordered compare
+ * and one select. Branch-free with compare masks, float32 MIN/MAX cost 7 vector operations (the old,
+ * order-dependent (a < b || a != a) ? a : b cost 4); choosing among several NaNs by their bits took 13
+ * and ran the kernel at half its old speed. benchmarks/minmax_kernels.c measures the kernels. (GCC 12
+ * leaves the float64 loops scalar in shm.c's baseline SSE2 clone, which only CPUs without AVX2 run.)
  */
 #ifndef PYDIST_ALGORITHMS_MINMAX_H
 #define PYDIST_ALGORITHMS_MINMAX_H
 
+#include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #define PD_F16_INF 0x7c00u
 #define PD_BF16_INF 0x7f80u
-#define PD_F32_INF 0x7f800000u
-#define PD_F64_INF 0x7ff0000000000000u
+#define PD_F32_QNAN 0x7fc00000u
+#define PD_F64_QNAN 0x7ff8000000000000u
 
-// NAME(a, b, inf): the bits of MIN (CMP <) or MAX (CMP >) of the floats with bits a and b; U the
-// unsigned and S the signed integer of their width, inf the bits of +infinity.
-#define PD_FLOAT_MINMAX(NAME, U, S, CMP)                                                           \
-    static inline U NAME(U a, U b, U inf) {                                                        \
-        const U sign = (U)((U)1 << (sizeof(U) * 8 - 1)), mag = (U)(sign - 1);                      \
-        S ka = (S)(U)(a ^ ((a & sign) ? mag : 0)), kb = (S)(U)(b ^ ((b & sign) ? mag : 0));        \
-        U na = (U)(a & mag) > inf ? a : 0, nb = (U)(b & mag) > inf ? b : 0;                        \
-        U nan = na > nb ? na : nb;                                                                 \
-        return nan ? nan : (ka CMP kb ? a : b);                                                    \
+// float32 and float64, on their values. Masks, not ?:, so that GCC vectorizes the loops with compares
+// and ands (its if-conversion of nested ?: made chains of blends at twice the cost). U: the bits'
+// unsigned integer; the result's bits.
+#define PD_FLOAT_MINMAX(T, U, BITS, QNAN)                                                          \
+    static inline U pd_fmin##BITS(U a, U b) {                                                      \
+        T x, y;                                                                                    \
+        memcpy(&x, &a, sizeof x);                                                                  \
+        memcpy(&y, &b, sizeof y);                                                                  \
+        U lt = -(U)(x < y), eq = -(U)(x == y), nan = -(U)isunordered(x, y);                        \
+        U m = (b ^ ((a ^ b) & lt)) | (a & eq);   /* equal: a | b, -0.0 if either is */             \
+        return (m & ~nan) | ((U)QNAN & nan);                                                       \
+    }                                                                                              \
+    static inline U pd_fmax##BITS(U a, U b) {                                                      \
+        T x, y;                                                                                    \
+        memcpy(&x, &a, sizeof x);                                                                  \
+        memcpy(&y, &b, sizeof y);                                                                  \
+        U gt = -(U)(x > y), eq = -(U)(x == y), nan = -(U)isunordered(x, y);                        \
+        U m = (b ^ ((a ^ b) & gt)) & (a | ~eq);   /* equal: a & b, +0.0 if either is */            \
+        return (m & ~nan) | ((U)QNAN & nan);                                                       \
     }
 
-PD_FLOAT_MINMAX(pd_fmin16, uint16_t, int16_t, <)
-PD_FLOAT_MINMAX(pd_fmax16, uint16_t, int16_t, >)
-PD_FLOAT_MINMAX(pd_fmin32, uint32_t, int32_t, <)
-PD_FLOAT_MINMAX(pd_fmax32, uint32_t, int32_t, >)
-PD_FLOAT_MINMAX(pd_fmin64, uint64_t, int64_t, <)
-PD_FLOAT_MINMAX(pd_fmax64, uint64_t, int64_t, >)
-
+PD_FLOAT_MINMAX(float, uint32_t, 32, PD_F32_QNAN)
+PD_FLOAT_MINMAX(double, uint64_t, 64, PD_F64_QNAN)
 #undef PD_FLOAT_MINMAX
+
+// float16 and bfloat16 (no vector compares for them): on the bits, inf being +infinity's (0x7c00 or
+// 0x7f80). key() is a signed integer that orders as the values do: negatives flip their magnitude
+// bits, so -0.0 is -1 and +0.0 is 0. A NaN is a magnitude above infinity's.
+static inline int16_t pd_half_key(uint16_t a) {
+    return (int16_t)(a ^ ((uint16_t)((int16_t)a >> 15) & 0x7fffu));
+}
+
+static inline uint16_t pd_half_minmax(uint16_t a, uint16_t b, uint16_t inf, int max) {
+    const uint16_t qnan = (uint16_t)(inf | ((inf & -inf) >> 1));   // the top mantissa bit set
+    int16_t ka = pd_half_key(a), kb = pd_half_key(b);
+    uint16_t pick_a = -(uint16_t)(max ? ka > kb : ka < kb);
+    uint16_t nan = -(uint16_t)(((a & 0x7fffu) > inf) | ((b & 0x7fffu) > inf));
+    uint16_t m = b ^ ((a ^ b) & pick_a);
+    return (uint16_t)((m & ~nan) | (qnan & nan));
+}
+
+static inline uint16_t pd_fmin16(uint16_t a, uint16_t b, uint16_t inf) {
+    return pd_half_minmax(a, b, inf, 0);
+}
+
+static inline uint16_t pd_fmax16(uint16_t a, uint16_t b, uint16_t inf) {
+    return pd_half_minmax(a, b, inf, 1);
+}
 
 #endif  // PYDIST_ALGORITHMS_MINMAX_H

@@ -116,12 +116,12 @@ static const char *op_name(int op) {
     }
 
 // MIN/MAX on the bits, by minmax.h's rule (U: the unsigned integer of T's width).
-#define FLOAT_OPS(T, U, BITS, INF)                                                                 \
+#define FLOAT_OPS(T, U, BITS)                                                                      \
     switch (op) {                                                                                  \
     case SHM_SUM: case SHM_AVG: LOOP(T, x + y);                                                    \
     case SHM_PRODUCT: LOOP(T, x * y);                                                              \
-    case SHM_MIN: LOOP(U, pd_fmin##BITS(x, y, INF));                                               \
-    case SHM_MAX: LOOP(U, pd_fmax##BITS(x, y, INF));                                               \
+    case SHM_MIN: LOOP(U, pd_fmin##BITS(x, y));                                                    \
+    case SHM_MAX: LOOP(U, pd_fmax##BITS(x, y));                                                    \
     default: return;                                                                               \
     }
 
@@ -182,8 +182,8 @@ HOT static void combine(void *acc, const void *in, size_t n, int dtype, int op) 
     case SHM_U64: INT_OPS(uint64_t, uint64_t)
     case SHM_F16: HALF_OPS(pd_half_to_float, pd_float_to_half, PD_F16_INF)
     case SHM_BF16: HALF_OPS(pd_bf16_to_float, pd_float_to_bf16, PD_BF16_INF)
-    case SHM_F32: FLOAT_OPS(float, uint32_t, 32, PD_F32_INF)
-    case SHM_F64: FLOAT_OPS(double, uint64_t, 64, PD_F64_INF)
+    case SHM_F32: FLOAT_OPS(float, uint32_t, 32)
+    case SHM_F64: FLOAT_OPS(double, uint64_t, 64)
     case SHM_C64: COMPLEX_OPS(float);
     case SHM_C128: COMPLEX_OPS(double);
     default: return;
