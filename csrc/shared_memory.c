@@ -733,6 +733,19 @@ static int queue_reserve(GroupChannel *g) {
     return 0;
 }
 
+// A broadcast this rank made as its root did not match the peers' calls, as it found out now: the call
+// just made stands (queued, or done), and this raises ValueError naming the broadcast. Steals ret.
+static PyObject *deferred_error(GroupChannel *g, PyObject *ret) {
+    char err[500];
+    if (!shm_small_deferred_error(&g->small, err, sizeof err)) {
+        return ret;
+    }
+    Py_DECREF(ret);
+    return PyErr_Format(PyExc_ValueError, "broadcast: an earlier broadcast this rank made as its root on this "
+                        "group did not match the other ranks' calls (they raised this error at that call; "
+                        "the root did not wait for them, and this call itself went ahead): %s", err);
+}
+
 // A call through the slots; `large` carries a large all-reduce's data (NULL for the small ones).
 static PyObject *small_run(const char *fn, const char *what, long group, int async_op, SmallCall *call, PyObject *a,
                            PyObject *b, PyObject *list, int *fallback, const Pending *large);
@@ -779,7 +792,7 @@ static PyObject *small_run(const char *fn, const char *what, long group, int asy
     post_ready(g);
     if (async_op) {
         shm_progress();   // done already if every peer is there
-        return (PyObject *)w;
+        return deferred_error(g, (PyObject *)w);
     }
     double timeout = pd_session_timeout();
     while (g->q_len > 0) {   // earlier async calls first, then this one (the newest)
@@ -787,7 +800,7 @@ static PyObject *small_run(const char *fn, const char *what, long group, int asy
             return NULL;
         }
     }
-    Py_RETURN_NONE;
+    return deferred_error(g, Py_NewRef(Py_None));
 }
 
 int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, MPI_Op mop, long group, int async_op, int forced,

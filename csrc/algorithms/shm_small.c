@@ -12,16 +12,24 @@ static const char *const KIND_NAMES[] = {"barrier", "broadcast", "all_reduce", "
                                          "reduce_scatter", "all_to_all"};
 static const char *const OP_NAMES[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"};
 
+// A rank's area: its done line, the headers of the calls it completed (one per slot), then the slots.
+#define DONE_BYTES (LINE + SMALL_SLOTS * sizeof(SmallHeader))
+
 static size_t rank_bytes(void) {
-    return LINE + SMALL_SLOTS * (sizeof(SmallHeader) + SMALL_SLOT_BYTES);
+    return DONE_BYTES + SMALL_SLOTS * (sizeof(SmallHeader) + SMALL_SLOT_BYTES);
 }
 
 static _Atomic uint64_t *done_of(const ShmSmall *s, int rank) {
     return (_Atomic uint64_t *)(s->base + (size_t)rank * rank_bytes());
 }
 
+// The header of the call `rank` completed last in the slot of `round` (stamp: that round + 1).
+static SmallHeader *seen_of(const ShmSmall *s, int rank, uint64_t round) {
+    return (SmallHeader *)(s->base + (size_t)rank * rank_bytes() + LINE) + round % SMALL_SLOTS;
+}
+
 static SmallHeader *header_of(const ShmSmall *s, int rank, uint64_t round) {
-    return (SmallHeader *)(s->base + (size_t)rank * rank_bytes() + LINE +
+    return (SmallHeader *)(s->base + (size_t)rank * rank_bytes() + DONE_BYTES +
                            (size_t)(round % SMALL_SLOTS) * (sizeof(SmallHeader) + SMALL_SLOT_BYTES));
 }
 
@@ -34,7 +42,7 @@ size_t shm_small_bytes(int size) {
 }
 
 void shm_small_init(ShmSmall *s, char *base, int rank, int size) {
-    *s = (ShmSmall){rank, size, base, 0, 0, 0, 0};
+    *s = (ShmSmall){rank, size, base, 0, 0, 0, 0, {0}, {0}};
 }
 
 size_t shm_small_contribution(const SmallCall *c, int size) {
@@ -79,11 +87,53 @@ static int wait_peers(const ShmSmall *s, int want_done, uint64_t target, uint64_
     return shm_spin_until(peers_at, &arg, w);
 }
 
+static void mismatch_message(const ShmSmall *s, const SmallHeader *const *hs, char *err, size_t errlen);
+
+static int same_call(const SmallHeader *a, const SmallHeader *b) {
+    return a->count == b->count && a->kind == b->kind && a->dtype == b->dtype && a->op == b->op && a->root == b->root;
+}
+
+// Compare an unchecked broadcast of slot i (this rank its root) with what the peers completed there,
+// once they all have: a mismatch becomes s->deferred. Always settles when this rank is about to post
+// the slot's next round (its peers are done with the slot, and cannot complete a later round in it).
+static void settle(ShmSmall *s, int i) {
+    uint64_t u = s->unchecked[i];
+    if (u == 0) {
+        return;
+    }
+    const SmallHeader *hs[SMALL_MAX_RANKS];
+    int same = 1;
+    for (int p = 0; p < s->size; p++) {
+        if (p != s->rank && atomic_load_explicit(done_of(s, p), memory_order_acquire) < u) {
+            return;   // not yet: look again later
+        }
+        hs[p] = p == s->rank ? header_of(s, p, u - 1) : seen_of(s, p, u - 1);
+        same &= same_call(hs[p], header_of(s, s->rank, u - 1));
+    }
+    s->unchecked[i] = 0;
+    if (!same && s->deferred[0] == 0) {
+        mismatch_message(s, hs, s->deferred, sizeof s->deferred);
+    }
+}
+
+int shm_small_deferred_error(ShmSmall *s, char *err, size_t errlen) {
+    for (int i = 0; i < SMALL_SLOTS; i++) {
+        settle(s, i);
+    }
+    if (s->deferred[0] == 0) {
+        return 0;
+    }
+    snprintf(err, errlen, "%s", s->deferred);
+    s->deferred[0] = 0;
+    return 1;
+}
+
 int shm_small_post(ShmSmall *s, const SmallCall *c, const ShmWait *w) {
     const uint64_t r = s->posted;
     if (r >= SMALL_SLOTS && wait_peers(s, 1, r + 1 - SMALL_SLOTS, 0, w) < 0) {
         return -1;   // a peer still reads round r - SLOTS out of our slot: wait for it
     }
+    settle(s, (int)(r % SMALL_SLOTS));   // before our header of round r replaces that of r - SLOTS
     SmallHeader *h = header_of(s, s->rank, r);
     size_t bytes = shm_small_contribution(c, s->size);
     if (c->src != NULL && bytes > 0) {
@@ -121,12 +171,12 @@ int shm_small_arrived(const ShmSmall *s, uint64_t round) {
     return 1;
 }
 
-// The same message on every rank: each one's call, from the headers.
-static void mismatch_message(const ShmSmall *s, uint64_t r, char *err, size_t errlen) {
+// The same message on every rank: each one's call, from the headers (hs[p]: group rank p's).
+static void mismatch_message(const ShmSmall *s, const SmallHeader *const *hs, char *err, size_t errlen) {
     int len = snprintf(err, errlen, "the ranks' calls do not match (every rank must make the same collective "
                        "with the same number of elements, dtype, op and root):");
     for (int p = 0; p < s->size && len > 0 && (size_t)len < errlen; p++) {
-        const SmallHeader *h = header_of(s, p, r);
+        const SmallHeader *h = hs[p];
         int kind = h->kind & ~SMALL_HEADER_ONLY;
         kind = kind >= 0 && kind <= SMALL_ALLTOALL ? kind : 0;
         int moved = kind == SMALL_BCAST || kind == SMALL_ALLGATHER || kind == SMALL_ALLTOALL;   // as bytes
@@ -147,26 +197,45 @@ static void mismatch_message(const ShmSmall *s, uint64_t r, char *err, size_t er
     }
 }
 
+// Publish the header of the call this rank completes in round r (for a broadcast's root), then done.
+static void publish_done(ShmSmall *s, uint64_t r) {
+    SmallHeader *seen = seen_of(s, s->rank, r);
+    const SmallHeader *mine = header_of(s, s->rank, r);
+    seen->count = mine->count;
+    seen->kind = mine->kind;
+    seen->dtype = mine->dtype;
+    seen->op = mine->op;
+    seen->root = mine->root;
+    atomic_store_explicit(&seen->stamp, r + 1, memory_order_relaxed);
+    s->completed = r + 1;
+    atomic_store_explicit(done_of(s, s->rank), r + 1, memory_order_release);   // releases `seen` too
+}
+
 int shm_small_complete(ShmSmall *s, const SmallCall *c, const ShmWait *w, char *err, size_t errlen) {
     const uint64_t r = s->completed;
     const int R = s->size, me = s->rank;
+    if (c->kind == SMALL_BCAST && c->root == me && !shm_small_arrived(s, r)) {
+        s->unchecked[r % SMALL_SLOTS] = r + 1;   // checked later (settle), without making the root wait
+        publish_done(s, r);
+        return 0;
+    }
     if (wait_peers(s, 0, 0, r, w) < 0) {
         return -1;
     }
+    const SmallHeader *hs[SMALL_MAX_RANKS];
     const SmallHeader *mine = header_of(s, me, r);
     int same = 1;
     s->flags_and = ~0u;
     s->flags_or = 0;
     for (int p = 0; p < R; p++) {
-        const SmallHeader *h = header_of(s, p, r);
-        same &= h->count == mine->count && h->kind == mine->kind && h->dtype == mine->dtype && h->op == mine->op &&
-                h->root == mine->root;
+        const SmallHeader *h = hs[p] = header_of(s, p, r);
+        same &= same_call(h, mine);
         s->flags_and &= h->flags;
         s->flags_or |= h->flags;
     }
     int rc = 0;
     if (!same) {
-        mismatch_message(s, r, err, errlen);
+        mismatch_message(s, hs, err, errlen);
         rc = -2;
     } else if (!(c->kind & SMALL_HEADER_ONLY)) {
         const size_t block = (size_t)c->count * c->itemsize;
@@ -200,7 +269,6 @@ int shm_small_complete(ShmSmall *s, const SmallCall *c, const ShmWait *w, char *
             break;   // barrier: arriving was all
         }
     }
-    s->completed = r + 1;
-    atomic_store_explicit(done_of(s, me), r + 1, memory_order_release);
+    publish_done(s, r);
     return rc;
 }

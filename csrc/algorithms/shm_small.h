@@ -21,6 +21,14 @@
  * the slots in rank order, so every rank gets bitwise the same result. A mismatch (count, dtype, op,
  * root or kind differ) is seen by every rank from the same headers. Both waits can give up (timeout,
  * signal, departed rank) and be resumed later: nothing is written until their condition holds.
+ *
+ * A broadcast's root reads nothing, so it completes its round without waiting for its peers (as
+ * MPI_Bcast's root may return before anyone has received). It cannot see a mismatch then. So every
+ * rank also publishes, per slot, the header of the call it completed there (`seen`, beside `done`);
+ * the root compares its header with its peers' before it reuses the slot (its post of round r + SLOTS,
+ * when the peers are done with round r and cannot complete another round in that slot yet), or
+ * earlier when they are all done, and reports a mismatch at that call (shm_small_deferred_error). The
+ * peers saw the mismatch in round r themselves and raised it there.
  */
 #ifndef PYDIST_ALGORITHMS_SHM_SMALL_H
 #define PYDIST_ALGORITHMS_SHM_SMALL_H
@@ -57,6 +65,8 @@ typedef struct {
     uint64_t posted;         // rounds this rank has posted
     uint64_t completed;      // rounds this rank has completed (always <= posted, > posted - SLOTS)
     uint32_t flags_and, flags_or;   // of every rank's flags, in the round completed last
+    uint64_t unchecked[SMALL_SLOTS];   // round + 1 of a broadcast this rank completed as its root, unchecked
+    char deferred[400];             // a mismatch found in such a broadcast, not reported yet ("": none)
 } ShmSmall;
 
 // One call, as this rank makes it.
@@ -87,5 +97,8 @@ int shm_small_arrived(const ShmSmall *s, uint64_t round);
 // error stands; nothing done, may be resumed); -2 the ranks' calls do not match (err holds the same
 // message on every rank; the round counts as completed, nothing was written to c->dst).
 int shm_small_complete(ShmSmall *s, const SmallCall *c, const ShmWait *w, char *err, size_t errlen);
+// A mismatch found (without waiting) in a broadcast this rank completed unchecked as its root: 1 with
+// its message in err (reported once), or 0.
+int shm_small_deferred_error(ShmSmall *s, char *err, size_t errlen);
 
 #endif  // PYDIST_ALGORITHMS_SHM_SMALL_H

@@ -200,3 +200,41 @@ def test_deferred_small_calls_and_a_large_one_in_between(name):
         total = size * (size + 1) / 2
         ok = np.all(large == total) and all(np.all(a == total + size * i) for i, a in enumerate(small))
         parallel_assert(ok, f"{name}: {[a[0] for a in small]} {large[0]}")
+
+
+@pytest.mark.world_size(min=2)
+@pytest.mark.parametrize("nbytes", [8, 4096])
+def test_small_broadcast_root_does_not_wait_and_hears_of_a_mismatch_later(nbytes):
+    """A small broadcast's root returns without waiting for its peers (MPI_Bcast's may), so a peer
+    that is late does not hold it up; when a peer's call did not match, the peer raises ValueError at
+    once and the root at its next call on the group, naming the broadcast (issue 25)."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    x = np.full(nbytes // 8, rank + 1.0)
+    token = np.zeros(1)
+    if rank == 0:
+        dist.broadcast(x, 0)       # returns although rank 1 has not called it yet
+        dist.send(token, 1)
+    elif rank == 1:
+        dist.recv(token, 0)
+        dist.broadcast(x, 0)
+    else:
+        dist.broadcast(x, 0)
+    ok = np.all(x == 1.0)
+    # Now a mismatch: the last rank broadcasts one element more. The root raises exactly once: at the
+    # broadcast when the peers had already called it, else at one of its next calls (by the time it
+    # reuses the slot at the latest); the others at the broadcast.
+    y = np.zeros(nbytes // 8 + (rank == size - 1))
+    errors = []
+    try:
+        dist.broadcast(y, 0)
+    except ValueError as e:
+        errors.append(str(e))
+    for _ in range(8):
+        try:
+            dist.barrier()
+        except ValueError as e:
+            errors.append(str(e))
+    ok &= len(errors) == 1 and "do not match" in errors[0]
+    z = np.full(3, rank + 1.0)
+    dist.all_reduce(z)
+    parallel_assert(ok and np.all(z == size * (size + 1) / 2), f"{x[:2]} {z}")
