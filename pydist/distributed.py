@@ -493,8 +493,12 @@ def barrier(group=None, async_op=False, device_ids=None):
 def broadcast(tensor, src, group=None, async_op=False):
     """Copy `tensor` from global rank `src` into `tensor` on every other rank of `group` (in place).
 
+    A small broadcast's root (up to 64 KiB on a group within one machine) returns without waiting for
+    the other ranks, as ``MPI_Bcast``'s may; if their calls did not match, they raise ``ValueError`` at
+    once and the root at a later call on the group, naming this broadcast (docs/semantics.md).
+
     Returns:
-        None, or a Work when ``async_op=True``.
+        None, or a Work when ``async_op=True`` (which never waits for another rank).
     """
     handle = 0 if group is None else _group_handle(group, "broadcast")
     if handle < 0:
@@ -529,16 +533,18 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm
         algorithm: ``None`` (automatic): on a group whose ranks share one node, up to 64 KiB
             (``PYDIST_SHM_SMALL_BYTES``) pydist's small collectives in shared memory (as every
             collective there), and pydist's shared-memory all-reduce, in place, when every rank
-            passes an array from :func:`empty`/:func:`zeros` of at least ``_C.SHM_AUTO_BYTES`` (64 KiB)
-            or any array of at least ``_C.SHM_AUTO_COPY_BYTES`` (32 MiB); else MPI's (between 64 KiB
-            and 32 MiB MPICH's all-reduce is about as fast as copying through shared memory).
+            passes an array from :func:`empty`/:func:`zeros` of more than ``_C.SHM_AUTO_BYTES`` (64 KiB)
+            or any array of at least ``_C.SHM_AUTO_COPY_BYTES`` (32 MiB), and no rank calls it with
+            ``async_op=True``; else MPI's (between 64 KiB and 32 MiB MPICH's all-reduce is about as
+            fast as copying through shared memory).
             ``"mpi"``: MPI's own all-reduce (MPICH picks its algorithm by size).
             ``"shm"``: pydist's shared-memory all-reduce (each rank reduces 1/R of the elements of every
             rank's contribution in a segment the node's ranks share); arrays from :func:`empty` /
             :func:`zeros` on every rank are reduced in place with no copy at all. On a group spanning
-            nodes it falls back to MPI's. With ``async_op=True`` it runs at once and returns a
-            completed Work. Every member must pass the same count, dtype and op (a mismatch is a
-            ``ValueError`` on every rank).
+            nodes it falls back to MPI's. With ``async_op=True`` on any rank the data goes through MPI's
+            nonblocking all-reduce instead (the shm all-reduce needs every rank inside it at once, and
+            an async call never waits). Every member must pass the same count, dtype and op (a
+            mismatch is a ``ValueError`` on every rank).
             ``"ring"``: pydist's ring (scatter-reduce, then all-gather around the ring of the group's
             ranks, 2(R-1) steps each moving about n/R elements to the next rank), which sends the
             least data per rank of any all-reduce (2(R-1)/R of the buffer) but pays R-1 latencies
@@ -548,8 +554,12 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm
             same `algorithm`; with ``async_op=True`` the steps advance whenever this rank waits in
             pydist (any ``wait()``, ``is_completed()`` or blocking call).
 
+    MIN and MAX on floats give every rank the same bits on every path: any NaN gives NaN (as
+    ``np.minimum``/``np.maximum``; the canonical quiet NaN when ranks combine), ``MIN(-0.0, +0.0)``
+    is ``-0.0`` and ``MAX`` is ``+0.0``, whatever the order.
+
     Returns:
-        None, or a Work when ``async_op=True``.
+        None, or a Work when ``async_op=True``; such a call never waits for another rank.
     """
     if algorithm is None:
         if group is None:
