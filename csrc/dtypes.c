@@ -193,14 +193,23 @@ uint16_t pd_float_to_bf16(float f) {
 // ---------------------------------------------------------------------------------------------------
 // float16 user ops. MPI calls them as inout[i] = in[i] (op) inout[i].
 
+// A NaN result is the canonical quiet NaN: which NaN IEEE arithmetic gives depends on the operands'
+// order (the first NaN operand's payload and sign, or the default NaN of inf - inf), and MPICH orders
+// the operands differently on different ranks, so without this the ranks' bits could differ.
+#define CANONICAL_NAN_F32 0x7fc00000u
+#define CANONICAL_NAN_F64 0x7ff8000000000000ull
+#define CANONICAL_NAN_F16 0x7e00u
+#define CANONICAL_NAN_BF16 0x7fc0u
+
 #define HALF_OP(name, widen, narrow, expr)                                                         \
     static void name(void *in, void *inout, MPI_Count *len, MPI_Datatype *dt) {                    \
         (void)dt;                                                                                   \
         const uint16_t *a_ = (const uint16_t *)in;                                                  \
         uint16_t *b_ = (uint16_t *)inout;                                                           \
+        const uint16_t nan_ = widen == bf16_to_float ? CANONICAL_NAN_BF16 : CANONICAL_NAN_F16;      \
         for (MPI_Count i = 0; i < *len; i++) {                                                      \
-            float a = widen(a_[i]), b = widen(b_[i]);                                               \
-            b_[i] = narrow(expr);                                                                   \
+            float a = widen(a_[i]), b = widen(b_[i]), c = expr;                                     \
+            b_[i] = c == c ? narrow(c) : nan_;                                                      \
         }                                                                                           \
     }
 
@@ -208,6 +217,27 @@ HALF_OP(half_sum, half_to_float, float_to_half, a + b)
 HALF_OP(half_prod, half_to_float, float_to_half, a * b)
 HALF_OP(bf16_sum, bf16_to_float, float_to_bf16, a + b)
 HALF_OP(bf16_prod, bf16_to_float, float_to_bf16, a * b)
+
+// float32 and float64 SUM and PRODUCT: MPI's own, but for a NaN result, which is canonical (above).
+// The loop vectorises (an add or multiply, a compare and a blend per lane).
+#define FLOAT_OP(name, type, bits, nan_bits, expr)                                                 \
+    static void name(void *in, void *inout, MPI_Count *len, MPI_Datatype *dt) {                    \
+        (void)dt;                                                                                   \
+        const type *a_ = (const type *)in;                                                          \
+        type *b_ = (type *)inout;                                                                   \
+        const bits nan_bits_ = nan_bits;                                                            \
+        type nan_;                                                                                  \
+        memcpy(&nan_, &nan_bits_, sizeof nan_);                                                     \
+        for (MPI_Count i = 0; i < *len; i++) {                                                      \
+            type a = a_[i], b = b_[i], c = expr;                                                    \
+            b_[i] = c == c ? c : nan_;                                                              \
+        }                                                                                           \
+    }
+
+FLOAT_OP(f32_sum, float, uint32_t, CANONICAL_NAN_F32, a + b)
+FLOAT_OP(f32_prod, float, uint32_t, CANONICAL_NAN_F32, a * b)
+FLOAT_OP(f64_sum, double, uint64_t, CANONICAL_NAN_F64, a + b)
+FLOAT_OP(f64_prod, double, uint64_t, CANONICAL_NAN_F64, a * b)
 
 // ---------------------------------------------------------------------------------------------------
 // Floating MIN and MAX (float16, bfloat16, float32, float64). MPI's MPI_MIN/MPI_MAX are (a < b ? a : b)
@@ -235,8 +265,9 @@ FLOAT_MINMAX_OP(f64_max, SHM_F64, SHM_MAX)
 // [float16, bfloat16][sum, prod, min, max]
 static MPI_Op half_ops[2][4] = {{MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL},
                                 {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}};
-// [float32, float64][min, max]
-static MPI_Op float_ops[2][2] = {{MPI_OP_NULL, MPI_OP_NULL}, {MPI_OP_NULL, MPI_OP_NULL}};
+// [float32, float64][min, max, sum, prod]
+static MPI_Op float_ops[2][4] = {{MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL},
+                                 {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}};
 
 // ---------------------------------------------------------------------------------------------------
 // MIN and MAX of unsigned integers. MPICH 4.0.2 (Debian's) compares them as signed, so that
@@ -296,16 +327,20 @@ int pd_ops_init(void) {
     for (int h = 0; h < 2; h++) {
         for (int i = 0; i < 4; i++) {
             if (half_ops[h][i] == MPI_OP_NULL) {
-                int rc = MPI_Op_create_c(fns[h][i], 1, &half_ops[h][i]);
+                // SUM and PRODUCT round after every pairwise step, so they are not associative: declared
+                // non-commutative, MPICH combines in rank order with the same grouping on every rank
+                // (as commutative, its algorithms at 3 ranks gave ranks different bits: the
+                // conformance fuzzer, seed 100189). MIN and MAX are exact, so any order gives the same.
+                int rc = MPI_Op_create_c(fns[h][i], i >= 2, &half_ops[h][i]);
                 if (rc != MPI_SUCCESS) {
                     return pd_raise_mpi_int(rc, "MPI_Op_create_c");
                 }
             }
         }
     }
-    MPI_User_function_c *floats[2][2] = {{f32_min, f32_max}, {f64_min, f64_max}};
+    MPI_User_function_c *floats[2][4] = {{f32_min, f32_max, f32_sum, f32_prod}, {f64_min, f64_max, f64_sum, f64_prod}};
     for (int f = 0; f < 2; f++) {
-        for (int j = 0; j < 2; j++) {
+        for (int j = 0; j < 4; j++) {
             if (float_ops[f][j] == MPI_OP_NULL) {
                 int rc = MPI_Op_create_c(floats[f][j], 1, &float_ops[f][j]);
                 if (rc != MPI_SUCCESS) {
@@ -338,12 +373,12 @@ void pd_ops_free(void) {
                 half_ops[h][i] = MPI_OP_NULL;
             }
         }
-        for (int j = 0; j < 2; j++) {
+        for (int j = 0; j < 4; j++) {
             if (i < 2 && float_ops[i][j] != MPI_OP_NULL) {
                 MPI_Op_free(&float_ops[i][j]);
                 float_ops[i][j] = MPI_OP_NULL;
             }
-            if (unsigned_ops[i][j] != MPI_OP_NULL) {
+            if (j < 2 && unsigned_ops[i][j] != MPI_OP_NULL) {
                 MPI_Op_free(&unsigned_ops[i][j]);
                 unsigned_ops[i][j] = MPI_OP_NULL;
             }
@@ -406,8 +441,10 @@ static MPI_Op op_for(int op, const PdDtype *dt) {
         }
     case 'f':
         switch (op) {
-        case PD_OP_SUM: case PD_OP_AVG: return MPI_SUM;
-        case PD_OP_PRODUCT: return MPI_PROD;
+        case PD_OP_SUM: case PD_OP_AVG: case PD_OP_PRODUCT: {
+            MPI_Op m = float_ops[dt->mpi == MPI_DOUBLE][op == PD_OP_PRODUCT ? 3 : 2];
+            return m != MPI_OP_NULL ? m : op == PD_OP_PRODUCT ? MPI_PROD : MPI_SUM;   // before init: MPI's
+        }
         case PD_OP_MIN: case PD_OP_MAX: return float_minmax_op(dt, op);
         default: return MPI_OP_NULL;
         }

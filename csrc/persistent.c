@@ -49,7 +49,8 @@
 #define MAX_KEYS 64
 #define MAX_STAGING_BYTES ((size_t)1 << 20)
 
-Py_ssize_t pd_persist_bytes = 8192;
+#define DEFAULT_PERSIST_BYTES 8192
+Py_ssize_t pd_persist_bytes = DEFAULT_PERSIST_BYTES;
 
 struct PdPersistEntry {
     MPI_Request req;        // the persistent request: inactive between calls
@@ -711,7 +712,9 @@ void pd_persist_read_env(void) {
     for (size_t i = 0; algorithm != NULL && i < sizeof ALLGATHER_RESTARTABLE / sizeof *ALLGATHER_RESTARTABLE; i++) {
         pd_persist_allgather_ok |= strcmp(algorithm, ALLGATHER_RESTARTABLE[i]) == 0;
     }
-    size_t n = pd_env_bytes("PYDIST_PERSISTENT_BYTES", (size_t)pd_persist_bytes);
+    // Unset: the default, not the last session's value (a session started with it 0 must not leave
+    // the next one without the cache).
+    size_t n = pd_env_bytes("PYDIST_PERSISTENT_BYTES", DEFAULT_PERSIST_BYTES);
     pd_persist_bytes = n > INT_MAX ? INT_MAX : (Py_ssize_t)n;
 }
 

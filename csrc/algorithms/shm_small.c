@@ -12,8 +12,12 @@ static const char *const KIND_NAMES[] = {"barrier", "broadcast", "all_reduce", "
                                          "reduce_scatter", "all_to_all"};
 static const char *const OP_NAMES[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"};
 
-// A rank's area: its done line, the headers of the calls it completed (one per slot), then the slots.
-#define DONE_BYTES (LINE + SMALL_SLOTS * sizeof(SmallHeader))
+// A rank's area: its done line, the headers of the calls it completed last (SEEN of them), the slots.
+// Twice the slots: a peer that is itself a broadcast's root completes rounds without waiting, up to
+// SLOTS past the round a root has yet to settle, and must not overwrite that round's record (it
+// would need this rank to have posted round u + SLOTS, which settles round u first).
+#define SEEN (2 * SMALL_SLOTS)
+#define DONE_BYTES (LINE + SEEN * sizeof(SmallHeader))
 
 static size_t rank_bytes(void) {
     return DONE_BYTES + SMALL_SLOTS * (sizeof(SmallHeader) + SMALL_SLOT_BYTES);
@@ -23,9 +27,10 @@ static _Atomic uint64_t *done_of(const ShmSmall *s, int rank) {
     return (_Atomic uint64_t *)(s->base + (size_t)rank * rank_bytes());
 }
 
-// The header of the call `rank` completed last in the slot of `round` (stamp: that round + 1).
+// The header of the call `rank` completed in `round`, or in a later one of the same record (stamp: that
+// round + 1).
 static SmallHeader *seen_of(const ShmSmall *s, int rank, uint64_t round) {
-    return (SmallHeader *)(s->base + (size_t)rank * rank_bytes() + LINE) + round % SMALL_SLOTS;
+    return (SmallHeader *)(s->base + (size_t)rank * rank_bytes() + LINE) + round % SEEN;
 }
 
 static SmallHeader *header_of(const ShmSmall *s, int rank, uint64_t round) {
@@ -108,6 +113,10 @@ static void settle(ShmSmall *s, int i) {
             return;   // not yet: look again later
         }
         hs[p] = p == s->rank ? header_of(s, p, u - 1) : seen_of(s, p, u - 1);
+        if (p != s->rank && atomic_load_explicit(&hs[p]->stamp, memory_order_relaxed) != u) {
+            s->unchecked[i] = 0;   // cannot happen (SEEN above); never report what cannot be known
+            return;
+        }
         same &= same_call(hs[p], header_of(s, s->rank, u - 1));
     }
     s->unchecked[i] = 0;
