@@ -352,12 +352,19 @@ static int channel_make(GroupChannel *g, long group, const char *fn) {
     return 0;
 }
 
-// The path's group_setup: the channel, made while every member is in the group's creation.
+static int channel_new(long group, const char *fn);
+
+// The path's group_setup: the channel, made while every member is in the group's creation. A group of
+// one rank gets its channel only if algorithm="shm" asks for it (channel_of): it waits for nobody.
 static int shm_group_setup(long group, const char *fn) {
-    void **slot = pd_group_shm(group);
-    if (*slot != NULL || pd_group_size(group) < 2 || !group_on_one_node(group)) {
+    if (*pd_group_shm(group) != NULL || pd_group_size(group) < 2 || !group_on_one_node(group)) {
         return 0;   // nothing to share: MPI's paths (decided alike on every member)
     }
+    return channel_new(group, fn);
+}
+
+static int channel_new(long group, const char *fn) {
+    void **slot = pd_group_shm(group);
     GroupChannel *g = PyMem_RawCalloc(1, sizeof *g);
     if (g == NULL) {
         PyErr_NoMemory();
@@ -380,6 +387,12 @@ static int shm_group_setup(long group, const char *fn) {
 static GroupChannel *channel_of(long group, const char *fn, int *fallback) {
     GroupChannel *g = *pd_group_shm(group);
     *fallback = 0;
+    if (g == NULL && pd_group_size(group) == 1 && group_on_one_node(group)) {
+        if (channel_new(group, fn) < 0) {
+            return NULL;
+        }
+        g = *pd_group_shm(group);
+    }
     if (g == NULL || g->state == CHANNEL_MPI) {
         *fallback = 1;
         return NULL;
