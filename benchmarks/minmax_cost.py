@@ -24,6 +24,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 ROOT = os.path.dirname(HERE)
 
+from shm_allreduce import human  # noqa: E402  (sizes as the other benchmarks print them)
+
 
 def cases(mode):
     if mode == "mpi":
@@ -73,13 +75,6 @@ def worker(mode, pydist_dir, repeats, target):
         for c, ts in times.items():
             print("result", *c, f"{statistics.median(ts) * 1e6:.3f}", flush=True)
     dist.destroy_process_group()
-
-
-def human(n):
-    for unit, shift in (("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift} {unit}"
-    return f"{n} B"
 
 
 def main():
