@@ -58,10 +58,24 @@ def cluster(*args, timeout=120, check=True):
     return proc
 
 
-def run(n, *cmd, ppn=None, timeout=120):
-    """`cluster.sh run` of a command across the hosts; returns the finished process."""
+# What hydra prints when the finalize guard ended a rank that was inside MPI_Finalize's PMI barrier
+# after all (its proxy then writes the barrier's answer to a closed socket), or the proxy's SIGPIPE
+# death (128 + 13) from the same race: UCX's TCP disconnect hang (openucx/ucx#8738) and the guard meet
+# hydra, not pydist. Seen in one job in 5-10 at 3 hosts, at this commit and at every earlier one
+# measured (bdebc52: 2 of 12), on a quiet machine too.
+PMI_RACE = ("error sending PMI response", "error writing PMI line")
+
+
+def run(n, *cmd, ppn=None, timeout=120, retry=True):
+    """`cluster.sh run` of a command across the hosts; returns the finished process. A job that ended
+    in the guard/hydra race above (every rank's work done) is run once more, saying so on stderr."""
     args = ["run", "-n", str(n), "--timeout", str(timeout)] + (["--ppn", str(ppn)] if ppn else []) + ["--", *cmd]
-    return cluster(*args, timeout=timeout + 60, check=False)
+    proc = cluster(*args, timeout=timeout + 60, check=False)
+    if retry and (proc.returncode == 141 or (proc.returncode != 0 and any(s in proc.stderr for s in PMI_RACE))):
+        print(f"test_cluster: the finalize guard met hydra's PMI barrier (rc {proc.returncode}); once more",
+              file=sys.stderr)
+        proc = cluster(*args, timeout=timeout + 60, check=False)
+    return proc
 
 
 def script(tmp_path, name, text):
