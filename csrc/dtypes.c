@@ -14,6 +14,7 @@
  * and signed zeros give the same bits on every rank and path (algorithms/minmax.h).
  */
 #include "pydist.h"
+#include "algorithms/minmax.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -193,51 +194,43 @@ uint16_t pd_float_to_bf16(float f) {
 // ---------------------------------------------------------------------------------------------------
 // float16 user ops. MPI calls them as inout[i] = in[i] (op) inout[i].
 
-// A NaN result is the canonical quiet NaN: which NaN IEEE arithmetic gives depends on the operands'
-// order (the first NaN operand's payload and sign, or the default NaN of inf - inf), and MPICH orders
-// the operands differently on different ranks, so without this the ranks' bits could differ.
-#define CANONICAL_NAN_F32 0x7fc00000u
-#define CANONICAL_NAN_F64 0x7ff8000000000000ull
-#define CANONICAL_NAN_F16 0x7e00u
-#define CANONICAL_NAN_BF16 0x7fc0u
-
-#define HALF_OP(name, widen, narrow, expr)                                                         \
+// A NaN result is the canonical quiet NaN (algorithms/minmax.h): which NaN IEEE arithmetic gives
+// depends on the operands' order (the first NaN operand's payload and sign, or the default NaN of
+// inf - inf), and MPICH orders the operands differently on different ranks, so without this the
+// ranks' bits could differ.
+#define HALF_OP(name, widen, narrow, nan_, expr)                                                   \
     static void name(void *in, void *inout, MPI_Count *len, MPI_Datatype *dt) {                    \
         (void)dt;                                                                                   \
         const uint16_t *a_ = (const uint16_t *)in;                                                  \
         uint16_t *b_ = (uint16_t *)inout;                                                           \
-        const uint16_t nan_ = widen == bf16_to_float ? CANONICAL_NAN_BF16 : CANONICAL_NAN_F16;      \
         for (MPI_Count i = 0; i < *len; i++) {                                                      \
             float a = widen(a_[i]), b = widen(b_[i]), c = expr;                                     \
             b_[i] = c == c ? narrow(c) : nan_;                                                      \
         }                                                                                           \
     }
 
-HALF_OP(half_sum, half_to_float, float_to_half, a + b)
-HALF_OP(half_prod, half_to_float, float_to_half, a * b)
-HALF_OP(bf16_sum, bf16_to_float, float_to_bf16, a + b)
-HALF_OP(bf16_prod, bf16_to_float, float_to_bf16, a * b)
+HALF_OP(half_sum, half_to_float, float_to_half, PD_F16_QNAN, a + b)
+HALF_OP(half_prod, half_to_float, float_to_half, PD_F16_QNAN, a * b)
+HALF_OP(bf16_sum, bf16_to_float, float_to_bf16, PD_BF16_QNAN, a + b)
+HALF_OP(bf16_prod, bf16_to_float, float_to_bf16, PD_BF16_QNAN, a * b)
 
 // float32 and float64 SUM and PRODUCT: MPI's own, but for a NaN result, which is canonical (above).
 // The loop vectorises (an add or multiply, a compare and a blend per lane).
-#define FLOAT_OP(name, type, bits, nan_bits, expr)                                                 \
+#define FLOAT_OP(name, type, canon, expr)                                                         \
     static void name(void *in, void *inout, MPI_Count *len, MPI_Datatype *dt) {                    \
         (void)dt;                                                                                   \
         const type *a_ = (const type *)in;                                                          \
         type *b_ = (type *)inout;                                                                   \
-        const bits nan_bits_ = nan_bits;                                                            \
-        type nan_;                                                                                  \
-        memcpy(&nan_, &nan_bits_, sizeof nan_);                                                     \
         for (MPI_Count i = 0; i < *len; i++) {                                                      \
-            type a = a_[i], b = b_[i], c = expr;                                                    \
-            b_[i] = c == c ? c : nan_;                                                              \
+            type a = a_[i], b = b_[i];                                                              \
+            b_[i] = canon(expr);                                                                    \
         }                                                                                           \
     }
 
-FLOAT_OP(f32_sum, float, uint32_t, CANONICAL_NAN_F32, a + b)
-FLOAT_OP(f32_prod, float, uint32_t, CANONICAL_NAN_F32, a * b)
-FLOAT_OP(f64_sum, double, uint64_t, CANONICAL_NAN_F64, a + b)
-FLOAT_OP(f64_prod, double, uint64_t, CANONICAL_NAN_F64, a * b)
+FLOAT_OP(f32_sum, float, pd_canon_f32, a + b)
+FLOAT_OP(f32_prod, float, pd_canon_f32, a * b)
+FLOAT_OP(f64_sum, double, pd_canon_f64, a + b)
+FLOAT_OP(f64_prod, double, pd_canon_f64, a * b)
 
 // complex64 and complex128 likewise, part by part: SUM is the float SUM of the 2n parts; PRODUCT is
 // the shared-memory kernels' formula (shm.c), each part's NaN canonical. Found by the conformance
@@ -252,24 +245,20 @@ static void c128_sum(void *in, void *inout, MPI_Count *len, MPI_Datatype *dt) {
     f64_sum(in, inout, &parts, dt);
 }
 
-#define COMPLEX_PROD_OP(name, type, bits, nan_bits)                                                \
+#define COMPLEX_PROD_OP(name, type, canon)                                                         \
     static void name(void *in, void *inout, MPI_Count *len, MPI_Datatype *dt) {                    \
         (void)dt;                                                                                   \
         const type *a_ = (const type *)in;                                                          \
         type *b_ = (type *)inout;                                                                   \
-        const bits nan_bits_ = nan_bits;                                                            \
-        type nan_;                                                                                  \
-        memcpy(&nan_, &nan_bits_, sizeof nan_);                                                     \
         for (MPI_Count i = 0; i < *len; i++) {                                                      \
             type ar = a_[2 * i], ai = a_[2 * i + 1], br = b_[2 * i], bi = b_[2 * i + 1];            \
-            type re = ar * br - ai * bi, im = ar * bi + ai * br;                                    \
-            b_[2 * i] = re == re ? re : nan_;                                                       \
-            b_[2 * i + 1] = im == im ? im : nan_;                                                   \
+            b_[2 * i] = canon(ar * br - ai * bi);                                                   \
+            b_[2 * i + 1] = canon(ar * bi + ai * br);                                               \
         }                                                                                           \
     }
 
-COMPLEX_PROD_OP(c64_prod, float, uint32_t, CANONICAL_NAN_F32)
-COMPLEX_PROD_OP(c128_prod, double, uint64_t, CANONICAL_NAN_F64)
+COMPLEX_PROD_OP(c64_prod, float, pd_canon_f32)
+COMPLEX_PROD_OP(c128_prod, double, pd_canon_f64)
 
 // ---------------------------------------------------------------------------------------------------
 // Floating MIN and MAX (float16, bfloat16, float32, float64). MPI's MPI_MIN/MPI_MAX are (a < b ? a : b)

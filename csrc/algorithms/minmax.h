@@ -29,8 +29,26 @@
 
 #define PD_F16_INF 0x7c00u
 #define PD_BF16_INF 0x7f80u
+#define PD_F16_QNAN 0x7e00u
+#define PD_BF16_QNAN 0x7fc0u
 #define PD_F32_QNAN 0x7fc00000u
 #define PD_F64_QNAN 0x7ff8000000000000u
+
+// x, or the canonical quiet NaN when x is a NaN (dtypes.c's SUM/PRODUCT ops: which NaN IEEE
+// arithmetic gives depends on the operands' order). One compare and one select: loops vectorise.
+static inline float pd_canon_f32(float x) {
+    const uint32_t bits = PD_F32_QNAN;
+    float nan;
+    memcpy(&nan, &bits, sizeof nan);
+    return x == x ? x : nan;
+}
+
+static inline double pd_canon_f64(double x) {
+    const uint64_t bits = PD_F64_QNAN;
+    double nan;
+    memcpy(&nan, &bits, sizeof nan);
+    return x == x ? x : nan;
+}
 
 // float32 and float64, on their values. Masks, not ?:, so that GCC vectorizes the loops with compares
 // and ands (its if-conversion of nested ?: made chains of blends at twice the cost). U: the bits'
