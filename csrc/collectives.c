@@ -5,7 +5,7 @@
  * either waits for it (pd_op_wait: interruptible, yields the core, honours the session's timeout) or hands
  * the request to a Work (async_op=True) that owns the arrays until the operation completes. Small
  * messages (pd_persist_wanted, decided from sizes every rank shares) of barrier, broadcast, all_reduce,
- * reduce, all_gather_into_tensor, reduce_scatter(_tensor) and all_to_all_single without split sizes run
+ * reduce, all_gather_into_tensor and reduce_scatter(_tensor) run
  * instead as cached persistent requests on staging buffers (persistent.c): MPICH builds a schedule for
  * every nonblocking call, and for a small message that is most of its cost.
  *
@@ -145,6 +145,39 @@ static void persist_avg(PdPersistCall *call, long op, long group, const PdBuf *o
     }
 }
 
+// Whether the group's calls put their headers through the shared-memory slots (a group within one
+// node, the small collectives on; the same answer on every rank). Then every call the slots do not
+// carry sends its header there too (mpi_path), and the persistent cache is not used: a rank whose call
+// differs, on either side of any threshold, raises ValueError with every other instead of waiting.
+static int headers_in_slots(long group) {
+    return pd_shm_small_wanted(group, 0);
+}
+
+// A collective's data as MPI's call `mc`, finished as finish() does. With `headers` (headers_in_slots),
+// `header` (the call as the slots describe it) goes through the slots first and the data then takes
+// MPI on the group's private communicator (shared_memory.c); else MPI's call on `comm` at once.
+static PyObject *mpi_path(const char *fn, long group, MPI_Comm comm, int async_op, int headers, const PdMpiCall *mc,
+                          SmallCall header, PyObject *keep, PyObject *result, const PdBuf *avg) {
+    if (headers) {
+        PyObject *list = result_list(result);
+        if (list == NULL) {
+            return NULL;
+        }
+        int fallback = 0;
+        PyObject *ret = pd_shm_header_run(fn, group, async_op, &header, mc, keep, list, avg, &fallback);
+        Py_DECREF(list);
+        if (ret != NULL || !fallback) {
+            return ret;
+        }
+    }
+    MPI_Request req = MPI_REQUEST_NULL;
+    int rc = pd_mpi_call_start(mc, comm, &req);
+    if (rc != MPI_SUCCESS) {
+        return start_failed(rc, mc->name);
+    }
+    return finish(req, fn, group, async_op, keep, result, avg);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // barrier, broadcast, all_reduce, reduce
 
@@ -185,7 +218,6 @@ PyObject *pd_broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     long src, group;
     int async_op, root;
     PdBuf buf = {0};
-    MPI_Request req = MPI_REQUEST_NULL;
     PyObject *ret = NULL;
     MPI_Comm *comm = group_and_async(args, nargs, 4, fn, &group, &async_op);
     if (comm == NULL || pd_arg_long(args[1], fn, "src", &src) < 0 ||
@@ -206,19 +238,19 @@ PyObject *pd_broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
                   is_root ? buf.data : NULL, is_root ? NULL : buf.data, 0}, (PyObject *)buf.arr, NULL, args[0], &ret)) {
         goto done;
     }
-    if (pd_persist_wanted((size_t)buf.nbytes)) {   // as bytes: the same key whatever dtype each rank holds
+    int headers = headers_in_slots(group);
+    if (!headers && pd_persist_wanted((size_t)buf.nbytes)) {   // as bytes: the same key whatever dtype each rank holds
         PdPersistKey key = persist_key(PD_PERSIST_BCAST, group, buf.nbytes, MPI_BYTE, 1, MPI_OP_NULL, root);
         PdPersistCall call = {is_root ? buf.data : NULL, is_root ? (size_t)buf.nbytes : 0,
                               is_root ? NULL : buf.data, is_root ? 0 : (size_t)buf.nbytes, 0, NULL, 0};
         ret = finish_persistent(fn, group, *comm, async_op, &key, &call, (PyObject *)buf.arr, args[0]);
         goto done;
     }
-    int rc = MPI_Ibcast_c(buf.data, buf.count, buf.dtype->mpi, root, *comm, &req);
-    if (rc != MPI_SUCCESS) {
-        start_failed(rc, "MPI_Ibcast_c");
-        goto done;
-    }
-    ret = finish(req, fn, group, async_op, (PyObject *)buf.arr, args[0], NULL);
+    PdMpiCall mc = {PD_MPI_BCAST, "MPI_Ibcast_c", NULL, 0, NULL, NULL, buf.data, buf.nbytes, NULL, NULL, MPI_BYTE,
+                    MPI_OP_NULL, root};
+    ret = mpi_path(fn, group, *comm, async_op, headers, &mc,
+                   (SmallCall){SMALL_BCAST, SHM_U8, 0, root, (int64_t)buf.nbytes, 1, NULL, NULL, 0},
+                   (PyObject *)buf.arr, args[0], NULL);
 done:
     pd_buf_release(&buf);
     return ret;
@@ -240,7 +272,6 @@ PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int async_op;
     PdBuf buf = {0};
     MPI_Op mop;
-    MPI_Request req = MPI_REQUEST_NULL;
     PyObject *ret = NULL;
     if (nargs == 5) {
         if (pd_arg_long(args[4], fn, "algorithm", &algorithm) < 0) {
@@ -286,7 +317,9 @@ PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                   (PyObject *)buf.arr, NULL, args[0], &ret)) {
         goto done;
     }
-    if (pd_persist_wanted((size_t)buf.nbytes)) {
+    // algorithm="mpi" is MPI's own all-reduce on the group's communicator, asked for by name.
+    int headers = algorithm == ALGORITHM_AUTO && headers_in_slots(group);
+    if (!headers && pd_persist_wanted((size_t)buf.nbytes)) {
         PdPersistKey key = persist_key(PD_PERSIST_ALLREDUCE, group, buf.count, buf.dtype->mpi,
                                        (size_t)PyArray_ITEMSIZE(buf.arr), mop, -1);
         PdPersistCall call = {buf.data, (size_t)buf.nbytes, buf.data, (size_t)buf.nbytes, 0, NULL, 0};
@@ -294,12 +327,12 @@ PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         ret = finish_persistent(fn, group, *comm, async_op, &key, &call, (PyObject *)buf.arr, args[0]);
         goto done;
     }
-    int rc = MPI_Iallreduce_c(MPI_IN_PLACE, buf.data, buf.count, buf.dtype->mpi, mop, *comm, &req);
-    if (rc != MPI_SUCCESS) {
-        start_failed(rc, "MPI_Iallreduce_c");
-        goto done;
-    }
-    ret = finish(req, fn, group, async_op, (PyObject *)buf.arr, args[0], op == PD_OP_AVG ? &buf : NULL);
+    PdMpiCall mc = {PD_MPI_ALLREDUCE, "MPI_Iallreduce_c", MPI_IN_PLACE, 0, NULL, NULL, buf.data, buf.count, NULL,
+                    NULL, buf.dtype->mpi, mop, -1};
+    ret = mpi_path(fn, group, *comm, async_op, headers, &mc,
+                   (SmallCall){SMALL_ALLREDUCE, pd_shm_dtype(&buf), (int)op, -1, (int64_t)buf.count,
+                               (size_t)PyArray_ITEMSIZE(buf.arr), NULL, NULL, 0},
+                   (PyObject *)buf.arr, args[0], op == PD_OP_AVG ? &buf : NULL);
 done:
     pd_buf_release(&buf);
     return ret;
@@ -314,7 +347,6 @@ PyObject *pd_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     int async_op, root;
     PdBuf buf = {0};
     MPI_Op mop;
-    MPI_Request req = MPI_REQUEST_NULL;
     PyObject *ret = NULL;
     MPI_Comm *comm = group_and_async(args, nargs, 5, fn, &group, &async_op);
     if (comm == NULL || pd_arg_long(args[1], fn, "dst", &dst) < 0 || pd_arg_long(args[2], fn, "op", &op) < 0 ||
@@ -337,7 +369,8 @@ PyObject *pd_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                   (PyObject *)buf.arr, NULL, args[0], &ret)) {
         goto done;
     }
-    if (pd_persist_wanted((size_t)buf.nbytes)) {
+    int headers = headers_in_slots(group);
+    if (!headers && pd_persist_wanted((size_t)buf.nbytes)) {
         PdPersistKey key = persist_key(PD_PERSIST_REDUCE, group, buf.count, buf.dtype->mpi,
                                        (size_t)PyArray_ITEMSIZE(buf.arr), mop, root);
         PdPersistCall call = {buf.data, (size_t)buf.nbytes, is_root ? buf.data : NULL, is_root ? (size_t)buf.nbytes : 0,
@@ -348,14 +381,12 @@ PyObject *pd_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         ret = finish_persistent(fn, group, *comm, async_op, &key, &call, (PyObject *)buf.arr, args[0]);
         goto done;
     }
-    int rc = MPI_Ireduce_c(is_root ? MPI_IN_PLACE : buf.data, is_root ? buf.data : NULL, buf.count,
-                           buf.dtype->mpi, mop, root, *comm, &req);
-    if (rc != MPI_SUCCESS) {
-        start_failed(rc, "MPI_Ireduce_c");
-        goto done;
-    }
-    ret = finish(req, fn, group, async_op, (PyObject *)buf.arr, args[0],
-                 (op == PD_OP_AVG && is_root) ? &buf : NULL);
+    PdMpiCall mc = {PD_MPI_REDUCE, "MPI_Ireduce_c", is_root ? MPI_IN_PLACE : buf.data, buf.count, NULL, NULL,
+                    is_root ? buf.data : NULL, 0, NULL, NULL, buf.dtype->mpi, mop, root};
+    ret = mpi_path(fn, group, *comm, async_op, headers, &mc,
+                   (SmallCall){SMALL_REDUCE, pd_shm_dtype(&buf), (int)op, root, (int64_t)buf.count,
+                               (size_t)PyArray_ITEMSIZE(buf.arr), NULL, NULL, 0},
+                   (PyObject *)buf.arr, args[0], (op == PD_OP_AVG && is_root) ? &buf : NULL);
 done:
     pd_buf_release(&buf);
     return ret;
@@ -373,7 +404,6 @@ PyObject *pd_all_gather_into_tensor(PyObject *self, PyObject *const *args, Py_ss
     long group;
     int async_op;
     PdBuf out = {0}, in = {0};
-    MPI_Request req = MPI_REQUEST_NULL;
     PyObject *ret = NULL, *keep = NULL;
     MPI_Comm *comm = group_and_async(args, nargs, 4, fn, &group, &async_op);
     if (comm == NULL || pd_buf_get(args[0], fn, "output_tensor", 1, &out) < 0) {
@@ -403,19 +433,18 @@ PyObject *pd_all_gather_into_tensor(PyObject *self, PyObject *const *args, Py_ss
                   out.data, 0}, keep, NULL, args[0], &ret)) {
         goto done;
     }
-    if (pd_persist_allgather_ok && pd_persist_wanted((size_t)out.nbytes)) {
+    int headers = headers_in_slots(group);
+    if (!headers && pd_persist_allgather_ok && pd_persist_wanted((size_t)out.nbytes)) {
         PdPersistKey key = persist_key(PD_PERSIST_ALLGATHER, group, in.nbytes, MPI_BYTE, 1, MPI_OP_NULL, -1);
         PdPersistCall call = {in.data, (size_t)in.nbytes, out.data, (size_t)out.nbytes, 0, NULL, 0};
         ret = finish_persistent(fn, group, *comm, async_op, &key, &call, keep, args[0]);
         goto done;
     }
-    int rc = MPI_Iallgather_c(in_place ? MPI_IN_PLACE : in.data, in.count, in.dtype->mpi, out.data, in.count,
-                              in.dtype->mpi, *comm, &req);
-    if (rc != MPI_SUCCESS) {
-        start_failed(rc, "MPI_Iallgather_c");
-        goto done;
-    }
-    ret = finish(req, fn, group, async_op, keep, args[0], NULL);
+    PdMpiCall mc = {PD_MPI_ALLGATHER, "MPI_Iallgather_c", in_place ? MPI_IN_PLACE : in.data, in.nbytes, NULL, NULL,
+                    out.data, in.nbytes, NULL, NULL, MPI_BYTE, MPI_OP_NULL, -1};
+    ret = mpi_path(fn, group, *comm, async_op, headers, &mc,
+                   (SmallCall){SMALL_ALLGATHER, SHM_U8, 0, -1, (int64_t)in.nbytes, 1, NULL, NULL, 0}, keep, args[0],
+                   NULL);
 done:
     Py_XDECREF(keep);
     pd_buf_release(&out);
@@ -431,7 +460,6 @@ PyObject *pd_all_gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int async_op;
     PdBuf in = {0};
     PdBufList outs = {0};
-    MPI_Request req = MPI_REQUEST_NULL;
     PyObject *ret = NULL, *keep = NULL;
     MPI_Comm *comm = group_and_async(args, nargs, 4, fn, &group, &async_op);
     if (comm == NULL || pd_buf_get(args[1], fn, "tensor", 0, &in) < 0) {
@@ -447,13 +475,12 @@ PyObject *pd_all_gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         ret = Py_NewRef(Py_None);
         goto done;
     }
-    int rc = MPI_Iallgatherv_c(in.data, (MPI_Count)in.nbytes, MPI_BYTE, outs.base, outs.counts, outs.displs,
-                               MPI_BYTE, *comm, &req);
-    if (rc != MPI_SUCCESS) {
-        start_failed(rc, "MPI_Iallgatherv_c");
-        goto done;
-    }
-    ret = finish(req, fn, group, async_op, keep, args[0], NULL);
+    // The slots never carry the list form: its header alone, where the group's headers go there.
+    PdMpiCall mc = {PD_MPI_ALLGATHERV, "MPI_Iallgatherv_c", in.data, in.nbytes, NULL, NULL, outs.base, 0,
+                    outs.counts, outs.displs, MPI_BYTE, MPI_OP_NULL, -1};
+    ret = mpi_path(fn, group, *comm, async_op, headers_in_slots(group), &mc,
+                   (SmallCall){SMALL_ALLGATHER_LIST, SHM_U8, 0, -1, (int64_t)in.nbytes, 1, NULL, NULL, 0}, keep,
+                   args[0], NULL);
 done:
     Py_XDECREF(keep);
     pd_buflist_release(&outs);
@@ -470,7 +497,6 @@ PyObject *pd_gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     int async_op, root;
     PdBuf in = {0};
     PdBufList outs = {0};
-    MPI_Request req = MPI_REQUEST_NULL;
     PyObject *ret = NULL, *keep = NULL;
     MPI_Comm *comm = group_and_async(args, nargs, 5, fn, &group, &async_op);
     if (comm == NULL || pd_arg_long(args[2], fn, "dst", &dst) < 0 ||
@@ -483,32 +509,23 @@ PyObject *pd_gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                                                : "%s(): `gather_list` must be None on ranks other than dst", fn);
         goto done;
     }
-    int rc;
     if (is_root) {
         if (pd_buflist_get(args[1], pd_group_size(group), fn, "gather_list", 1, &in, &outs) < 0 ||
             (keep = PyTuple_Pack(2, outs.keep, (PyObject *)in.arr)) == NULL) {
             goto done;
         }
-        if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
-            ret = Py_NewRef(Py_None);
-            goto done;
-        }
-        rc = MPI_Igatherv_c(in.data, (MPI_Count)in.nbytes, MPI_BYTE, outs.base, outs.counts, outs.displs,
-                            MPI_BYTE, root, *comm, &req);
     } else {
         keep = Py_NewRef((PyObject *)in.arr);
-        if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
-            ret = Py_NewRef(Py_None);
-            goto done;
-        }
-        rc = MPI_Igatherv_c(in.data, (MPI_Count)in.nbytes, MPI_BYTE, NULL, NULL, NULL, MPI_BYTE, root, *comm,
-                            &req);
     }
-    if (rc != MPI_SUCCESS) {
-        start_failed(rc, "MPI_Igatherv_c");
+    if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
+        ret = Py_NewRef(Py_None);
         goto done;
     }
-    ret = finish(req, fn, group, async_op, keep, is_root ? args[1] : NULL, NULL);
+    PdMpiCall mc = {PD_MPI_GATHERV, "MPI_Igatherv_c", in.data, in.nbytes, NULL, NULL, outs.base, 0, outs.counts,
+                    outs.displs, MPI_BYTE, MPI_OP_NULL, root};   // outs: empty but on the root
+    ret = mpi_path(fn, group, *comm, async_op, headers_in_slots(group), &mc,
+                   (SmallCall){SMALL_GATHER, SHM_U8, 0, root, (int64_t)in.nbytes, 1, NULL, NULL, 0}, keep,
+                   is_root ? args[1] : NULL, NULL);
 done:
     Py_XDECREF(keep);
     pd_buflist_release(&outs);
@@ -525,7 +542,6 @@ PyObject *pd_scatter(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     int async_op, root;
     PdBuf out = {0};
     PdBufList ins = {0};
-    MPI_Request req = MPI_REQUEST_NULL;
     PyObject *ret = NULL, *keep = NULL;
     MPI_Comm *comm = group_and_async(args, nargs, 5, fn, &group, &async_op);
     if (comm == NULL || pd_arg_long(args[2], fn, "src", &src) < 0 ||
@@ -538,32 +554,23 @@ PyObject *pd_scatter(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                                                : "%s(): `scatter_list` must be None on ranks other than src", fn);
         goto done;
     }
-    int rc;
     if (is_root) {
         if (pd_buflist_get(args[1], pd_group_size(group), fn, "scatter_list", 0, &out, &ins) < 0 ||
             (keep = PyTuple_Pack(2, ins.keep, (PyObject *)out.arr)) == NULL) {
             goto done;
         }
-        if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
-            ret = Py_NewRef(Py_None);
-            goto done;
-        }
-        rc = MPI_Iscatterv_c(ins.base, ins.counts, ins.displs, MPI_BYTE, out.data, (MPI_Count)out.nbytes,
-                             MPI_BYTE, root, *comm, &req);
     } else {
         keep = Py_NewRef((PyObject *)out.arr);
-        if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
-            ret = Py_NewRef(Py_None);
-            goto done;
-        }
-        rc = MPI_Iscatterv_c(NULL, NULL, NULL, MPI_BYTE, out.data, (MPI_Count)out.nbytes, MPI_BYTE, root,
-                             *comm, &req);
     }
-    if (rc != MPI_SUCCESS) {
-        start_failed(rc, "MPI_Iscatterv_c");
+    if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
+        ret = Py_NewRef(Py_None);
         goto done;
     }
-    ret = finish(req, fn, group, async_op, keep, args[0], NULL);
+    PdMpiCall mc = {PD_MPI_SCATTERV, "MPI_Iscatterv_c", ins.base, 0, ins.counts, ins.displs, out.data, out.nbytes,
+                    NULL, NULL, MPI_BYTE, MPI_OP_NULL, root};   // ins: empty but on the root
+    ret = mpi_path(fn, group, *comm, async_op, headers_in_slots(group), &mc,
+                   (SmallCall){SMALL_SCATTER, SHM_U8, 0, root, (int64_t)out.nbytes, 1, NULL, NULL, 0}, keep, args[0],
+                   NULL);
 done:
     Py_XDECREF(keep);
     pd_buflist_release(&ins);
@@ -578,7 +585,6 @@ done:
 static PyObject *reduce_scatter_start(const char *fn, PdBuf *out, void *in_data, PyObject *keep, long op,
                                       long group, int async_op, MPI_Comm comm, PyObject *result) {
     MPI_Op mop;
-    MPI_Request req = MPI_REQUEST_NULL;
     if (pd_op_resolve(op, out->dtype, fn, &mop) < 0) {
         return NULL;
     }
@@ -592,18 +598,20 @@ static PyObject *reduce_scatter_start(const char *fn, PdBuf *out, void *in_data,
                   result, &ret)) {
         return ret;
     }
-    if (pd_persist_wanted((size_t)out->nbytes * (size_t)size)) {   // the input's size, as the sweep counts
+    int headers = headers_in_slots(group);
+    if (!headers && pd_persist_wanted((size_t)out->nbytes * (size_t)size)) {   // the input's size, as the sweep counts
         PdPersistKey key = persist_key(PD_PERSIST_REDUCE_SCATTER, group, out->count, out->dtype->mpi,
                                        (size_t)PyArray_ITEMSIZE(out->arr), mop, -1);
         PdPersistCall call = {in_data, (size_t)out->nbytes * (size_t)size, out->data, (size_t)out->nbytes, 0, NULL, 0};
         persist_avg(&call, op, group, out);
         return finish_persistent(fn, group, comm, async_op, &key, &call, keep, result);
     }
-    int rc = MPI_Ireduce_scatter_block_c(in_data, out->data, out->count, out->dtype->mpi, mop, comm, &req);
-    if (rc != MPI_SUCCESS) {
-        return start_failed(rc, "MPI_Ireduce_scatter_block_c");
-    }
-    return finish(req, fn, group, async_op, keep, result, op == PD_OP_AVG ? out : NULL);
+    PdMpiCall mc = {PD_MPI_REDUCE_SCATTER_BLOCK, "MPI_Ireduce_scatter_block_c", in_data, 0, NULL, NULL, out->data,
+                    out->count, NULL, NULL, out->dtype->mpi, mop, -1};
+    return mpi_path(fn, group, comm, async_op, headers, &mc,
+                    (SmallCall){SMALL_REDUCE_SCATTER, pd_shm_dtype(out), (int)op, -1, (int64_t)out->count,
+                                (size_t)PyArray_ITEMSIZE(out->arr), NULL, NULL, 0},
+                    keep, result, op == PD_OP_AVG ? out : NULL);
 }
 
 // _C.reduce_scatter_tensor(output, input, op, group, async_op): input holds group-size blocks of
@@ -771,16 +779,15 @@ error:
     return -1;
 }
 
-// Split sizes not given: None or an empty sequence (as split_bytes reads them).
-static int no_splits(PyObject *splits) {
-    if (splits == Py_None) {
-        return 1;
+// Whether `counts`/`displs` (split_bytes's) are the blocks of no split sizes: `nbytes` in `size` equal
+// blocks, in order.
+static int even_blocks(const MPI_Count *counts, const MPI_Aint *displs, int size, Py_ssize_t nbytes) {
+    for (int i = 0; i < size; i++) {
+        if (counts[i] * size != nbytes || displs[i] != (MPI_Aint)i * (MPI_Aint)counts[i]) {
+            return 0;
+        }
     }
-    Py_ssize_t n = PySequence_Size(splits);   // split_bytes has accepted it as a sequence
-    if (n < 0) {
-        PyErr_Clear();
-    }
-    return n == 0;
+    return 1;
 }
 
 // _C.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, async_op):
@@ -791,7 +798,6 @@ PyObject *pd_all_to_all_single(PyObject *self, PyObject *const *args, Py_ssize_t
     long group;
     int async_op;
     PdBuf out = {0}, in = {0};
-    MPI_Request req = MPI_REQUEST_NULL;
     PyObject *ret = NULL, *keep = NULL, *meta = NULL;
     MPI_Comm *comm = group_and_async(args, nargs, 6, fn, &group, &async_op);
     if (comm == NULL || pd_buf_get(args[0], fn, "output", 1, &out) < 0) {
@@ -833,26 +839,17 @@ PyObject *pd_all_to_all_single(PyObject *self, PyObject *const *args, Py_ssize_t
         ret = Py_NewRef(Py_None);
         goto done;
     }
-    // Without split sizes every rank's blocks are equal and the sizes the same on every rank. With them,
-    // nothing says another rank has none: the nonblocking path, always.
-    if (no_splits(args[2]) && no_splits(args[3]) &&
-        try_small(fn, group, async_op, (SmallCall){SMALL_ALLTOALL, SHM_U8, 0, -1, (int64_t)(in.nbytes / size), 1,
-                  in.data, out.data, 0}, keep, NULL, args[0], &ret)) {
-        goto done;
-    }
-    if (no_splits(args[2]) && no_splits(args[3]) && pd_persist_wanted((size_t)in.nbytes)) {
-        PdPersistKey key = persist_key(PD_PERSIST_ALLTOALL, group, (MPI_Count)scounts[0], MPI_BYTE, 1, MPI_OP_NULL, -1);
-        PdPersistCall call = {in.data, (size_t)in.nbytes, out.data, (size_t)out.nbytes, 0, NULL, 0};
-        ret = finish_persistent(fn, group, *comm, async_op, &key, &call, keep, args[0]);
-        goto done;
-    }
-    int rc = MPI_Ialltoallv_c(in.data, scounts, sdispls, MPI_BYTE, out.data, rcounts, rdispls, MPI_BYTE, *comm,
-                              &req);
-    if (rc != MPI_SUCCESS) {
-        start_failed(rc, "MPI_Ialltoallv_c");
-        goto done;
-    }
-    ret = finish(req, fn, group, async_op, keep, args[0], NULL);
+    // Equal blocks (no split sizes, or split sizes that say the same) are the same size on every rank
+    // that has them, and go through the slots when small; uneven ones are MPI's alltoallv, and their
+    // header matches any count. When a rank's blocks are uneven, every rank's data takes MPI's path.
+    int even = even_blocks(scounts, sdispls, size, in.nbytes) && even_blocks(rcounts, rdispls, size, out.nbytes);
+    // Never the persistent cache: its key (an alltoall of equal blocks) cannot be known alike on a rank
+    // whose blocks are uneven, whose alltoallv would then meet a cached alltoall and wait forever.
+    PdMpiCall mc = {PD_MPI_ALLTOALLV, "MPI_Ialltoallv_c", in.data, 0, scounts, sdispls, out.data, 0, rcounts, rdispls,
+                    MPI_BYTE, MPI_OP_NULL, -1};
+    ret = mpi_path(fn, group, *comm, async_op, headers_in_slots(group), &mc,
+                   (SmallCall){SMALL_ALLTOALL, SHM_U8, 0, -1, even ? (int64_t)(in.nbytes / size) : SMALL_UNEVEN, 1,
+                               even ? in.data : NULL, even ? out.data : NULL, 0}, keep, args[0], NULL);
 done:
     Py_XDECREF(keep);
     Py_XDECREF(meta);
@@ -883,7 +880,6 @@ PyObject *pd_all_to_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int async_op;
     PdBuf first = {0};
     PdBufList outs = {0}, ins = {0};
-    MPI_Request req = MPI_REQUEST_NULL;
     PyObject *ret = NULL, *keep = NULL;
     MPI_Comm *comm = group_and_async(args, nargs, 4, fn, &group, &async_op);
     if (comm == NULL) {
@@ -912,13 +908,13 @@ PyObject *pd_all_to_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         ret = Py_NewRef(Py_None);
         goto done;
     }
-    int rc = MPI_Ialltoallv_c(ins.base, ins.counts, ins.displs, MPI_BYTE, outs.base, outs.counts, outs.displs,
-                              MPI_BYTE, *comm, &req);
-    if (rc != MPI_SUCCESS) {
-        start_failed(rc, "MPI_Ialltoallv_c");
-        goto done;
-    }
-    ret = finish(req, fn, group, async_op, keep, args[0], NULL);
+    // The slots never carry the list form: its header alone (all_to_all of equal blocks, as
+    // all_to_all_single's past the small bound, whose MPI call it shares), where the group's go there.
+    PdMpiCall mc = {PD_MPI_ALLTOALLV, "MPI_Ialltoallv_c", ins.base, 0, ins.counts, ins.displs, outs.base, 0,
+                    outs.counts, outs.displs, MPI_BYTE, MPI_OP_NULL, -1};
+    ret = mpi_path(fn, group, *comm, async_op, headers_in_slots(group), &mc,
+                   (SmallCall){SMALL_ALLTOALL, SHM_U8, 0, -1, (int64_t)first.nbytes, 1, NULL, NULL, 0}, keep, args[0],
+                   NULL);
 done:
     Py_XDECREF(keep);
     pd_buflist_release(&outs);

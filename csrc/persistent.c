@@ -189,7 +189,6 @@ static size_t staging_bytes(const PdPersistKey *k, size_t *send, size_t *recv) {
     case PD_PERSIST_BCAST: case PD_PERSIST_ALLREDUCE: case PD_PERSIST_REDUCE: *send = n; break;   // in place
     case PD_PERSIST_ALLGATHER: *send = n; *recv = n * (size_t)k->size; break;
     case PD_PERSIST_REDUCE_SCATTER: *send = n * (size_t)k->size; *recv = n; break;
-    case PD_PERSIST_ALLTOALL: *send = *recv = n * (size_t)k->size; break;
     }
     return *send + *recv;
 }
@@ -281,10 +280,6 @@ static PdPersistEntry *entry_new(const PdPersistKey *k, MPI_Comm comm) {
     case PD_PERSIST_REDUCE_SCATTER:
         call = "MPI_Reduce_scatter_block_init";
         rc = MPI_Reduce_scatter_block_init(e->send, e->recv, n, k->type, k->op, comm, MPI_INFO_NULL, &e->req);
-        break;
-    case PD_PERSIST_ALLTOALL:
-        call = "MPI_Alltoall_init";
-        rc = MPI_Alltoall_init(e->send, n, k->type, e->recv, n, k->type, comm, MPI_INFO_NULL, &e->req);
         break;
     }
     if (rc != MPI_SUCCESS) {

@@ -266,6 +266,32 @@ void **pd_group_shm(long handle);
 size_t pd_env_bytes(const char *name, size_t dflt);
 
 // ---------------------------------------------------------------------------------------------------
+// A collective's data as MPI's call
+
+// MPI's nonblocking collective for a call's data, as collectives.c describes it once: started on the
+// group's communicator at once, or on its private one after every rank's header has matched in the
+// shared-memory slots (shared_memory.c). Every pointer lives in the call's `keep`.
+enum { PD_MPI_BCAST, PD_MPI_ALLREDUCE, PD_MPI_REDUCE, PD_MPI_ALLGATHER, PD_MPI_ALLGATHERV, PD_MPI_GATHERV,
+       PD_MPI_SCATTERV, PD_MPI_REDUCE_SCATTER_BLOCK, PD_MPI_ALLTOALLV };
+typedef struct {
+    int kind;                   // PD_MPI_*
+    const char *name;           // MPI's function, for errors
+    const void *send;           // MPI_IN_PLACE where MPI allows it
+    MPI_Count scount;
+    const MPI_Count *scounts;   // the v-collectives' (bytes)
+    const MPI_Aint *sdispls;
+    void *recv;                 // broadcast's buffer; reductions' result
+    MPI_Count rcount;
+    const MPI_Count *rcounts;
+    const MPI_Aint *rdispls;
+    MPI_Datatype type;
+    MPI_Op op;
+    int root;                   // group rank
+} PdMpiCall;
+// Start it on `comm` (request.c): MPI's return code.
+int pd_mpi_call_start(const PdMpiCall *c, MPI_Comm comm, MPI_Request *req);
+
+// ---------------------------------------------------------------------------------------------------
 // The shared-memory all-reduce and dist.empty (shared_memory.c over algorithms/shm.c)
 
 // all_reduce with algorithm "shm" or chosen automatically (bytes >= PD_SHM_AUTO_BYTES on a group whose
@@ -312,6 +338,16 @@ int pd_shm_small_wanted(long group, size_t contribution);
 // group cannot use shared memory (the same answer on every rank): use MPI's collective.
 PyObject *pd_shm_small_run(const char *fn, const char *what, long group, int async_op, SmallCall *call,
                            PyObject *a, PyObject *b, PyObject *list, int *fallback);
+// A call the slots do not carry (past the small bound, or a list form), on a group whose calls go
+// through them (pd_shm_small_wanted(group, 0)): `header` (its kind without SMALL_HEADER_ONLY, count,
+// dtype, op and root, as every rank describes the call alike) goes through the slots in order with the
+// small calls, so that a rank whose call differs, on either side of any threshold, raises ValueError
+// with every other; the data then goes as `mpi` on the group's private communicator. With src or dst
+// set (an all-to-all of equal blocks) its data goes into the slots too where it fits, and moves there
+// when every rank's did. `keep` owns every byte MPI touches; AVG divides `avg` when it completes.
+// Returns as pd_shm_small_run.
+PyObject *pd_shm_header_run(const char *fn, long group, int async_op, const SmallCall *header, const PdMpiCall *mpi,
+                            PyObject *keep, PyObject *list, const PdBuf *avg, int *fallback);
 int pd_shm_dtype(const PdBuf *buf);
 PyObject *pd_set_shm_small_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_shm_info(PyObject *self, PyObject *unused);
@@ -363,6 +399,8 @@ PdWorkObject *pd_work_make(const PdPending *pending, void *state, const PdOp *op
 // The operation is over: let go of the arrays (and finish AVG) / record the exception set as its error.
 void pd_work_finish(PdWorkObject *w);
 void pd_work_fail(PdWorkObject *w);
+// Work.wait() under the session's timeout, from C: 0, or -1 raised (its error, a timeout, a signal).
+int pd_work_wait(PdWorkObject *w);
 // A dropped Work's caller never learned whether it completed: say so (ResourceWarning). GIL held.
 void pd_work_warn_dropped(PdWorkObject *w);
 
@@ -380,7 +418,7 @@ extern const PdPath pd_ring_path;
 // Cached persistent requests for small collectives (persistent.c)
 
 enum { PD_PERSIST_BARRIER, PD_PERSIST_BCAST, PD_PERSIST_ALLREDUCE, PD_PERSIST_REDUCE, PD_PERSIST_ALLGATHER,
-       PD_PERSIST_REDUCE_SCATTER, PD_PERSIST_ALLTOALL };
+       PD_PERSIST_REDUCE_SCATTER };
 
 // What identifies a cached request: the same on every rank for the same call (never an address).
 typedef struct {

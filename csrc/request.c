@@ -1,7 +1,8 @@
 /*
  * request.c: the plain MPI path's pending operation: one MPI request (a nonblocking collective, isend,
  * irecv), tested with MPI_Test, waited for the pydist way (group.c's pd_op_wait: deadline, Ctrl-C,
- * departed ranks), and parked with its arrays when its Work is dropped before it completes.
+ * departed ranks), and parked with its arrays when its Work is dropped before it completes; and the one
+ * place that starts a collective's data as MPI's nonblocking call (PdMpiCall).
  */
 #include "pydist.h"
 
@@ -63,4 +64,32 @@ PdWorkObject *pd_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObj
     w->req = req;
     w->is_recv = is_recv;
     return w;
+}
+
+int pd_mpi_call_start(const PdMpiCall *c, MPI_Comm comm, MPI_Request *req) {
+    switch (c->kind) {
+    case PD_MPI_BCAST:
+        return MPI_Ibcast_c(c->recv, c->rcount, c->type, c->root, comm, req);
+    case PD_MPI_ALLREDUCE:
+        return MPI_Iallreduce_c(c->send, c->recv, c->rcount, c->type, c->op, comm, req);
+    case PD_MPI_REDUCE:
+        return MPI_Ireduce_c(c->send, c->recv, c->scount, c->type, c->op, c->root, comm, req);
+    case PD_MPI_ALLGATHER:
+        return MPI_Iallgather_c(c->send, c->scount, c->type, c->recv, c->rcount, c->type, comm, req);
+    case PD_MPI_ALLGATHERV:
+        return MPI_Iallgatherv_c(c->send, c->scount, c->type, c->recv, c->rcounts, c->rdispls, c->type, comm, req);
+    case PD_MPI_GATHERV:
+        return MPI_Igatherv_c(c->send, c->scount, c->type, c->recv, c->rcounts, c->rdispls, c->type, c->root, comm,
+                              req);
+    case PD_MPI_SCATTERV:
+        return MPI_Iscatterv_c(c->send, c->scounts, c->sdispls, c->type, c->recv, c->rcount, c->type, c->root, comm,
+                               req);
+    case PD_MPI_REDUCE_SCATTER_BLOCK:
+        return MPI_Ireduce_scatter_block_c(c->send, c->recv, c->rcount, c->type, c->op, comm, req);
+    case PD_MPI_ALLTOALLV:
+        return MPI_Ialltoallv_c(c->send, c->scounts, c->sdispls, c->type, c->recv, c->rcounts, c->rdispls, c->type,
+                                comm, req);
+    default:
+        return MPI_ERR_INTERN;
+    }
 }

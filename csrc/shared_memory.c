@@ -224,11 +224,14 @@ typedef struct {
     const char *what;
     PyObject *a, *b;       // the arrays it reads and writes (new references; either may be NULL)
     PdWorkObject *work;    // its Work (a new reference), or NULL: a blocking call that was interrupted
-    // A large all-reduce (call.kind has SMALL_HEADER_ONLY; work is never NULL): once every rank's header
-    // has matched, its data goes through the shm all-reduce or MPI's (large_data).
-    void *data;
-    const PdDtype *dtype;
-    MPI_Op mop;
+    // A call the slots do not carry (call.kind has SMALL_HEADER_ONLY; work is never NULL): once every
+    // rank's header has matched, its data goes as `mpi` on the group's private communicator, or (an
+    // all-reduce whose flags allow it) through the shm all-reduce (large_data). AVG's division, if any,
+    // happens when it completes.
+    PdMpiCall mpi;
+    void *avg_buf;
+    const PdDtype *avg_dtype;
+    MPI_Count avg_count;
 } Pending;
 
 typedef struct {
@@ -596,46 +599,46 @@ static int in_this_segment(const void *data, size_t nbytes) {
     return p >= lo && p < lo + session->view.region_bytes && nbytes <= (size_t)(lo + session->view.region_bytes - p);
 }
 
-// A large all-reduce whose headers have all matched (GIL held): the same choice on every rank, from
-// every rank's flags. Shared memory when no rank is asynchronous and it pays (every array in the
-// segment, or copying allowed): every rank is then in this call, blocking, so it runs to the end with
-// Ctrl-C held back until it is done (an interrupted rank would leave its peers out of step). Else
-// MPI's nonblocking all-reduce on the group's private communicator, which only these calls use, in
-// the order their headers matched: the same on every rank, whenever each rank gets here. The Work
-// gets the outcome. g may be freed here (its group destroyed while the shm all-reduce waited).
+// A call whose headers have all matched and whose data the slots do not carry (GIL held): the same
+// choice on every rank, from every rank's flags. An all-reduce takes shared memory when no rank is
+// asynchronous and it pays (every array in the segment, or copying allowed): every rank is then in
+// this call, blocking, so it runs to the end with Ctrl-C held back until it is done (an interrupted
+// rank would leave its peers out of step). Everything else is MPI's nonblocking call on the group's
+// private communicator, which only these calls use, in the order their headers matched: the same on
+// every rank, whenever each rank gets here. The Work gets the outcome. g may be freed here (its group
+// destroyed while the shm all-reduce waited).
 static void large_data(GroupChannel *g, Pending *e) {
     PdWorkObject *w = e->work;
     long group = g->group;
     uint32_t and_ = g->small.flags_and, or_ = g->small.flags_or;
     int size = g->small.size, rc;
+    int all_reduce = (e->call.kind & ~SMALL_HEADER_ONLY) == SMALL_ALLREDUCE;
     w->pending = NULL;
     w->state = NULL;
-    if (!(or_ & LARGE_ASYNC) && ((and_ & LARGE_IN_SEGMENT) || (or_ & LARGE_COPY_OK))) {
-        if (run(g, group, e->what, e->data, e->call.count, e->call.dtype, e->call.op, 1, 1) < 0) {
+    if (all_reduce && !(or_ & LARGE_ASYNC) && ((and_ & LARGE_IN_SEGMENT) || (or_ & LARGE_COPY_OK))) {
+        if (run(g, group, e->what, e->mpi.recv, e->call.count, e->call.dtype, e->call.op, 1, 1) < 0) {
             pd_work_fail(w);
             PyErr_Clear();   // the Work's wait() raises it
         }
         pd_work_finish(w);
         return;
     }
-    calls_declined++;
+    calls_declined += all_reduce;
     MPI_Comm *comm = pd_group_private_comm(group);
-    rc = comm == NULL ? MPI_ERR_COMM
-                      : MPI_Iallreduce_c(MPI_IN_PLACE, e->data, (MPI_Count)e->call.count, e->dtype->mpi, e->mop,
-                                         *comm, &w->req);
+    rc = comm == NULL ? MPI_ERR_COMM : pd_mpi_call_start(&e->mpi, *comm, &w->req);
     if (rc != MPI_SUCCESS) {
-        pd_raise_mpi(rc, "MPI_Iallreduce_c");
+        pd_raise_mpi(rc, e->mpi.name);
         pd_work_fail(w);
         PyErr_Clear();
         pd_work_finish(w);
         return;
     }
     w->pending = &pd_request_pending;   // from here on, the plain MPI path's
-    if (e->call.op == SHM_AVG) {   // MPI sums; the Work divides once it completes
+    if (e->avg_buf != NULL) {   // MPI sums; the Work divides once it completes
         w->avg_divisor = size;
-        w->avg_dtype = e->dtype;
-        w->avg_buf = e->data;
-        w->avg_count = (MPI_Count)e->call.count;
+        w->avg_dtype = e->avg_dtype;
+        w->avg_buf = e->avg_buf;
+        w->avg_count = e->avg_count;
     }
 }
 
@@ -714,7 +717,8 @@ static int complete_oldest(GroupChannel *g, double timeout, int timeout_breaks) 
             ret = -1;
         }
     }
-    if (rc == 0 && (done.call.kind & SMALL_HEADER_ONLY)) {
+    if (rc == 0 && done.work != NULL &&
+        ((done.call.kind & SMALL_HEADER_ONLY) || !(g->small.flags_and & SMALL_IN_SLOT))) {
         large_data(g, &done);   // g may be freed (its group destroyed meanwhile)
     } else if (done.work != NULL) {
         done.work->pending = NULL;
@@ -759,7 +763,8 @@ static PyObject *deferred_error(GroupChannel *g, PyObject *ret) {
                         "the root did not wait for them, and this call itself went ahead): %s", err);
 }
 
-// A call through the slots; `large` carries a large all-reduce's data (NULL for the small ones).
+// A call through the slots; `large` carries the data's path of a call whose header alone goes there
+// (NULL for the small ones).
 static PyObject *small_run(const char *fn, const char *what, long group, int async_op, SmallCall *call, PyObject *a,
                            PyObject *b, PyObject *list, int *fallback, const Pending *large);
 
@@ -795,10 +800,13 @@ static PyObject *small_run(const char *fn, const char *what, long group, int asy
     }
     // Queued: it is ours to post and complete, in order, whatever happens to this call. Its arrays stay
     // alive with it (a call waiting for a slot reads its input when it is posted, as MPI may).
-    g->queue[g->q_head + g->q_len] = (Pending){*call, what, Py_XNewRef(a), Py_XNewRef(b),
-                                               w != NULL ? (PdWorkObject *)Py_NewRef(w) : NULL,
-                                               large ? large->data : NULL, large ? large->dtype : NULL,
-                                               large ? large->mop : MPI_OP_NULL};
+    Pending *e = &g->queue[g->q_head + g->q_len];
+    *e = large != NULL ? *large : (Pending){0};
+    e->call = *call;
+    e->what = what;
+    e->a = Py_XNewRef(a);
+    e->b = Py_XNewRef(b);
+    e->work = w != NULL ? (PdWorkObject *)Py_NewRef(w) : NULL;
     if (g->q_len++ == 0) {
         with_pending[n_with_pending++] = g;
     }
@@ -814,6 +822,30 @@ static PyObject *small_run(const char *fn, const char *what, long group, int asy
         }
     }
     return deferred_error(g, Py_NewRef(Py_None));
+}
+
+// A call whose data may take MPI's path (or the shm all-reduce) once the headers have matched: its
+// header alone in the slots, or (an all-to-all) its data too when every rank's may be there. Always as
+// a Work, whose data starts in the progress engine if need be; a blocking call waits for that Work (on
+// Ctrl-C the Work completes it later, as it would a dropped one).
+static PyObject *header_run(const char *fn, long group, int async_op, SmallCall *call, const PdMpiCall *mpi,
+                            PyObject *keep, PyObject *list, const PdBuf *avg, int *fallback) {
+    Pending large = {.mpi = *mpi};
+    if (avg != NULL) {
+        large.avg_buf = avg->data;
+        large.avg_dtype = avg->dtype;
+        large.avg_count = avg->count;
+    }
+    PyObject *work = small_run(fn, fn, group, 1, call, keep, NULL, list, fallback, &large);
+    if (work == NULL || async_op) {
+        return work;
+    }
+    int rc = pd_work_wait((PdWorkObject *)work);
+    Py_DECREF(work);
+    if (rc < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, MPI_Op mop, long group, int async_op, int forced,
@@ -850,30 +882,30 @@ int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, MPI_Op mop, long gr
                      (forced || buf->nbytes >= PD_SHM_AUTO_COPY_BYTES ? LARGE_COPY_OK : 0);
     SmallCall call = {SMALL_ALLREDUCE | SMALL_HEADER_ONLY, dtype_code(buf), (int)op, -1, (int64_t)buf->count,
                       (size_t)PyArray_ITEMSIZE(buf->arr), NULL, NULL, flags};
+    PdMpiCall mpi = {PD_MPI_ALLREDUCE, "MPI_Iallreduce_c", MPI_IN_PLACE, 0, NULL, NULL, buf->data, buf->count,
+                     NULL, NULL, buf->dtype->mpi, mop, -1};
     PyObject *list = PyList_New(1);
     if (list == NULL) {
         return 1;
     }
     PyList_SET_ITEM(list, 0, Py_NewRef(tensor));
-    Pending large = {.data = buf->data, .dtype = buf->dtype, .mop = mop};
-    PyObject *work = small_run("all_reduce", "all_reduce", group, 1, &call, (PyObject *)buf->arr, NULL, list,
-                               &fallback, &large);
+    *ret = header_run("all_reduce", group, async_op, &call, &mpi, (PyObject *)buf->arr, list,
+                      op == PD_OP_AVG ? buf : NULL, &fallback);
     Py_DECREF(list);
-    if (work == NULL) {
-        return 1;   // the channel exists: no fallback
+    return 1;   // the channel exists: no fallback
+}
+
+PyObject *pd_shm_header_run(const char *fn, long group, int async_op, const SmallCall *header, const PdMpiCall *mpi,
+                            PyObject *keep, PyObject *list, const PdBuf *avg, int *fallback) {
+    SmallCall call = *header;
+    call.flags = LARGE_ASYNC;   // MPI's path for the data, whatever it is
+    if ((call.src == NULL && call.dst == NULL) ||
+        !pd_shm_small_wanted(group, shm_small_contribution(&call, pd_group_size(group)))) {
+        call.kind |= SMALL_HEADER_ONLY;
+        call.src = NULL;
+        call.dst = NULL;
     }
-    if (async_op) {
-        *ret = work;
-        return 1;
-    }
-    // Blocking: wait for it as its Work (on Ctrl-C the Work completes it later, as it would a dropped one).
-    PyObject *done = PyObject_CallMethod(work, "wait", NULL);
-    Py_DECREF(work);
-    if (done != NULL) {
-        Py_DECREF(done);
-        *ret = Py_NewRef(Py_None);
-    }
-    return 1;
+    return header_run(fn, group, async_op, &call, mpi, keep, list, avg, fallback);
 }
 
 // The path's progress: every pending small collective whose peers have all posted completes (no wait).

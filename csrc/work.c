@@ -100,6 +100,32 @@ static int other_thread_waits(const void *p) {
     return ((const PdWorkObject *)p)->waiting;
 }
 
+static int work_wait_for(PdWorkObject *w, double timeout, int timeout_breaks) {
+    if (w->waiting &&
+        pd_yield_while(other_thread_waits, w, timeout, w->op.what, "another thread was waiting for it") < 0) {
+        return -1;
+    }
+    if (w->pending != NULL) {
+        Py_INCREF(w);   // the wait releases the GIL: stay alive whatever other threads drop
+        w->waiting = 1;
+        int rc = w->pending->wait(w, timeout, timeout_breaks);
+        w->waiting = 0;
+        Py_DECREF(w);
+        if (rc < 0) {
+            return -1;   // a timeout or a signal leaves it pending and this Work usable
+        }
+    }
+    if (w->error != NULL) {
+        PyErr_SetObject((PyObject *)Py_TYPE(w->error), w->error);
+        return -1;
+    }
+    return 0;
+}
+
+int pd_work_wait(PdWorkObject *w) {
+    return work_wait_for(w, pd_session_timeout(), 1);
+}
+
 static PyObject *work_wait(PdWorkObject *w, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     PyObject *t = NULL;
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
@@ -121,23 +147,8 @@ static PyObject *work_wait(PdWorkObject *w, PyObject *const *args, Py_ssize_t na
     if (timeout_arg(t, &timeout) < 0) {
         return NULL;
     }
-    if (w->waiting &&
-        pd_yield_while(other_thread_waits, w, timeout, w->op.what, "another thread was waiting for it") < 0) {
-        return NULL;
-    }
-    if (w->pending != NULL) {
-        Py_INCREF(w);   // the wait releases the GIL: stay alive whatever other threads drop
-        w->waiting = 1;
-        // Only the session's own timeout breaks a group, not a caller's short poll.
-        int rc = w->pending->wait(w, timeout, t == NULL || t == Py_None);
-        w->waiting = 0;
-        Py_DECREF(w);
-        if (rc < 0) {
-            return NULL;   // a timeout or a signal leaves it pending and this Work usable
-        }
-    }
-    if (w->error != NULL) {
-        PyErr_SetObject((PyObject *)Py_TYPE(w->error), w->error);
+    // Only the session's own timeout breaks a group, not a caller's short poll.
+    if (work_wait_for(w, timeout, t == NULL || t == Py_None) < 0) {
         return NULL;
     }
     Py_RETURN_TRUE;

@@ -585,9 +585,17 @@ class AllToAllSingle(AllToAll):
 
     def draw(self, rng, size, n):
         a = super().draw(rng, size, n)
-        a["splits"] = bool(rng.random() < 0.5)   # every rank alike (see all_to_all_single's docstring)
-        if a["splits"]:
-            a["matrix"] = split_matrix(rng, n, a["count"])
+        # Per rank: split sizes given or not. Some ranks' blocks are equal (row and column all `count`),
+        # and those may leave the split sizes out beside ranks whose blocks are uneven (a valid alltoallv).
+        a["splits"] = [False] * n
+        if rng.random() < 0.5:
+            m = split_matrix(rng, n, a["count"])
+            even = [i for i in range(n) if rng.random() < 0.4]
+            for i in even:
+                for j in range(n):
+                    m[i][j] = m[j][i] = a["count"]
+            a["matrix"] = m
+            a["splits"] = [i not in even or bool(rng.random() < 0.5) for i in range(n)]
         return a
 
     def run(self, c):
@@ -596,7 +604,7 @@ class AllToAllSingle(AllToAll):
         parts = [c.data(c.i, which=j, count=m[c.i][j]) for j in range(c.n)]
         inp = np.concatenate(parts) if parts else c.out(0)
         kw = {"output": out, "input": inp}
-        if c.a["splits"]:
+        if c.a["splits"][c.i]:
             kw["output_split_sizes"] = [m[j][c.i] for j in range(c.n)]
             kw["input_split_sizes"] = list(m[c.i])
         return kw, [out]
@@ -606,7 +614,8 @@ class AllToAllSingle(AllToAll):
         return [np.concatenate(parts) if parts else c.out(0)]
 
     def describe(self, a):
-        return super().describe(a) + ("" if a["splits"] else ", no split sizes")
+        given = [i for i, g in enumerate(a["splits"]) if g]
+        return super().describe(a) + (f", split sizes on ranks {given}" if given else ", no split sizes")
 
 
 class Message(Call):

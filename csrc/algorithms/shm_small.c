@@ -8,8 +8,9 @@
 
 #define LINE 64
 
-static const char *const KIND_NAMES[] = {"barrier", "broadcast", "all_reduce", "reduce", "all_gather",
-                                         "reduce_scatter", "all_to_all"};
+static const char *const KIND_NAMES[SMALL_KINDS] = {"barrier", "broadcast", "all_reduce", "reduce",
+                                                    "all_gather_into_tensor", "reduce_scatter", "all_to_all",
+                                                    "gather", "scatter", "all_gather"};
 static const char *const OP_NAMES[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"};
 
 // A rank's area: its done line, the headers of the calls it completed last (SEEN of them), the slots.
@@ -95,7 +96,10 @@ static int wait_peers(const ShmSmall *s, int want_done, uint64_t target, uint64_
 static void mismatch_message(const ShmSmall *s, const SmallHeader *const *hs, char *err, size_t errlen);
 
 static int same_call(const SmallHeader *a, const SmallHeader *b) {
-    return a->count == b->count && a->kind == b->kind && a->dtype == b->dtype && a->op == b->op && a->root == b->root;
+    int counts = a->count == b->count ||
+                 ((a->kind & ~SMALL_HEADER_ONLY) == SMALL_ALLTOALL && (a->count == SMALL_UNEVEN || b->count == SMALL_UNEVEN));
+    return counts && (a->kind & ~SMALL_HEADER_ONLY) == (b->kind & ~SMALL_HEADER_ONLY) && a->dtype == b->dtype &&
+           a->op == b->op && a->root == b->root;
 }
 
 // Compare an unchecked broadcast of slot i (this rank its root) with what the peers completed there,
@@ -153,7 +157,7 @@ int shm_small_post(ShmSmall *s, const SmallCall *c, const ShmWait *w) {
     h->dtype = c->dtype;
     h->op = c->op;
     h->root = c->root;
-    h->flags = c->flags;
+    h->flags = c->flags | (c->kind & SMALL_HEADER_ONLY ? 0 : SMALL_IN_SLOT);
     atomic_store_explicit(&h->stamp, r + 1, memory_order_release);
     s->posted = r + 1;
     return 0;
@@ -187,16 +191,22 @@ static void mismatch_message(const ShmSmall *s, const SmallHeader *const *hs, ch
     for (int p = 0; p < s->size && len > 0 && (size_t)len < errlen; p++) {
         const SmallHeader *h = hs[p];
         int kind = h->kind & ~SMALL_HEADER_ONLY;
-        kind = kind >= 0 && kind <= SMALL_ALLTOALL ? kind : 0;
-        int moved = kind == SMALL_BCAST || kind == SMALL_ALLGATHER || kind == SMALL_ALLTOALL;   // as bytes
-        len += snprintf(err + len, errlen - (size_t)len, "%s group rank %d: %s%s of %lld %s", p ? ";" : "", p,
-                        KIND_NAMES[kind], h->kind & SMALL_HEADER_ONLY ? " (a large one)" : "",
-                        (long long)h->count, moved ? "bytes" : shm_dtype_name(h->dtype));
+        kind = kind >= 0 && kind < SMALL_KINDS ? kind : 0;
+        int moved = kind != SMALL_ALLREDUCE && kind != SMALL_REDUCE && kind != SMALL_REDUCE_SCATTER;   // as bytes
+        const char *through = !(h->kind & SMALL_HEADER_ONLY) ? "" : kind < SMALL_GATHER ? " (a large one)" : "";
+        if (h->count == SMALL_UNEVEN) {
+            len += snprintf(err + len, errlen - (size_t)len, "%s group rank %d: %s%s with uneven split sizes",
+                            p ? ";" : "", p, KIND_NAMES[kind], through);
+        } else {
+            len += snprintf(err + len, errlen - (size_t)len, "%s group rank %d: %s%s of %lld %s", p ? ";" : "", p,
+                            KIND_NAMES[kind], through, (long long)h->count, moved ? "bytes" : shm_dtype_name(h->dtype));
+        }
         if (len > 0 && (size_t)len < errlen && (kind == SMALL_ALLREDUCE || kind == SMALL_REDUCE ||
                                                  kind == SMALL_REDUCE_SCATTER)) {
             len += snprintf(err + len, errlen - (size_t)len, ", %s", h->op >= 0 && h->op < 8 ? OP_NAMES[h->op] : "?");
         }
-        if (len > 0 && (size_t)len < errlen && (kind == SMALL_BCAST || kind == SMALL_REDUCE)) {
+        if (len > 0 && (size_t)len < errlen &&
+            (kind == SMALL_BCAST || kind == SMALL_REDUCE || kind == SMALL_GATHER || kind == SMALL_SCATTER)) {
             len += snprintf(err + len, errlen - (size_t)len, ", root %d", h->root);
         }
         if (p >= 7 && s->size > 9) {
@@ -225,6 +235,7 @@ int shm_small_complete(ShmSmall *s, const SmallCall *c, const ShmWait *w, char *
     const int R = s->size, me = s->rank;
     if (c->kind == SMALL_BCAST && c->root == me && !shm_small_arrived(s, r)) {
         s->unchecked[r % SMALL_SLOTS] = r + 1;   // checked later (settle), without making the root wait
+        s->flags_and = s->flags_or = header_of(s, me, r)->flags;   // its own data, in its slot
         publish_done(s, r);
         return 0;
     }
@@ -246,7 +257,7 @@ int shm_small_complete(ShmSmall *s, const SmallCall *c, const ShmWait *w, char *
     if (!same) {
         mismatch_message(s, hs, err, errlen);
         rc = -2;
-    } else if (!(c->kind & SMALL_HEADER_ONLY)) {
+    } else if (s->flags_and & SMALL_IN_SLOT) {
         const size_t block = (size_t)c->count * c->itemsize;
         char *in[SMALL_MAX_RANKS], *out = c->dst;
         switch (c->kind) {

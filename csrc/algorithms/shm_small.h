@@ -43,12 +43,22 @@
 #define SMALL_SLOT_BYTES ((size_t)64 * 1024)
 #define SMALL_MAX_RANKS 256   // larger groups use MPI's collectives
 
+// The kinds from SMALL_GATHER on are only ever headers (below): the slots carry no data of theirs.
 enum { SMALL_BARRIER, SMALL_BCAST, SMALL_ALLREDUCE, SMALL_REDUCE, SMALL_ALLGATHER, SMALL_REDUCE_SCATTER,
-       SMALL_ALLTOALL };
-// Added to a kind: a call past the small bound, whose header alone goes through the slots (its data
-// takes another path once every rank's header has matched). A rank on either side of a threshold
-// then sees the mismatch from the headers, as every other rank does, instead of waiting forever.
+       SMALL_ALLTOALL, SMALL_GATHER, SMALL_SCATTER, SMALL_ALLGATHER_LIST, SMALL_KINDS };
+// Added to a kind: a call the slots do not carry (past the small bound, or a list form), whose header
+// alone goes through them (its data takes another path once every rank's header has matched). A rank
+// on either side of a threshold, or in another collective, then sees the mismatch from the headers,
+// as every other rank does, instead of waiting forever.
 #define SMALL_HEADER_ONLY 0x10
+// The count of an all-to-all with uneven blocks (split sizes): matches any count (MPI's alltoallv
+// checks each pair's blocks).
+#define SMALL_UNEVEN (-1)
+// In a header's flags, set by shm_small_post when the slot holds the call's data. Kinds are compared
+// without SMALL_HEADER_ONLY; the data moves through the slots only when every rank's is there, else
+// every rank takes the data's other path (the flags' AND says which: an all-to-all of equal blocks
+// beside one of uneven blocks, or beside the list form, is MPI's alltoallv everywhere).
+#define SMALL_IN_SLOT 0x80000000u
 
 // A slot's header, on a cache line of its own: the stamp and what the call is.
 typedef struct {
@@ -93,7 +103,8 @@ int shm_small_post(ShmSmall *s, const SmallCall *c, const ShmWait *w);
 int shm_small_can_post(const ShmSmall *s);
 // Whether every rank has posted round `round` (no wait).
 int shm_small_arrived(const ShmSmall *s, uint64_t round);
-// Complete the oldest posted round (s->completed), which `c` posted. 0 done; -1 the wait gave up (its
+// Complete the oldest posted round (s->completed), which `c` posted. 0 done (the data moved, unless
+// s->flags_and lacks SMALL_IN_SLOT: then the caller moves it another way); -1 the wait gave up (its
 // error stands; nothing done, may be resumed); -2 the ranks' calls do not match (err holds the same
 // message on every rank; the round counts as completed, nothing was written to c->dst).
 int shm_small_complete(ShmSmall *s, const SmallCall *c, const ShmWait *w, char *err, size_t errlen);

@@ -162,11 +162,11 @@ def test_all_to_all_single(group, dtype):
             out = np.zeros((rows * size, 1), dtype)
             dist.all_to_all_single(out, inputs[rank], splits, splits, group=group)
             parallel_assert(np.array_equal(out, expected), f"{total} B splits={splits}")
-    # With split sizes given: MPI's nonblocking call, always (another rank might give none).
-    keys = stats(group)[0]
+    # MPI's nonblocking call, always, with split sizes or without (another rank's blocks may be uneven,
+    # and its alltoallv would not match a cached alltoall).
     out = np.zeros((size, 1), dtype)
     dist.all_to_all_single(out, inputs[rank][:size], [1] * size, [1] * size, group=group)
-    parallel_assert(stats(group)[0] == keys and np.array_equal(out, np.array([[i[rank, 0]] for i in inputs])))
+    parallel_assert(stats(group)[0] == 0 and np.array_equal(out, np.array([[i[rank, 0]] for i in inputs])))
 
 
 def test_barrier(group):
@@ -204,9 +204,9 @@ def test_every_collective_restarted_with_new_data(group):
         dist.all_to_all_single(out, mine, group=group)
         ok["all_to_all_single"] = np.array_equal(out, np.concatenate([i[rank * n:(rank + 1) * n] for i in inputs]))
         parallel_assert(all(ok.values()), f"call {call}: wrong {[k for k, v in ok.items() if not v]}")
-    # one key each (broadcast and reduce: one per root): all of them went through the cache
+    # one key each (broadcast and reduce: one per root; all_to_all_single never): through the cache
     keys, requests, active, _ = stats(group)
-    parallel_assert(keys == 4 + 2 * size and requests >= 4 * KEY_ENTRIES and active == 0, f"{stats(group)}")
+    parallel_assert(keys == 3 + 2 * size and requests >= 4 * KEY_ENTRIES and active == 0, f"{stats(group)}")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -238,3 +238,162 @@ def test_small_broadcast_root_does_not_wait_and_hears_of_a_mismatch_later(nbytes
     z = np.full(3, rank + 1.0)
     dist.all_reduce(z)
     parallel_assert(ok and np.all(z == size * (size + 1) / 2), f"{x[:2]} {z}")
+
+
+KINDS = ["broadcast", "reduce", "all_gather_into_tensor", "all_gather", "gather", "scatter",
+         "reduce_scatter_tensor", "reduce_scatter", "all_to_all_single", "all_to_all"]
+LARGE, SMALL = 10_000, 100   # float64 elements per rank's block: past the small bound (64 KiB), and under
+
+
+def block(r, j, n):
+    """Rank r's block for rank j (or its only one, j = 0): values nobody else has."""
+    return np.arange(n, dtype=np.float64) + 1000.0 * r + 10.0 * j
+
+
+def collective(kind, n, async_op=False):
+    """Collective `kind` with blocks of n float64 on this rank: (what it wrote, NumPy's answer)."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    mine = [block(rank, j, n) for j in range(size)]
+    sent_to_me = [block(r, rank, n) for r in range(size)]
+
+    def run(call, result, expect):
+        w = call(async_op)
+        if async_op:
+            w.wait()
+        return np.concatenate(result) if isinstance(result, list) else result, expect
+
+    if kind == "broadcast":
+        x = block(rank, 0, n)
+        return run(lambda a: dist.broadcast(x, 0, async_op=a), x, block(0, 0, n))
+    if kind == "reduce":
+        x = block(rank, 0, n)
+        want = sum(block(r, 0, n) for r in range(size)) if rank == 0 else block(rank, 0, n)
+        return run(lambda a: dist.reduce(x, 0, async_op=a), x, want)
+    if kind == "all_gather_into_tensor":
+        out = np.zeros(n * size)
+        return run(lambda a: dist.all_gather_into_tensor(out, mine[0], async_op=a), out,
+                   np.concatenate([block(r, 0, n) for r in range(size)]))
+    if kind == "all_gather":
+        outs = [np.zeros(n) for _ in range(size)]
+        return run(lambda a: dist.all_gather(outs, mine[0], async_op=a), outs,
+                   np.concatenate([block(r, 0, n) for r in range(size)]))
+    if kind == "gather":
+        outs = [np.zeros(n) for _ in range(size)] if rank == 0 else None
+        want = np.concatenate([block(r, 0, n) for r in range(size)]) if rank == 0 else np.zeros(0)
+        return run(lambda a: dist.gather(mine[0], outs, 0, async_op=a), outs or np.zeros(0), want)
+    if kind == "scatter":
+        out = np.zeros(n)
+        return run(lambda a: dist.scatter(out, mine if rank == 0 else None, 0, async_op=a), out, block(0, rank, n))
+    if kind == "reduce_scatter_tensor":
+        out = np.zeros(n)
+        return run(lambda a: dist.reduce_scatter_tensor(out, np.concatenate(mine), async_op=a), out,
+                   sum(sent_to_me))
+    if kind == "reduce_scatter":
+        out = np.zeros(n)
+        return run(lambda a: dist.reduce_scatter(out, mine, async_op=a), out, sum(sent_to_me))
+    if kind == "all_to_all_single":
+        out = np.zeros(n * size)
+        return run(lambda a: dist.all_to_all_single(out, np.concatenate(mine), async_op=a), out,
+                   np.concatenate(sent_to_me))
+    outs = [np.zeros(n) for _ in range(size)]
+    return run(lambda a: dist.all_to_all(outs, mine, async_op=a), outs, np.concatenate(sent_to_me))
+
+
+@pytest.mark.world_size(min=2)
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_collective_past_the_small_bound_matches_numpy(kind):
+    """Past the small bound a call's header goes through the slots and its data through MPI on the
+    group's private communicator: the results are NumPy's, blocking and async, beside small calls."""
+    problems = []
+    for n, async_op in [(LARGE, False), (LARGE, True), (SMALL, True), (LARGE, False)]:
+        got, want = collective(kind, n, async_op)
+        if not np.array_equal(got, want):
+            problems.append((n, async_op))
+    parallel_assert(not problems, f"{kind}: {problems}")
+
+
+def errors_from(call, later=8):
+    """ValueErrors of `call` and of the barriers after it (a small broadcast's root hears later)."""
+    errors = []
+    try:
+        call()
+    except ValueError as e:
+        errors.append(str(e))
+    for _ in range(later):
+        try:
+            dist.barrier()
+        except ValueError as e:
+            errors.append(str(e))
+    return errors
+
+
+@pytest.mark.world_size(min=2)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rank0", ["large", "small"])
+def test_mismatch_of_every_collective_across_the_small_bound_raises_everywhere(kind, rank0):
+    """Rank 0 past the small bound and the others under it (or the other way round): every rank
+    raises ValueError once (a small broadcast's root at a later call), and the group stays usable."""
+    rank = dist.get_rank()
+    n = LARGE if (rank == 0) == (rank0 == "large") else SMALL
+    errors = errors_from(lambda: collective(kind, n))
+    ok = len(errors) == 1 and "do not match" in errors[0]
+    results = [collective(kind, m) for m in (LARGE, SMALL)]
+    ok &= all(np.array_equal(got, want) for got, want in results)
+    parallel_assert(ok, f"{kind}: {errors}")
+
+
+@pytest.mark.world_size(min=2)
+@pytest.mark.parametrize("kind", ["gather", "all_gather", "scatter", "all_to_all"])
+def test_different_collectives_raise_everywhere(kind):
+    """Rank 0 in a list-form collective (which the slots never carry) while the others all-reduce a
+    small array: MPI would hang; every rank raises ValueError, and the group stays usable."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    x = np.full(4, rank + 1.0)
+    errors = errors_from(lambda: collective(kind, 4) if rank == 0 else dist.all_reduce(x))
+    ok = len(errors) == 1 and "do not match" in errors[0] and np.all(x == rank + 1.0)
+    dist.all_reduce(x)
+    got, want = collective(kind, 4)
+    parallel_assert(ok and np.all(x == size * (size + 1) / 2) and np.array_equal(got, want), f"{errors}")
+
+
+def uneven_splits(k):
+    """all_to_all_single's split sizes: rank 0 sends and receives k rows everywhere (no split sizes
+    given); ranks i, j >= 1 exchange k + (i + j) % 3 rows (uneven)."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    rows = [k if 0 in (rank, j) else k + (rank + j) % 3 for j in range(size)]
+    return rows   # symmetric: what rank sends j is what j receives from rank
+
+
+@pytest.mark.world_size(min=2)
+@pytest.mark.parametrize("name", ["automatic", "small off"])
+def test_all_to_all_single_uneven_beside_no_split_sizes(name):
+    """A rank without split sizes beside ranks with uneven ones is a valid alltoallv: it completes with
+    NumPy's answer on every path and size, although the slots carry equal blocks that are small (the
+    ranks all take MPI's alltoallv then); the list form beside the single one too."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    with path(name):
+        problems = []
+        for k in (LARGE, SMALL, 0):
+            rows = uneven_splits(k)
+            src = np.concatenate([block(rank, j, rows[j]) for j in range(size)])
+            out = np.zeros(sum(rows))
+            want = np.concatenate([block(r, rank, rows[r]) for r in range(size)])
+            splits = None if rank == 0 else rows
+            dist.all_to_all_single(out, src, splits, splits)
+            if not np.array_equal(out, want):
+                problems.append((k, out[:3], want[:3]))
+        for k in (LARGE, SMALL):
+            mine = [block(rank, j, k) for j in range(size)]
+            want = np.concatenate([block(r, rank, k) for r in range(size)])
+            if rank == 0:
+                outs = [np.zeros(k) for _ in range(size)]
+                dist.all_to_all(outs, mine)
+                got = np.concatenate(outs)
+            else:
+                got = np.zeros(k * size)
+                dist.all_to_all_single(got, np.concatenate(mine))
+            if not np.array_equal(got, want):
+                problems.append(("list", k))
+        x = np.full(3, rank + 1.0)
+        dist.all_reduce(x)
+        parallel_assert(not problems and np.all(x == size * (size + 1) / 2), f"{problems}")
