@@ -100,7 +100,7 @@ void shm_combine(void *acc, const void *in, size_t n, int dtype, int op);
 // outs[0..n_outs)[0..len) = the reduction of ins[0..R)[0..len) with op, in rank order (AVG divides by R).
 void shm_reduce(char *const *outs, int n_outs, char *const *ins, int R, size_t len, int dtype, int op);
 
-// memcpy for data another core has just written (prefetching 64-byte moves: shm.c says why).
+// A copy out of a small collective's slot (libc's memcpy: shm.c says why).
 void shm_copy(void *dst, const void *src, size_t n);
 
 // Names for messages.
