@@ -112,6 +112,9 @@ static PyObject *finish_persistent(const char *what, long group, MPI_Comm comm, 
     return ret;
 }
 
+// A list's displacements (PdBufList.displs) serve as SmallCall's block offsets.
+_Static_assert(sizeof(MPI_Aint) == sizeof(ptrdiff_t), "MPI_Aint is not ptrdiff_t's size");
+
 // A small collective in shared memory (shared_memory.c over algorithms/shm_small.c) when the group
 // takes it for this size, which every rank decides alike. 1 with *ret set (the result, or NULL raised);
 // 0: use MPI's.
@@ -195,8 +198,8 @@ PyObject *pd_barrier(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         Py_RETURN_NONE;
     }
     PyObject *ret;
-    if (try_small("barrier", group, async_op, (SmallCall){SMALL_BARRIER, SHM_U8, 0, -1, 0, 1, NULL, NULL, 0}, NULL,
-                  NULL, NULL, &ret)) {
+    if (try_small("barrier", group, async_op, (SmallCall){SMALL_BARRIER, SHM_U8, 0, -1, 0, 1, NULL, NULL, 0, NULL,
+                  NULL}, NULL, NULL, NULL, &ret)) {
         return ret;
     }
     if (pd_persist_wanted(0)) {
@@ -235,7 +238,8 @@ PyObject *pd_broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     int is_root = root == pd_group_rank(group);
     // As bytes, as below: ranks may hold different dtypes of one size.
     if (try_small(fn, group, async_op, (SmallCall){SMALL_BCAST, SHM_U8, 0, root, (int64_t)buf.nbytes, 1,
-                  is_root ? buf.data : NULL, is_root ? NULL : buf.data, 0}, (PyObject *)buf.arr, NULL, args[0], &ret)) {
+                  is_root ? buf.data : NULL, is_root ? NULL : buf.data, 0, NULL, NULL}, (PyObject *)buf.arr, NULL,
+                  args[0], &ret)) {
         goto done;
     }
     int headers = headers_in_slots(group);
@@ -249,7 +253,7 @@ PyObject *pd_broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     PdMpiCall mc = {PD_MPI_BCAST, "MPI_Ibcast_c", NULL, 0, NULL, NULL, buf.data, buf.nbytes, NULL, NULL, MPI_BYTE,
                     MPI_OP_NULL, root};
     ret = mpi_path(fn, group, *comm, async_op, headers, &mc,
-                   (SmallCall){SMALL_BCAST, SHM_U8, 0, root, (int64_t)buf.nbytes, 1, NULL, NULL, 0},
+                   (SmallCall){SMALL_BCAST, SHM_U8, 0, root, (int64_t)buf.nbytes, 1, NULL, NULL, 0, NULL, NULL},
                    (PyObject *)buf.arr, args[0], NULL);
 done:
     pd_buf_release(&buf);
@@ -313,7 +317,7 @@ PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (algorithm == ALGORITHM_AUTO &&
         try_small(fn, group, async_op, (SmallCall){SMALL_ALLREDUCE, pd_shm_dtype(&buf), (int)op, -1,
-                  (int64_t)buf.count, (size_t)PyArray_ITEMSIZE(buf.arr), buf.data, buf.data, 0},
+                  (int64_t)buf.count, (size_t)PyArray_ITEMSIZE(buf.arr), buf.data, buf.data, 0, NULL, NULL},
                   (PyObject *)buf.arr, NULL, args[0], &ret)) {
         goto done;
     }
@@ -331,7 +335,7 @@ PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                     NULL, buf.dtype->mpi, mop, -1};
     ret = mpi_path(fn, group, *comm, async_op, headers, &mc,
                    (SmallCall){SMALL_ALLREDUCE, pd_shm_dtype(&buf), (int)op, -1, (int64_t)buf.count,
-                               (size_t)PyArray_ITEMSIZE(buf.arr), NULL, NULL, 0},
+                               (size_t)PyArray_ITEMSIZE(buf.arr), NULL, NULL, 0, NULL, NULL},
                    (PyObject *)buf.arr, args[0], op == PD_OP_AVG ? &buf : NULL);
 done:
     pd_buf_release(&buf);
@@ -365,8 +369,8 @@ PyObject *pd_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         goto done;
     }
     if (try_small(fn, group, async_op, (SmallCall){SMALL_REDUCE, pd_shm_dtype(&buf), (int)op, root,
-                  (int64_t)buf.count, (size_t)PyArray_ITEMSIZE(buf.arr), buf.data, is_root ? buf.data : NULL, 0},
-                  (PyObject *)buf.arr, NULL, args[0], &ret)) {
+                  (int64_t)buf.count, (size_t)PyArray_ITEMSIZE(buf.arr), buf.data, is_root ? buf.data : NULL, 0, NULL,
+                  NULL}, (PyObject *)buf.arr, NULL, args[0], &ret)) {
         goto done;
     }
     int headers = headers_in_slots(group);
@@ -385,7 +389,7 @@ PyObject *pd_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                     is_root ? buf.data : NULL, 0, NULL, NULL, buf.dtype->mpi, mop, root};
     ret = mpi_path(fn, group, *comm, async_op, headers, &mc,
                    (SmallCall){SMALL_REDUCE, pd_shm_dtype(&buf), (int)op, root, (int64_t)buf.count,
-                               (size_t)PyArray_ITEMSIZE(buf.arr), NULL, NULL, 0},
+                               (size_t)PyArray_ITEMSIZE(buf.arr), NULL, NULL, 0, NULL, NULL},
                    (PyObject *)buf.arr, args[0], (op == PD_OP_AVG && is_root) ? &buf : NULL);
 done:
     pd_buf_release(&buf);
@@ -430,7 +434,7 @@ PyObject *pd_all_gather_into_tensor(PyObject *self, PyObject *const *args, Py_ss
     }
     // The staging copy makes the in-place form no different (here as below).
     if (try_small(fn, group, async_op, (SmallCall){SMALL_ALLGATHER, SHM_U8, 0, -1, (int64_t)in.nbytes, 1, in.data,
-                  out.data, 0}, keep, NULL, args[0], &ret)) {
+                  out.data, 0, NULL, NULL}, keep, NULL, args[0], &ret)) {
         goto done;
     }
     int headers = headers_in_slots(group);
@@ -443,8 +447,8 @@ PyObject *pd_all_gather_into_tensor(PyObject *self, PyObject *const *args, Py_ss
     PdMpiCall mc = {PD_MPI_ALLGATHER, "MPI_Iallgather_c", in_place ? MPI_IN_PLACE : in.data, in.nbytes, NULL, NULL,
                     out.data, in.nbytes, NULL, NULL, MPI_BYTE, MPI_OP_NULL, -1};
     ret = mpi_path(fn, group, *comm, async_op, headers, &mc,
-                   (SmallCall){SMALL_ALLGATHER, SHM_U8, 0, -1, (int64_t)in.nbytes, 1, NULL, NULL, 0}, keep, args[0],
-                   NULL);
+                   (SmallCall){SMALL_ALLGATHER, SHM_U8, 0, -1, (int64_t)in.nbytes, 1, NULL, NULL, 0, NULL, NULL}, keep,
+                   args[0], NULL);
 done:
     Py_XDECREF(keep);
     pd_buf_release(&out);
@@ -475,12 +479,15 @@ PyObject *pd_all_gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         ret = Py_NewRef(Py_None);
         goto done;
     }
-    // The slots never carry the list form: its header alone, where the group's headers go there.
+    // A kind of its own: past the small bound its MPI call (allgatherv) is not all_gather_into_tensor's.
+    SmallCall call = {SMALL_ALLGATHER_LIST, SHM_U8, 0, -1, (int64_t)in.nbytes, 1, in.data, outs.base, 0, NULL,
+                      outs.displs};
+    if (try_small(fn, group, async_op, call, keep, NULL, args[0], &ret)) {
+        goto done;
+    }
     PdMpiCall mc = {PD_MPI_ALLGATHERV, "MPI_Iallgatherv_c", in.data, in.nbytes, NULL, NULL, outs.base, 0,
                     outs.counts, outs.displs, MPI_BYTE, MPI_OP_NULL, -1};
-    ret = mpi_path(fn, group, *comm, async_op, headers_in_slots(group), &mc,
-                   (SmallCall){SMALL_ALLGATHER_LIST, SHM_U8, 0, -1, (int64_t)in.nbytes, 1, NULL, NULL, 0}, keep,
-                   args[0], NULL);
+    ret = mpi_path(fn, group, *comm, async_op, headers_in_slots(group), &mc, call, keep, args[0], NULL);
 done:
     Py_XDECREF(keep);
     pd_buflist_release(&outs);
@@ -521,11 +528,15 @@ PyObject *pd_gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         ret = Py_NewRef(Py_None);
         goto done;
     }
+    // outs: empty but on the root
+    SmallCall call = {SMALL_GATHER, SHM_U8, 0, root, (int64_t)in.nbytes, 1, in.data, outs.base, 0, NULL, outs.displs};
+    if (try_small(fn, group, async_op, call, keep, NULL, is_root ? args[1] : NULL, &ret)) {
+        goto done;
+    }
     PdMpiCall mc = {PD_MPI_GATHERV, "MPI_Igatherv_c", in.data, in.nbytes, NULL, NULL, outs.base, 0, outs.counts,
-                    outs.displs, MPI_BYTE, MPI_OP_NULL, root};   // outs: empty but on the root
-    ret = mpi_path(fn, group, *comm, async_op, headers_in_slots(group), &mc,
-                   (SmallCall){SMALL_GATHER, SHM_U8, 0, root, (int64_t)in.nbytes, 1, NULL, NULL, 0}, keep,
-                   is_root ? args[1] : NULL, NULL);
+                    outs.displs, MPI_BYTE, MPI_OP_NULL, root};
+    ret = mpi_path(fn, group, *comm, async_op, headers_in_slots(group), &mc, call, keep, is_root ? args[1] : NULL,
+                   NULL);
 done:
     Py_XDECREF(keep);
     pd_buflist_release(&outs);
@@ -566,11 +577,14 @@ PyObject *pd_scatter(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         ret = Py_NewRef(Py_None);
         goto done;
     }
+    // ins: empty but on the root
+    SmallCall call = {SMALL_SCATTER, SHM_U8, 0, root, (int64_t)out.nbytes, 1, ins.base, out.data, 0, ins.displs, NULL};
+    if (try_small(fn, group, async_op, call, keep, NULL, args[0], &ret)) {
+        goto done;
+    }
     PdMpiCall mc = {PD_MPI_SCATTERV, "MPI_Iscatterv_c", ins.base, 0, ins.counts, ins.displs, out.data, out.nbytes,
-                    NULL, NULL, MPI_BYTE, MPI_OP_NULL, root};   // ins: empty but on the root
-    ret = mpi_path(fn, group, *comm, async_op, headers_in_slots(group), &mc,
-                   (SmallCall){SMALL_SCATTER, SHM_U8, 0, root, (int64_t)out.nbytes, 1, NULL, NULL, 0}, keep, args[0],
-                   NULL);
+                    NULL, NULL, MPI_BYTE, MPI_OP_NULL, root};
+    ret = mpi_path(fn, group, *comm, async_op, headers_in_slots(group), &mc, call, keep, args[0], NULL);
 done:
     Py_XDECREF(keep);
     pd_buflist_release(&ins);
@@ -594,8 +608,8 @@ static PyObject *reduce_scatter_start(const char *fn, PdBuf *out, void *in_data,
     int size = pd_group_size(group);
     PyObject *ret;
     if (try_small(fn, group, async_op, (SmallCall){SMALL_REDUCE_SCATTER, pd_shm_dtype(out), (int)op, -1,
-                  (int64_t)out->count, (size_t)PyArray_ITEMSIZE(out->arr), in_data, out->data, 0}, keep, NULL,
-                  result, &ret)) {
+                  (int64_t)out->count, (size_t)PyArray_ITEMSIZE(out->arr), in_data, out->data, 0, NULL, NULL}, keep,
+                  NULL, result, &ret)) {
         return ret;
     }
     int headers = headers_in_slots(group);
@@ -610,7 +624,7 @@ static PyObject *reduce_scatter_start(const char *fn, PdBuf *out, void *in_data,
                     out->count, NULL, NULL, out->dtype->mpi, mop, -1};
     return mpi_path(fn, group, comm, async_op, headers, &mc,
                     (SmallCall){SMALL_REDUCE_SCATTER, pd_shm_dtype(out), (int)op, -1, (int64_t)out->count,
-                                (size_t)PyArray_ITEMSIZE(out->arr), NULL, NULL, 0},
+                                (size_t)PyArray_ITEMSIZE(out->arr), NULL, NULL, 0, NULL, NULL},
                     keep, result, op == PD_OP_AVG ? out : NULL);
 }
 
@@ -849,7 +863,7 @@ PyObject *pd_all_to_all_single(PyObject *self, PyObject *const *args, Py_ssize_t
                     MPI_BYTE, MPI_OP_NULL, -1};
     ret = mpi_path(fn, group, *comm, async_op, headers_in_slots(group), &mc,
                    (SmallCall){SMALL_ALLTOALL, SHM_U8, 0, -1, even ? (int64_t)(in.nbytes / size) : SMALL_UNEVEN, 1,
-                               even ? in.data : NULL, even ? out.data : NULL, 0}, keep, args[0], NULL);
+                               even ? in.data : NULL, even ? out.data : NULL, 0, NULL, NULL}, keep, args[0], NULL);
 done:
     Py_XDECREF(keep);
     Py_XDECREF(meta);
@@ -908,13 +922,13 @@ PyObject *pd_all_to_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         ret = Py_NewRef(Py_None);
         goto done;
     }
-    // The slots never carry the list form: its header alone (all_to_all of equal blocks, as
-    // all_to_all_single's past the small bound, whose MPI call it shares), where the group's go there.
+    // An all-to-all of equal blocks, as all_to_all_single's (whose MPI call it shares): through the slots
+    // when small, with MPI's alltoallv to fall back on beside a rank whose blocks are uneven.
     PdMpiCall mc = {PD_MPI_ALLTOALLV, "MPI_Ialltoallv_c", ins.base, 0, ins.counts, ins.displs, outs.base, 0,
                     outs.counts, outs.displs, MPI_BYTE, MPI_OP_NULL, -1};
     ret = mpi_path(fn, group, *comm, async_op, headers_in_slots(group), &mc,
-                   (SmallCall){SMALL_ALLTOALL, SHM_U8, 0, -1, (int64_t)first.nbytes, 1, NULL, NULL, 0}, keep, args[0],
-                   NULL);
+                   (SmallCall){SMALL_ALLTOALL, SHM_U8, 0, -1, (int64_t)first.nbytes, 1, ins.base, outs.base, 0,
+                               ins.displs, outs.displs}, keep, args[0], NULL);
 done:
     Py_XDECREF(keep);
     pd_buflist_release(&outs);

@@ -881,7 +881,7 @@ int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, MPI_Op mop, long gr
     uint32_t flags = (async_op ? LARGE_ASYNC : 0) | (in_this_segment(buf->data, (size_t)buf->nbytes) ? LARGE_IN_SEGMENT : 0) |
                      (forced || buf->nbytes >= PD_SHM_AUTO_COPY_BYTES ? LARGE_COPY_OK : 0);
     SmallCall call = {SMALL_ALLREDUCE | SMALL_HEADER_ONLY, dtype_code(buf), (int)op, -1, (int64_t)buf->count,
-                      (size_t)PyArray_ITEMSIZE(buf->arr), NULL, NULL, flags};
+                      (size_t)PyArray_ITEMSIZE(buf->arr), NULL, NULL, flags, NULL, NULL};
     PdMpiCall mpi = {PD_MPI_ALLREDUCE, "MPI_Iallreduce_c", MPI_IN_PLACE, 0, NULL, NULL, buf->data, buf->count,
                      NULL, NULL, buf->dtype->mpi, mop, -1};
     PyObject *list = PyList_New(1);

@@ -58,7 +58,7 @@ size_t shm_small_contribution(const SmallCall *c, int size) {
     }
     switch (c->kind) {
     case SMALL_BARRIER: return 0;
-    case SMALL_REDUCE_SCATTER: case SMALL_ALLTOALL: return block * (size_t)size;
+    case SMALL_REDUCE_SCATTER: case SMALL_ALLTOALL: case SMALL_SCATTER: return block * (size_t)size;
     default: return block;
     }
 }
@@ -96,8 +96,8 @@ static int wait_peers(const ShmSmall *s, int want_done, uint64_t target, uint64_
 static void mismatch_message(const ShmSmall *s, const SmallHeader *const *hs, char *err, size_t errlen);
 
 static int same_call(const SmallHeader *a, const SmallHeader *b) {
-    int counts = a->count == b->count ||
-                 ((a->kind & ~SMALL_HEADER_ONLY) == SMALL_ALLTOALL && (a->count == SMALL_UNEVEN || b->count == SMALL_UNEVEN));
+    int uneven = a->count == SMALL_UNEVEN || b->count == SMALL_UNEVEN;
+    int counts = a->count == b->count || ((a->kind & ~SMALL_HEADER_ONLY) == SMALL_ALLTOALL && uneven);
     return counts && (a->kind & ~SMALL_HEADER_ONLY) == (b->kind & ~SMALL_HEADER_ONLY) && a->dtype == b->dtype &&
            a->op == b->op && a->root == b->root;
 }
@@ -149,7 +149,12 @@ int shm_small_post(ShmSmall *s, const SmallCall *c, const ShmWait *w) {
     settle(s, (int)(r % SMALL_SLOTS));   // before our header of round r replaces that of r - SLOTS
     SmallHeader *h = header_of(s, s->rank, r);
     size_t bytes = shm_small_contribution(c, s->size);
-    if (c->src != NULL && bytes > 0) {
+    if (c->src != NULL && bytes > 0 && c->src_at != NULL) {   // a list: one block per rank
+        size_t block = (size_t)c->count * c->itemsize;
+        for (int p = 0; p < s->size; p++) {
+            memcpy(data_of(s, s->rank, r) + (size_t)p * block, (const char *)c->src + c->src_at[p], block);
+        }
+    } else if (c->src != NULL && bytes > 0) {
         memcpy(data_of(s, s->rank, r), c->src, bytes);
     }
     h->count = c->count;
@@ -193,7 +198,7 @@ static void mismatch_message(const ShmSmall *s, const SmallHeader *const *hs, ch
         int kind = h->kind & ~SMALL_HEADER_ONLY;
         kind = kind >= 0 && kind < SMALL_KINDS ? kind : 0;
         int moved = kind != SMALL_ALLREDUCE && kind != SMALL_REDUCE && kind != SMALL_REDUCE_SCATTER;   // as bytes
-        const char *through = !(h->kind & SMALL_HEADER_ONLY) ? "" : kind < SMALL_GATHER ? " (a large one)" : "";
+        const char *through = h->kind & SMALL_HEADER_ONLY ? " (a large one)" : "";
         if (h->count == SMALL_UNEVEN) {
             len += snprintf(err + len, errlen - (size_t)len, "%s group rank %d: %s%s with uneven split sizes",
                             p ? ";" : "", p, KIND_NAMES[kind], through);
@@ -214,6 +219,11 @@ static void mismatch_message(const ShmSmall *s, const SmallHeader *const *hs, ch
             break;
         }
     }
+}
+
+// Where block p of the result goes (a list form's array, or p blocks into dst).
+static char *block_at(const SmallCall *c, int p, size_t block) {
+    return (char *)c->dst + (c->dst_at != NULL ? (size_t)c->dst_at[p] : (size_t)p * block);
 }
 
 // Publish the header of the call this rank completes in round r (for a broadcast's root), then done.
@@ -275,15 +285,18 @@ int shm_small_complete(ShmSmall *s, const SmallCall *c, const ShmWait *w, char *
             }
             shm_reduce(&out, 1, in, R, (size_t)c->count, c->dtype, c->op);
             break;
-        case SMALL_ALLGATHER:
-            for (int p = 0; p < R; p++) {
-                shm_copy((char *)c->dst + (size_t)p * block, data_of(s, p, r), block);
+        case SMALL_ALLGATHER: case SMALL_ALLGATHER_LIST: case SMALL_GATHER:
+            for (int p = 0; p < R && out != NULL; p++) {   // gather's non-roots: no output
+                shm_copy(block_at(c, p, block), data_of(s, p, r), block);
             }
             break;
         case SMALL_ALLTOALL:
             for (int p = 0; p < R; p++) {
-                shm_copy((char *)c->dst + (size_t)p * block, data_of(s, p, r) + (size_t)me * block, block);
+                shm_copy(block_at(c, p, block), data_of(s, p, r) + (size_t)me * block, block);
             }
+            break;
+        case SMALL_SCATTER:
+            shm_copy(c->dst, data_of(s, c->root, r) + (size_t)me * block, block);
             break;
         default:
             break;   // barrier: arriving was all

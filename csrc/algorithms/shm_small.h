@@ -43,7 +43,6 @@
 #define SMALL_SLOT_BYTES ((size_t)64 * 1024)
 #define SMALL_MAX_RANKS 256   // larger groups use MPI's collectives
 
-// The kinds from SMALL_GATHER on are only ever headers (below): the slots carry no data of theirs.
 enum { SMALL_BARRIER, SMALL_BCAST, SMALL_ALLREDUCE, SMALL_REDUCE, SMALL_ALLGATHER, SMALL_REDUCE_SCATTER,
        SMALL_ALLTOALL, SMALL_GATHER, SMALL_SCATTER, SMALL_ALLGATHER_LIST, SMALL_KINDS };
 // Added to a kind: a call the slots do not carry (past the small bound, or a list form), whose header
@@ -84,10 +83,14 @@ typedef struct {
     int kind, dtype, op, root;   // dtype: SHM_* (any value for data that is only moved); root: group rank
     int64_t count;               // elements: the whole buffer (bcast, all_reduce, reduce) or a block
     size_t itemsize;
-    const void *src;             // this rank's contribution: count (or size * count for reduce-scatter
-                                 // and all-to-all) elements; NULL for a barrier and broadcast's non-roots
+    const void *src;             // this rank's contribution: count (or size * count for reduce-scatter,
+                                 // all-to-all and scatter's root) elements; NULL for a barrier and the
+                                 // ranks of a broadcast or scatter that are not its root
     void *dst;                   // where the result goes; NULL where there is none
     uint32_t flags;              // published with the header; every rank reads their AND and OR
+    // The list forms (scatter's and all-to-all's input, gather's, all-gather's and all-to-all's output):
+    // block p is at src + src_at[p] / dst + dst_at[p] bytes. NULL: at p * the block's bytes.
+    const ptrdiff_t *src_at, *dst_at;
 } SmallCall;
 
 // Bytes of shared memory the area needs for `size` ranks.
