@@ -218,20 +218,24 @@ void pd_shm_session_stop(void) {
 // ---------------------------------------------------------------------------------------------------
 // A group's channel
 
+// Where a call's data goes when the slots do not carry it (large_data): as `mpi` on the group's private
+// communicator, or (an all-reduce whose flags allow it) through the shm all-reduce. AVG's division, if
+// any, happens when it completes.
+typedef struct {
+    PdMpiCall mpi;
+    void *avg_buf;
+    const PdDtype *avg_dtype;
+    MPI_Count avg_count;
+} Elsewhere;
+
 // A small collective posted and not yet completed by this rank (completed in order, oldest first).
 typedef struct {
     SmallCall call;
     const char *what;
     PyObject *a, *b;       // the arrays it reads and writes (new references; either may be NULL)
     PdWorkObject *work;    // its Work (a new reference), or NULL: a blocking call that was interrupted
-    // A call the slots do not carry (call.kind has SMALL_HEADER_ONLY; work is never NULL): once every
-    // rank's header has matched, its data goes as `mpi` on the group's private communicator, or (an
-    // all-reduce whose flags allow it) through the shm all-reduce (large_data). AVG's division, if any,
-    // happens when it completes.
-    PdMpiCall mpi;
-    void *avg_buf;
-    const PdDtype *avg_dtype;
-    MPI_Count avg_count;
+    Elsewhere *elsewhere;  // owned, or NULL: a call whose data only the slots carry (work is never NULL
+                           // where it is set); out of line, as the small calls copy Pending around
 } Pending;
 
 typedef struct {
@@ -542,6 +546,8 @@ static void pending_clear(Pending *e) {
     Py_CLEAR(e->a);
     Py_CLEAR(e->b);
     Py_CLEAR(e->work);
+    PyMem_RawFree(e->elsewhere);
+    e->elsewhere = NULL;
 }
 
 // The group went (destroyed, or the session ended) with calls pending: their Works fail.
@@ -616,7 +622,7 @@ static void large_data(GroupChannel *g, Pending *e) {
     w->pending = NULL;
     w->state = NULL;
     if (all_reduce && !(or_ & LARGE_ASYNC) && ((and_ & LARGE_IN_SEGMENT) || (or_ & LARGE_COPY_OK))) {
-        if (run(g, group, e->what, e->mpi.recv, e->call.count, e->call.dtype, e->call.op, 1, 1) < 0) {
+        if (run(g, group, e->what, e->elsewhere->mpi.recv, e->call.count, e->call.dtype, e->call.op, 1, 1) < 0) {
             pd_work_fail(w);
             PyErr_Clear();   // the Work's wait() raises it
         }
@@ -625,20 +631,21 @@ static void large_data(GroupChannel *g, Pending *e) {
     }
     calls_declined += all_reduce;
     MPI_Comm *comm = pd_group_private_comm(group);
-    rc = comm == NULL ? MPI_ERR_COMM : pd_mpi_call_start(&e->mpi, *comm, &w->req);
+    const Elsewhere *x = e->elsewhere;
+    rc = comm == NULL ? MPI_ERR_COMM : pd_mpi_call_start(&x->mpi, *comm, &w->req);
     if (rc != MPI_SUCCESS) {
-        pd_raise_mpi(rc, e->mpi.name);
+        pd_raise_mpi(rc, x->mpi.name);
         pd_work_fail(w);
         PyErr_Clear();
         pd_work_finish(w);
         return;
     }
     w->pending = &pd_request_pending;   // from here on, the plain MPI path's
-    if (e->avg_buf != NULL) {   // MPI sums; the Work divides once it completes
+    if (x->avg_buf != NULL) {   // MPI sums; the Work divides once it completes
         w->avg_divisor = size;
-        w->avg_dtype = e->avg_dtype;
-        w->avg_buf = e->avg_buf;
-        w->avg_count = e->avg_count;
+        w->avg_dtype = x->avg_dtype;
+        w->avg_buf = x->avg_buf;
+        w->avg_count = x->avg_count;
     }
 }
 
@@ -660,6 +667,9 @@ static int small_step(GroupChannel *g, int ready, const Pending *e, int complete
                        : shm_small_post(&g->small, &e->call, wait);
         return 0;
     }
+    if (ctx->start == 0.0) {
+        ctx->start = MPI_Wtime();   // a call that never waits never reads the clock
+    }
     g->busy = 1;
     ctx->released = PyEval_SaveThread();
     *rc = complete ? shm_small_complete(&g->small, &e->call, wait, err, errlen)
@@ -676,7 +686,7 @@ static int small_step(GroupChannel *g, int ready, const Pending *e, int complete
 static int complete_oldest(GroupChannel *g, double timeout, int timeout_breaks) {
     Pending *e = &g->queue[g->q_head];
     char err[700] = {0};
-    SliceCtx ctx = {NULL, pd_op(e->what, g->group, PD_PEER_ALL), MPI_Wtime(), timeout, 0};
+    SliceCtx ctx = {NULL, pd_op(e->what, g->group, PD_PEER_ALL), 0.0, timeout, 0};   // start: at the first wait
     ShmWait wait = {wait_slice, &ctx};
     long group = g->group;
     int rc;
@@ -717,7 +727,7 @@ static int complete_oldest(GroupChannel *g, double timeout, int timeout_breaks) 
             ret = -1;
         }
     }
-    if (rc == 0 && done.work != NULL &&
+    if (rc == 0 && done.work != NULL && done.elsewhere != NULL &&
         ((done.call.kind & SMALL_HEADER_ONLY) || !(g->small.flags_and & SMALL_IN_SLOT))) {
         large_data(g, &done);   // g may be freed (its group destroyed meanwhile)
     } else if (done.work != NULL) {
@@ -763,10 +773,10 @@ static PyObject *deferred_error(GroupChannel *g, PyObject *ret) {
                         "the root did not wait for them, and this call itself went ahead): %s", err);
 }
 
-// A call through the slots; `large` carries the data's path of a call whose header alone goes there
-// (NULL for the small ones).
+// A call through the slots; `elsewhere` is where its data goes when the slots do not carry it (NULL for
+// the small ones, which they always do).
 static PyObject *small_run(const char *fn, const char *what, long group, int async_op, SmallCall *call, PyObject *a,
-                           PyObject *b, PyObject *list, int *fallback, const Pending *large);
+                           PyObject *b, PyObject *list, int *fallback, const Elsewhere *elsewhere);
 
 PyObject *pd_shm_small_run(const char *fn, const char *what, long group, int async_op, SmallCall *call,
                            PyObject *a, PyObject *b, PyObject *list, int *fallback) {
@@ -774,7 +784,7 @@ PyObject *pd_shm_small_run(const char *fn, const char *what, long group, int asy
 }
 
 static PyObject *small_run(const char *fn, const char *what, long group, int async_op, SmallCall *call, PyObject *a,
-                           PyObject *b, PyObject *list, int *fallback, const Pending *large) {
+                           PyObject *b, PyObject *list, int *fallback, const Elsewhere *elsewhere) {
     pd_progress_all();   // as every MPI wait of pydist does: what is in flight moves on
     GroupChannel *g = channel_of(group, fn, fallback);
     if (g == NULL) {
@@ -794,19 +804,19 @@ static PyObject *small_run(const char *fn, const char *what, long group, int asy
             return NULL;   // nothing queued
         }
     }
-    if (queue_reserve(g) < 0) {
+    Elsewhere *x = elsewhere != NULL ? PyMem_RawMalloc(sizeof *x) : NULL;
+    if ((elsewhere != NULL && x == NULL && PyErr_NoMemory() == NULL) || queue_reserve(g) < 0) {
+        PyMem_RawFree(x);
         Py_XDECREF(w);
         return NULL;
+    }
+    if (x != NULL) {
+        *x = *elsewhere;
     }
     // Queued: it is ours to post and complete, in order, whatever happens to this call. Its arrays stay
     // alive with it (a call waiting for a slot reads its input when it is posted, as MPI may).
     Pending *e = &g->queue[g->q_head + g->q_len];
-    *e = large != NULL ? *large : (Pending){0};
-    e->call = *call;
-    e->what = what;
-    e->a = Py_XNewRef(a);
-    e->b = Py_XNewRef(b);
-    e->work = w != NULL ? (PdWorkObject *)Py_NewRef(w) : NULL;
+    *e = (Pending){*call, what, Py_XNewRef(a), Py_XNewRef(b), w != NULL ? (PdWorkObject *)Py_NewRef(w) : NULL, x};
     if (g->q_len++ == 0) {
         with_pending[n_with_pending++] = g;
     }
@@ -830,13 +840,8 @@ static PyObject *small_run(const char *fn, const char *what, long group, int asy
 // Ctrl-C the Work completes it later, as it would a dropped one).
 static PyObject *header_run(const char *fn, long group, int async_op, SmallCall *call, const PdMpiCall *mpi,
                             PyObject *keep, PyObject *list, const PdBuf *avg, int *fallback) {
-    Pending large = {.mpi = *mpi};
-    if (avg != NULL) {
-        large.avg_buf = avg->data;
-        large.avg_dtype = avg->dtype;
-        large.avg_count = avg->count;
-    }
-    PyObject *work = small_run(fn, fn, group, 1, call, keep, NULL, list, fallback, &large);
+    Elsewhere x = {*mpi, avg ? avg->data : NULL, avg ? avg->dtype : NULL, avg ? avg->count : 0};
+    PyObject *work = small_run(fn, fn, group, 1, call, keep, NULL, list, fallback, &x);
     if (work == NULL || async_op) {
         return work;
     }
