@@ -62,16 +62,23 @@ def cluster(*args, timeout=120, check=True):
 # after all (its proxy then writes the barrier's answer to a closed socket), or the proxy's SIGPIPE
 # death (128 + 13) from the same race: UCX's TCP disconnect hang (openucx/ucx#8738) and the guard meet
 # hydra, not pydist. Seen in one job in 5-10 at 3 hosts, at this commit and at every earlier one
-# measured (bdebc52: 2 of 12), on a quiet machine too.
-PMI_RACE = ("error sending PMI response", "error writing PMI line")
+# measured (bdebc52: 2 of 12), on a quiet machine too. Its other face: the guard ends a rank (exit 0)
+# while a peer is still in MPI_Finalize, whose UCX then sees the connection drop and exits 1, or a
+# proxy asserts (!closed); the guard's own line on stderr says every operation had completed. Seen in
+# 2 of 25 probe jobs at 296f0f6 and 5 of 25 at 8173ac4 (tests/unit/test_cluster.py's probe, 3 hosts).
+PMI_RACE = ("error sending PMI response", "error writing PMI line",
+            "cluster finalize guard: MPI_Finalize did not return")
 
 
 def run(n, *cmd, ppn=None, timeout=120, retry=True):
     """`cluster.sh run` of a command across the hosts; returns the finished process. A job that ended
-    in the guard/hydra race above (every rank's work done) is run once more, saying so on stderr."""
+    in the guard/hydra race above (every rank's work done) is run again, up to twice, saying so on
+    stderr (two races in a row were seen in about 1 job in 30)."""
     args = ["run", "-n", str(n), "--timeout", str(timeout)] + (["--ppn", str(ppn)] if ppn else []) + ["--", *cmd]
     proc = cluster(*args, timeout=timeout + 60, check=False)
-    if retry and (proc.returncode == 141 or (proc.returncode != 0 and any(s in proc.stderr for s in PMI_RACE))):
+    for _ in range(2 if retry else 0):
+        if proc.returncode != 141 and (proc.returncode == 0 or not any(s in proc.stderr for s in PMI_RACE)):
+            break
         print(f"test_cluster: the finalize guard met hydra's PMI barrier (rc {proc.returncode}); once more",
               file=sys.stderr)
         proc = cluster(*args, timeout=timeout + 60, check=False)
