@@ -53,7 +53,7 @@ size_t shm_small_bytes(int size) {
 }
 
 void shm_small_init(ShmSmall *s, char *base, int rank, int size) {
-    *s = (ShmSmall){rank, size, base, 0, 0, 0, 0, {0}, {0}};
+    *s = (ShmSmall){rank, size, base, 0, 0, 0, 0, {0}, {0}, 0};
 }
 
 size_t shm_small_contribution(const SmallCall *c, int size) {
@@ -100,6 +100,22 @@ static int wait_peers(const ShmSmall *s, int want_done, uint64_t target, uint64_
 
 static void mismatch_message(const ShmSmall *s, const SmallHeader *const *hs, char *err, size_t errlen);
 
+// Whether every peer has completed round target - 1 (done >= target): from s->peers_done when that says
+// so, else reading their `done` lines, which change at every call of theirs (a cache miss each), and
+// raising the bound. The acquire of the read that raised it still orders what they did before it.
+static int peers_done_at(ShmSmall *s, uint64_t target) {
+    if (s->peers_done >= target) {
+        return 1;
+    }
+    uint64_t least = UINT64_MAX;
+    for (int p = 0; p < s->size; p++) {
+        uint64_t v = p == s->rank ? UINT64_MAX : atomic_load_explicit(done_of(s, p), memory_order_acquire);
+        least = v < least ? v : least;
+    }
+    s->peers_done = least;
+    return least >= target;
+}
+
 static int same_call(const SmallHeader *a, const SmallHeader *b) {
     int uneven = a->count == SMALL_UNEVEN || b->count == SMALL_UNEVEN;
     int counts = a->count == b->count || ((a->kind & ~SMALL_HEADER_ONLY) == SMALL_ALLTOALL && uneven);
@@ -117,10 +133,10 @@ static void settle(ShmSmall *s, int i) {
     }
     const SmallHeader *hs[SMALL_MAX_RANKS];
     int same = 1;
+    if (!peers_done_at(s, u)) {
+        return;   // not yet: look again later
+    }
     for (int p = 0; p < s->size; p++) {
-        if (p != s->rank && atomic_load_explicit(done_of(s, p), memory_order_acquire) < u) {
-            return;   // not yet: look again later
-        }
         hs[p] = p == s->rank ? header_of(s, p, u - 1) : seen_of(s, p, u - 1);
         if (p != s->rank && atomic_load_explicit(&hs[p]->stamp, memory_order_relaxed) != u) {
             s->unchecked[i] = 0;   // cannot happen (SEEN above); never report what cannot be known
@@ -148,7 +164,7 @@ int shm_small_deferred_error(ShmSmall *s, char *err, size_t errlen) {
 
 int shm_small_post(ShmSmall *s, const SmallCall *c, const ShmWait *w) {
     const uint64_t r = s->posted;
-    if (r >= SMALL_SLOTS && wait_peers(s, 1, r + 1 - SMALL_SLOTS, 0, w) < 0) {
+    if (r >= SMALL_SLOTS && !peers_done_at(s, r + 1 - SMALL_SLOTS) && wait_peers(s, 1, r + 1 - SMALL_SLOTS, 0, w) < 0) {
         return -1;   // a peer still reads round r - SLOTS out of our slot: wait for it
     }
     settle(s, (int)(r % SMALL_SLOTS));   // before our header of round r replaces that of r - SLOTS
@@ -173,16 +189,8 @@ int shm_small_post(ShmSmall *s, const SmallCall *c, const ShmWait *w) {
     return 0;
 }
 
-int shm_small_can_post(const ShmSmall *s) {
-    if (s->posted < SMALL_SLOTS) {
-        return 1;
-    }
-    for (int p = 0; p < s->size; p++) {
-        if (p != s->rank && atomic_load_explicit(done_of(s, p), memory_order_acquire) < s->posted + 1 - SMALL_SLOTS) {
-            return 0;
-        }
-    }
-    return 1;
+int shm_small_can_post(ShmSmall *s) {
+    return s->posted < SMALL_SLOTS || peers_done_at(s, s->posted + 1 - SMALL_SLOTS);
 }
 
 int shm_small_arrived(const ShmSmall *s, uint64_t round) {

@@ -76,6 +76,7 @@ typedef struct {
     uint32_t flags_and, flags_or;   // of every rank's flags, in the round completed last
     uint64_t unchecked[SMALL_SLOTS];   // round + 1 of a broadcast this rank completed as its root, unchecked
     char deferred[400];             // a mismatch found in such a broadcast, not reported yet ("": none)
+    uint64_t peers_done;   // the least `done` of the peers when last read: a lower bound (done only grows)
 } ShmSmall;
 
 // One call, as this rank makes it.
@@ -103,7 +104,7 @@ size_t shm_small_contribution(const SmallCall *c, int size);
 // error stands) and nothing was posted.
 int shm_small_post(ShmSmall *s, const SmallCall *c, const ShmWait *w);
 // Whether a post would go through without waiting.
-int shm_small_can_post(const ShmSmall *s);
+int shm_small_can_post(ShmSmall *s);
 // Whether every rank has posted round `round` (no wait).
 int shm_small_arrived(const ShmSmall *s, uint64_t round);
 // Complete the oldest posted round (s->completed), which `c` posted. 0 done (the data moved, unless
