@@ -157,17 +157,18 @@ static int headers_in_slots(long group) {
 }
 
 // A collective's data as MPI's call `mc`, finished as finish() does. With `headers` (headers_in_slots),
-// `header` (the call as the slots describe it) goes through the slots first and the data then takes
-// MPI on the group's private communicator (shared_memory.c); else MPI's call on `comm` at once.
+// `call` (as the slots describe it: try_small's, whose data pd_shm_header_run leaves out when the slots
+// do not take it) goes through the slots first and the data then takes MPI on the group's private
+// communicator (shared_memory.c); else MPI's call on `comm` at once.
 static PyObject *mpi_path(const char *fn, long group, MPI_Comm comm, int async_op, int headers, const PdMpiCall *mc,
-                          SmallCall header, PyObject *keep, PyObject *result, const PdBuf *avg) {
+                          SmallCall call, PyObject *keep, PyObject *result, const PdBuf *avg) {
     if (headers) {
         PyObject *list = result_list(result);
         if (list == NULL) {
             return NULL;
         }
         int fallback = 0;
-        PyObject *ret = pd_shm_header_run(fn, group, async_op, &header, mc, keep, list, avg, &fallback);
+        PyObject *ret = pd_shm_header_run(fn, group, async_op, &call, mc, keep, list, avg, &fallback);
         Py_DECREF(list);
         if (ret != NULL || !fallback) {
             return ret;
@@ -237,24 +238,22 @@ PyObject *pd_broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     }
     int is_root = root == pd_group_rank(group);
     // As bytes, as below: ranks may hold different dtypes of one size.
-    if (try_small(fn, group, async_op, (SmallCall){SMALL_BCAST, SHM_U8, 0, root, (int64_t)buf.nbytes, 1,
-                  is_root ? buf.data : NULL, is_root ? NULL : buf.data, 0, NULL, NULL}, (PyObject *)buf.arr, NULL,
-                  args[0], &ret)) {
+    SmallCall call = {SMALL_BCAST, SHM_U8, 0, root, (int64_t)buf.nbytes, 1, is_root ? buf.data : NULL,
+                      is_root ? NULL : buf.data, 0, NULL, NULL};
+    if (try_small(fn, group, async_op, call, (PyObject *)buf.arr, NULL, args[0], &ret)) {
         goto done;
     }
     int headers = headers_in_slots(group);
     if (!headers && pd_persist_wanted((size_t)buf.nbytes)) {   // as bytes: the same key whatever dtype each rank holds
         PdPersistKey key = persist_key(PD_PERSIST_BCAST, group, buf.nbytes, MPI_BYTE, 1, MPI_OP_NULL, root);
-        PdPersistCall call = {is_root ? buf.data : NULL, is_root ? (size_t)buf.nbytes : 0,
-                              is_root ? NULL : buf.data, is_root ? 0 : (size_t)buf.nbytes, 0, NULL, 0};
-        ret = finish_persistent(fn, group, *comm, async_op, &key, &call, (PyObject *)buf.arr, args[0]);
+        PdPersistCall cached = {is_root ? buf.data : NULL, is_root ? (size_t)buf.nbytes : 0,
+                                is_root ? NULL : buf.data, is_root ? 0 : (size_t)buf.nbytes, 0, NULL, 0};
+        ret = finish_persistent(fn, group, *comm, async_op, &key, &cached, (PyObject *)buf.arr, args[0]);
         goto done;
     }
     PdMpiCall mc = {PD_MPI_BCAST, "MPI_Ibcast_c", NULL, 0, NULL, NULL, buf.data, buf.nbytes, NULL, NULL, MPI_BYTE,
                     MPI_OP_NULL, root};
-    ret = mpi_path(fn, group, *comm, async_op, headers, &mc,
-                   (SmallCall){SMALL_BCAST, SHM_U8, 0, root, (int64_t)buf.nbytes, 1, NULL, NULL, 0, NULL, NULL},
-                   (PyObject *)buf.arr, args[0], NULL);
+    ret = mpi_path(fn, group, *comm, async_op, headers, &mc, call, (PyObject *)buf.arr, args[0], NULL);
 done:
     pd_buf_release(&buf);
     return ret;
@@ -315,10 +314,9 @@ PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                           algorithm == ALGORITHM_SHM || buf.nbytes >= PD_SHM_AUTO_COPY_BYTES, &ret)) {
         goto done;   // else (decided alike everywhere): MPI's
     }
-    if (algorithm == ALGORITHM_AUTO &&
-        try_small(fn, group, async_op, (SmallCall){SMALL_ALLREDUCE, pd_shm_dtype(&buf), (int)op, -1,
-                  (int64_t)buf.count, (size_t)PyArray_ITEMSIZE(buf.arr), buf.data, buf.data, 0, NULL, NULL},
-                  (PyObject *)buf.arr, NULL, args[0], &ret)) {
+    SmallCall call = {SMALL_ALLREDUCE, pd_shm_dtype(&buf), (int)op, -1, (int64_t)buf.count,
+                      (size_t)PyArray_ITEMSIZE(buf.arr), buf.data, buf.data, 0, NULL, NULL};
+    if (algorithm == ALGORITHM_AUTO && try_small(fn, group, async_op, call, (PyObject *)buf.arr, NULL, args[0], &ret)) {
         goto done;
     }
     // algorithm="mpi" is MPI's own all-reduce on the group's communicator, asked for by name.
@@ -326,17 +324,15 @@ PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (!headers && pd_persist_wanted((size_t)buf.nbytes)) {
         PdPersistKey key = persist_key(PD_PERSIST_ALLREDUCE, group, buf.count, buf.dtype->mpi,
                                        (size_t)PyArray_ITEMSIZE(buf.arr), mop, -1);
-        PdPersistCall call = {buf.data, (size_t)buf.nbytes, buf.data, (size_t)buf.nbytes, 0, NULL, 0};
-        persist_avg(&call, op, group, &buf);
-        ret = finish_persistent(fn, group, *comm, async_op, &key, &call, (PyObject *)buf.arr, args[0]);
+        PdPersistCall cached = {buf.data, (size_t)buf.nbytes, buf.data, (size_t)buf.nbytes, 0, NULL, 0};
+        persist_avg(&cached, op, group, &buf);
+        ret = finish_persistent(fn, group, *comm, async_op, &key, &cached, (PyObject *)buf.arr, args[0]);
         goto done;
     }
     PdMpiCall mc = {PD_MPI_ALLREDUCE, "MPI_Iallreduce_c", MPI_IN_PLACE, 0, NULL, NULL, buf.data, buf.count, NULL,
                     NULL, buf.dtype->mpi, mop, -1};
-    ret = mpi_path(fn, group, *comm, async_op, headers, &mc,
-                   (SmallCall){SMALL_ALLREDUCE, pd_shm_dtype(&buf), (int)op, -1, (int64_t)buf.count,
-                               (size_t)PyArray_ITEMSIZE(buf.arr), NULL, NULL, 0, NULL, NULL},
-                   (PyObject *)buf.arr, args[0], op == PD_OP_AVG ? &buf : NULL);
+    ret = mpi_path(fn, group, *comm, async_op, headers, &mc, call, (PyObject *)buf.arr, args[0],
+                   op == PD_OP_AVG ? &buf : NULL);
 done:
     pd_buf_release(&buf);
     return ret;
@@ -368,29 +364,27 @@ PyObject *pd_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         ret = Py_NewRef(Py_None);
         goto done;
     }
-    if (try_small(fn, group, async_op, (SmallCall){SMALL_REDUCE, pd_shm_dtype(&buf), (int)op, root,
-                  (int64_t)buf.count, (size_t)PyArray_ITEMSIZE(buf.arr), buf.data, is_root ? buf.data : NULL, 0, NULL,
-                  NULL}, (PyObject *)buf.arr, NULL, args[0], &ret)) {
+    SmallCall call = {SMALL_REDUCE, pd_shm_dtype(&buf), (int)op, root, (int64_t)buf.count,
+                      (size_t)PyArray_ITEMSIZE(buf.arr), buf.data, is_root ? buf.data : NULL, 0, NULL, NULL};
+    if (try_small(fn, group, async_op, call, (PyObject *)buf.arr, NULL, args[0], &ret)) {
         goto done;
     }
     int headers = headers_in_slots(group);
     if (!headers && pd_persist_wanted((size_t)buf.nbytes)) {
         PdPersistKey key = persist_key(PD_PERSIST_REDUCE, group, buf.count, buf.dtype->mpi,
                                        (size_t)PyArray_ITEMSIZE(buf.arr), mop, root);
-        PdPersistCall call = {buf.data, (size_t)buf.nbytes, is_root ? buf.data : NULL, is_root ? (size_t)buf.nbytes : 0,
-                              0, NULL, 0};
+        PdPersistCall cached = {buf.data, (size_t)buf.nbytes, is_root ? buf.data : NULL,
+                                is_root ? (size_t)buf.nbytes : 0, 0, NULL, 0};
         if (is_root) {
-            persist_avg(&call, op, group, &buf);
+            persist_avg(&cached, op, group, &buf);
         }
-        ret = finish_persistent(fn, group, *comm, async_op, &key, &call, (PyObject *)buf.arr, args[0]);
+        ret = finish_persistent(fn, group, *comm, async_op, &key, &cached, (PyObject *)buf.arr, args[0]);
         goto done;
     }
     PdMpiCall mc = {PD_MPI_REDUCE, "MPI_Ireduce_c", is_root ? MPI_IN_PLACE : buf.data, buf.count, NULL, NULL,
                     is_root ? buf.data : NULL, 0, NULL, NULL, buf.dtype->mpi, mop, root};
-    ret = mpi_path(fn, group, *comm, async_op, headers, &mc,
-                   (SmallCall){SMALL_REDUCE, pd_shm_dtype(&buf), (int)op, root, (int64_t)buf.count,
-                               (size_t)PyArray_ITEMSIZE(buf.arr), NULL, NULL, 0, NULL, NULL},
-                   (PyObject *)buf.arr, args[0], (op == PD_OP_AVG && is_root) ? &buf : NULL);
+    ret = mpi_path(fn, group, *comm, async_op, headers, &mc, call, (PyObject *)buf.arr, args[0],
+                   (op == PD_OP_AVG && is_root) ? &buf : NULL);
 done:
     pd_buf_release(&buf);
     return ret;
@@ -433,22 +427,20 @@ PyObject *pd_all_gather_into_tensor(PyObject *self, PyObject *const *args, Py_ss
         goto done;
     }
     // The staging copy makes the in-place form no different (here as below).
-    if (try_small(fn, group, async_op, (SmallCall){SMALL_ALLGATHER, SHM_U8, 0, -1, (int64_t)in.nbytes, 1, in.data,
-                  out.data, 0, NULL, NULL}, keep, NULL, args[0], &ret)) {
+    SmallCall call = {SMALL_ALLGATHER, SHM_U8, 0, -1, (int64_t)in.nbytes, 1, in.data, out.data, 0, NULL, NULL};
+    if (try_small(fn, group, async_op, call, keep, NULL, args[0], &ret)) {
         goto done;
     }
     int headers = headers_in_slots(group);
     if (!headers && pd_persist_allgather_ok && pd_persist_wanted((size_t)out.nbytes)) {
         PdPersistKey key = persist_key(PD_PERSIST_ALLGATHER, group, in.nbytes, MPI_BYTE, 1, MPI_OP_NULL, -1);
-        PdPersistCall call = {in.data, (size_t)in.nbytes, out.data, (size_t)out.nbytes, 0, NULL, 0};
-        ret = finish_persistent(fn, group, *comm, async_op, &key, &call, keep, args[0]);
+        PdPersistCall cached = {in.data, (size_t)in.nbytes, out.data, (size_t)out.nbytes, 0, NULL, 0};
+        ret = finish_persistent(fn, group, *comm, async_op, &key, &cached, keep, args[0]);
         goto done;
     }
     PdMpiCall mc = {PD_MPI_ALLGATHER, "MPI_Iallgather_c", in_place ? MPI_IN_PLACE : in.data, in.nbytes, NULL, NULL,
                     out.data, in.nbytes, NULL, NULL, MPI_BYTE, MPI_OP_NULL, -1};
-    ret = mpi_path(fn, group, *comm, async_op, headers, &mc,
-                   (SmallCall){SMALL_ALLGATHER, SHM_U8, 0, -1, (int64_t)in.nbytes, 1, NULL, NULL, 0, NULL, NULL}, keep,
-                   args[0], NULL);
+    ret = mpi_path(fn, group, *comm, async_op, headers, &mc, call, keep, args[0], NULL);
 done:
     Py_XDECREF(keep);
     pd_buf_release(&out);
@@ -607,25 +599,23 @@ static PyObject *reduce_scatter_start(const char *fn, PdBuf *out, void *in_data,
     }
     int size = pd_group_size(group);
     PyObject *ret;
-    if (try_small(fn, group, async_op, (SmallCall){SMALL_REDUCE_SCATTER, pd_shm_dtype(out), (int)op, -1,
-                  (int64_t)out->count, (size_t)PyArray_ITEMSIZE(out->arr), in_data, out->data, 0, NULL, NULL}, keep,
-                  NULL, result, &ret)) {
+    SmallCall call = {SMALL_REDUCE_SCATTER, pd_shm_dtype(out), (int)op, -1, (int64_t)out->count,
+                      (size_t)PyArray_ITEMSIZE(out->arr), in_data, out->data, 0, NULL, NULL};
+    if (try_small(fn, group, async_op, call, keep, NULL, result, &ret)) {
         return ret;
     }
     int headers = headers_in_slots(group);
     if (!headers && pd_persist_wanted((size_t)out->nbytes * (size_t)size)) {   // the input's size, as the sweep counts
         PdPersistKey key = persist_key(PD_PERSIST_REDUCE_SCATTER, group, out->count, out->dtype->mpi,
                                        (size_t)PyArray_ITEMSIZE(out->arr), mop, -1);
-        PdPersistCall call = {in_data, (size_t)out->nbytes * (size_t)size, out->data, (size_t)out->nbytes, 0, NULL, 0};
-        persist_avg(&call, op, group, out);
-        return finish_persistent(fn, group, comm, async_op, &key, &call, keep, result);
+        PdPersistCall cached = {in_data, (size_t)out->nbytes * (size_t)size, out->data, (size_t)out->nbytes, 0, NULL,
+                                0};
+        persist_avg(&cached, op, group, out);
+        return finish_persistent(fn, group, comm, async_op, &key, &cached, keep, result);
     }
     PdMpiCall mc = {PD_MPI_REDUCE_SCATTER_BLOCK, "MPI_Ireduce_scatter_block_c", in_data, 0, NULL, NULL, out->data,
                     out->count, NULL, NULL, out->dtype->mpi, mop, -1};
-    return mpi_path(fn, group, comm, async_op, headers, &mc,
-                    (SmallCall){SMALL_REDUCE_SCATTER, pd_shm_dtype(out), (int)op, -1, (int64_t)out->count,
-                                (size_t)PyArray_ITEMSIZE(out->arr), NULL, NULL, 0, NULL, NULL},
-                    keep, result, op == PD_OP_AVG ? out : NULL);
+    return mpi_path(fn, group, comm, async_op, headers, &mc, call, keep, result, op == PD_OP_AVG ? out : NULL);
 }
 
 // _C.reduce_scatter_tensor(output, input, op, group, async_op): input holds group-size blocks of

@@ -344,53 +344,11 @@ static int unsigned_index(const PdDtype *dt) {
     return dt->mpi == MPI_UINT8_T ? 0 : dt->mpi == MPI_UINT16_T ? 1 : dt->mpi == MPI_UINT32_T ? 2 : 3;
 }
 
-int pd_ops_init(void) {
-    MPI_User_function_c *fns[2][4] = {{half_sum, half_prod, half_min, half_max},
-                                      {bf16_sum, bf16_prod, bf16_min, bf16_max}};
-    for (int h = 0; h < 2; h++) {
-        for (int i = 0; i < 4; i++) {
-            if (half_ops[h][i] == MPI_OP_NULL) {
-                // SUM and PRODUCT round after every pairwise step, so they are not associative: declared
-                // non-commutative, MPICH combines in rank order with the same grouping on every rank
-                // (as commutative, its algorithms at 3 ranks gave ranks different bits: the
-                // conformance fuzzer, seed 100189). MIN and MAX are exact, so any order gives the same.
-                int rc = MPI_Op_create_c(fns[h][i], i >= 2, &half_ops[h][i]);
-                if (rc != MPI_SUCCESS) {
-                    return pd_raise_mpi_int(rc, "MPI_Op_create_c");
-                }
-            }
-        }
-    }
-    MPI_User_function_c *floats[2][4] = {{f32_min, f32_max, f32_sum, f32_prod}, {f64_min, f64_max, f64_sum, f64_prod}};
-    for (int f = 0; f < 2; f++) {
-        for (int j = 0; j < 4; j++) {
-            if (float_ops[f][j] == MPI_OP_NULL) {
-                int rc = MPI_Op_create_c(floats[f][j], 1, &float_ops[f][j]);
-                if (rc != MPI_SUCCESS) {
-                    return pd_raise_mpi_int(rc, "MPI_Op_create_c");
-                }
-            }
-        }
-    }
-    MPI_User_function_c *complexes[2][2] = {{c64_sum, c64_prod}, {c128_sum, c128_prod}};
-    for (int c = 0; c < 2; c++) {
-        for (int j = 0; j < 2; j++) {
-            if (complex_ops[c][j] == MPI_OP_NULL) {
-                int rc = MPI_Op_create_c(complexes[c][j], 1, &complex_ops[c][j]);
-                if (rc != MPI_SUCCESS) {
-                    return pd_raise_mpi_int(rc, "MPI_Op_create_c");
-                }
-            }
-        }
-    }
-    MPI_User_function_c *minmax[4][2] = {{u8_min, u8_max}, {u16_min, u16_max}, {u32_min, u32_max},
-                                         {u64_min, u64_max}};
-    for (int i = 0; i < 4; i++) {
-        if (unsigned_ops[i][0] != MPI_OP_NULL || unsigned_minmax_right(i)) {
-            continue;
-        }
-        for (int j = 0; j < 2; j++) {
-            int rc = MPI_Op_create_c(minmax[i][j], 1, &unsigned_ops[i][j]);
+// ops[0..n) = MPI ops for fns[0..n), those not made yet. 0, or -1 raised.
+static int create_ops(MPI_User_function_c *const *fns, MPI_Op *ops, int n, int commute) {
+    for (int i = 0; i < n; i++) {
+        if (ops[i] == MPI_OP_NULL) {
+            int rc = MPI_Op_create_c(fns[i], commute, &ops[i]);
             if (rc != MPI_SUCCESS) {
                 return pd_raise_mpi_int(rc, "MPI_Op_create_c");
             }
@@ -399,29 +357,46 @@ int pd_ops_init(void) {
     return 0;
 }
 
-void pd_ops_free(void) {
-    for (int i = 0; i < 4; i++) {
-        for (int h = 0; h < 2; h++) {
-            if (half_ops[h][i] != MPI_OP_NULL) {
-                MPI_Op_free(&half_ops[h][i]);
-                half_ops[h][i] = MPI_OP_NULL;
-            }
-        }
-        for (int j = 0; j < 4; j++) {
-            if (i < 2 && float_ops[i][j] != MPI_OP_NULL) {
-                MPI_Op_free(&float_ops[i][j]);
-                float_ops[i][j] = MPI_OP_NULL;
-            }
-            if (i < 2 && j < 2 && complex_ops[i][j] != MPI_OP_NULL) {
-                MPI_Op_free(&complex_ops[i][j]);
-                complex_ops[i][j] = MPI_OP_NULL;
-            }
-            if (j < 2 && unsigned_ops[i][j] != MPI_OP_NULL) {
-                MPI_Op_free(&unsigned_ops[i][j]);
-                unsigned_ops[i][j] = MPI_OP_NULL;
-            }
+static void free_ops(MPI_Op *ops, int n) {
+    for (int i = 0; i < n; i++) {
+        if (ops[i] != MPI_OP_NULL) {
+            MPI_Op_free(&ops[i]);
+            ops[i] = MPI_OP_NULL;
         }
     }
+}
+
+int pd_ops_init(void) {
+    MPI_User_function_c *fns[2][4] = {{half_sum, half_prod, half_min, half_max},
+                                      {bf16_sum, bf16_prod, bf16_min, bf16_max}};
+    MPI_User_function_c *floats[2][4] = {{f32_min, f32_max, f32_sum, f32_prod}, {f64_min, f64_max, f64_sum, f64_prod}};
+    MPI_User_function_c *complexes[2][2] = {{c64_sum, c64_prod}, {c128_sum, c128_prod}};
+    for (int h = 0; h < 2; h++) {
+        // float16/bfloat16 SUM and PRODUCT round after every pairwise step, so they are not associative:
+        // declared non-commutative, MPICH combines in rank order with the same grouping on every rank (as
+        // commutative, its algorithms at 3 ranks gave ranks different bits: the conformance fuzzer, seed
+        // 100189). MIN and MAX are exact, so any order gives the same.
+        if (create_ops(fns[h], half_ops[h], 2, 0) < 0 || create_ops(fns[h] + 2, half_ops[h] + 2, 2, 1) < 0 ||
+            create_ops(floats[h], float_ops[h], 4, 1) < 0 || create_ops(complexes[h], complex_ops[h], 2, 1) < 0) {
+            return -1;
+        }
+    }
+    MPI_User_function_c *minmax[4][2] = {{u8_min, u8_max}, {u16_min, u16_max}, {u32_min, u32_max},
+                                         {u64_min, u64_max}};
+    for (int i = 0; i < 4; i++) {
+        if (unsigned_ops[i][0] == MPI_OP_NULL && !unsigned_minmax_right(i) &&
+            create_ops(minmax[i], unsigned_ops[i], 2, 1) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+void pd_ops_free(void) {
+    free_ops(&half_ops[0][0], 8);
+    free_ops(&float_ops[0][0], 8);
+    free_ops(&complex_ops[0][0], 4);
+    free_ops(&unsigned_ops[0][0], 8);
 }
 
 // ---------------------------------------------------------------------------------------------------

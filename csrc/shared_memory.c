@@ -805,7 +805,11 @@ static PyObject *small_run(const char *fn, const char *what, long group, int asy
         }
     }
     Elsewhere *x = elsewhere != NULL ? PyMem_RawMalloc(sizeof *x) : NULL;
-    if ((elsewhere != NULL && x == NULL && PyErr_NoMemory() == NULL) || queue_reserve(g) < 0) {
+    if (elsewhere != NULL && x == NULL) {
+        Py_XDECREF(w);
+        return PyErr_NoMemory();
+    }
+    if (queue_reserve(g) < 0) {
         PyMem_RawFree(x);
         Py_XDECREF(w);
         return NULL;

@@ -39,13 +39,18 @@ static SmallHeader *header_of(const ShmSmall *s, int rank, uint64_t round) {
                            (size_t)(round % SMALL_SLOTS) * (sizeof(SmallHeader) + SMALL_SLOT_BYTES));
 }
 
-// Where `rank`'s contribution of `bytes` to `round` sits (every rank's of a round has the same size
-// once the headers match). Successive uses of a slot move along it, as far as it has room: a slot
-// reused every SMALL_SLOTS rounds at the same place made the writer invalidate, line by line, what
-// the readers had just read (broadcast of 8 KiB at 2 ranks: about 1.4 us a call, 1.2 moving along).
-static char *data_of(const ShmSmall *s, int rank, uint64_t round, size_t bytes) {
+static char *data_of(const ShmSmall *s, int rank, uint64_t round) {
+    return (char *)(header_of(s, rank, round) + 1);
+}
+
+// Where in its slot a round's contribution of `bytes` sits, the same for every rank (every rank's of a
+// round has the same size once the headers match). Successive uses of a slot move along it, as far as
+// it has room: a slot reused every SMALL_SLOTS rounds at the same place made the writer invalidate,
+// line by line, what the readers had just read (broadcast of 8 KiB at 2 ranks: about 1.4 us a call,
+// 1.2 moving along).
+static size_t place_of(uint64_t round, size_t bytes) {
     size_t stride = (bytes + 63) / 64 * 64, places = stride ? SMALL_SLOT_BYTES / stride : 1;
-    return (char *)(header_of(s, rank, round) + 1) + (size_t)((round / SMALL_SLOTS) % places) * stride;
+    return (size_t)((round / SMALL_SLOTS) % places) * stride;
 }
 
 size_t shm_small_bytes(int size) {
@@ -164,19 +169,20 @@ int shm_small_deferred_error(ShmSmall *s, char *err, size_t errlen) {
 
 int shm_small_post(ShmSmall *s, const SmallCall *c, const ShmWait *w) {
     const uint64_t r = s->posted;
-    if (r >= SMALL_SLOTS && !peers_done_at(s, r + 1 - SMALL_SLOTS) && wait_peers(s, 1, r + 1 - SMALL_SLOTS, 0, w) < 0) {
+    if (!shm_small_can_post(s) && wait_peers(s, 1, r + 1 - SMALL_SLOTS, 0, w) < 0) {
         return -1;   // a peer still reads round r - SLOTS out of our slot: wait for it
     }
     settle(s, (int)(r % SMALL_SLOTS));   // before our header of round r replaces that of r - SLOTS
     SmallHeader *h = header_of(s, s->rank, r);
     size_t bytes = shm_small_contribution(c, s->size);
+    char *mine = data_of(s, s->rank, r) + place_of(r, bytes);
     if (c->src != NULL && bytes > 0 && c->src_at != NULL) {   // a list: one block per rank
         size_t block = (size_t)c->count * c->itemsize;
         for (int p = 0; p < s->size; p++) {
-            memcpy(data_of(s, s->rank, r, bytes) + (size_t)p * block, (const char *)c->src + c->src_at[p], block);
+            memcpy(mine + (size_t)p * block, (const char *)c->src + c->src_at[p], block);
         }
     } else if (c->src != NULL && bytes > 0) {
-        memcpy(data_of(s, s->rank, r, bytes), c->src, bytes);
+        memcpy(mine, c->src, bytes);
     }
     h->count = c->count;
     h->kind = c->kind;
@@ -281,12 +287,12 @@ int shm_small_complete(ShmSmall *s, const SmallCall *c, const ShmWait *w, char *
         mismatch_message(s, hs, err, errlen);
         rc = -2;
     } else if (s->flags_and & SMALL_IN_SLOT) {
-        const size_t block = (size_t)c->count * c->itemsize, bytes = shm_small_contribution(c, R);
+        const size_t block = (size_t)c->count * c->itemsize, at = place_of(r, shm_small_contribution(c, R));
         char *in[SMALL_MAX_RANKS], *out = c->dst;
         switch (c->kind) {
         case SMALL_BCAST:
             if (me != c->root) {
-                shm_copy(c->dst, data_of(s, c->root, r, bytes), block);
+                shm_copy(c->dst, data_of(s, c->root, r) + at, block);
             }
             break;
         case SMALL_ALLREDUCE: case SMALL_REDUCE: case SMALL_REDUCE_SCATTER:
@@ -294,22 +300,22 @@ int shm_small_complete(ShmSmall *s, const SmallCall *c, const ShmWait *w, char *
                 break;   // reduce's non-roots
             }
             for (int p = 0; p < R; p++) {
-                in[p] = data_of(s, p, r, bytes) + (c->kind == SMALL_REDUCE_SCATTER ? (size_t)me * block : 0);
+                in[p] = data_of(s, p, r) + at + (c->kind == SMALL_REDUCE_SCATTER ? (size_t)me * block : 0);
             }
             shm_reduce(&out, 1, in, R, (size_t)c->count, c->dtype, c->op);
             break;
         case SMALL_ALLGATHER: case SMALL_ALLGATHER_LIST: case SMALL_GATHER:
             for (int p = 0; p < R && out != NULL; p++) {   // gather's non-roots: no output
-                shm_copy(block_at(c, p, block), data_of(s, p, r, bytes), block);
+                shm_copy(block_at(c, p, block), data_of(s, p, r) + at, block);
             }
             break;
         case SMALL_ALLTOALL:
             for (int p = 0; p < R; p++) {
-                shm_copy(block_at(c, p, block), data_of(s, p, r, bytes) + (size_t)me * block, block);
+                shm_copy(block_at(c, p, block), data_of(s, p, r) + at + (size_t)me * block, block);
             }
             break;
         case SMALL_SCATTER:
-            shm_copy(c->dst, data_of(s, c->root, r, bytes) + (size_t)me * block, block);
+            shm_copy(c->dst, data_of(s, c->root, r) + at + (size_t)me * block, block);
             break;
         default:
             break;   // barrier: arriving was all
