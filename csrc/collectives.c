@@ -160,8 +160,9 @@ static int headers_in_slots(long group) {
 // `call` (as the slots describe it: try_small's, whose data pd_shm_header_run leaves out when the slots
 // do not take it) goes through the slots first and the data then takes MPI on the group's private
 // communicator (shared_memory.c); else MPI's call on `comm` at once.
-static PyObject *mpi_path(const char *fn, long group, MPI_Comm comm, int async_op, int headers, const PdMpiCall *mc,
-                          SmallCall call, PyObject *keep, PyObject *result, const PdBuf *avg) {
+static PyObject *mpi_path_start(const char *fn, long group, MPI_Comm comm, int async_op, int headers,
+                                const PdMpiCall *mc, SmallCall call, PyObject *keep, PyObject *result,
+                                const PdBuf *avg) {
     if (headers) {
         PyObject *list = result_list(result);
         if (list == NULL) {
@@ -180,6 +181,30 @@ static PyObject *mpi_path(const char *fn, long group, MPI_Comm comm, int async_o
         return start_failed(rc, mc->name);
     }
     return finish(req, fn, group, async_op, keep, result, avg);
+}
+
+// mpi_path_start, with an input that overlaps the output (torch's forms: all_to_all_single(t, t),
+// reduce_scatter_tensor into a chunk of its input, a list's entry passed again as the tensor) sent
+// from a copy taken now, as the slots' and the persistent path send: MPI forbids the overlap, and
+// MPICH aborts the job on some of it.
+static PyObject *mpi_path(const char *fn, long group, MPI_Comm comm, int async_op, int headers, const PdMpiCall *mc,
+                          SmallCall call, PyObject *keep, PyObject *result, const PdBuf *avg) {
+    PdMpiCall unaliased = *mc;
+    PyObject *stage = NULL;
+    if (pd_mpi_call_unalias(&unaliased, pd_group_size(group), pd_group_rank(group), &stage) < 0) {
+        return NULL;
+    }
+    if (stage == NULL) {
+        return mpi_path_start(fn, group, comm, async_op, headers, mc, call, keep, result, avg);
+    }
+    PyObject *kept = PyTuple_Pack(2, keep != NULL ? keep : Py_None, stage);
+    Py_DECREF(stage);
+    if (kept == NULL) {
+        return NULL;
+    }
+    PyObject *ret = mpi_path_start(fn, group, comm, async_op, headers, &unaliased, call, kept, result, avg);
+    Py_DECREF(kept);
+    return ret;
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -290,6 +290,10 @@ typedef struct {
 } PdMpiCall;
 // Start it on `comm` (request.c): MPI's return code.
 int pd_mpi_call_start(const PdMpiCall *c, MPI_Comm comm, MPI_Request *req);
+// If an input block overlaps an output block (MPI forbids it; MPICH may abort on it), point the call's
+// input at a copy taken now, returned in *stage (new reference, to keep with the call), else *stage =
+// NULL. `size`, `me`: the group's. 0, or -1 raised.
+int pd_mpi_call_unalias(PdMpiCall *c, int size, int me, PyObject **stage);
 
 // ---------------------------------------------------------------------------------------------------
 // The shared-memory all-reduce and dist.empty (shared_memory.c over algorithms/shm.c)

@@ -93,3 +93,103 @@ int pd_mpi_call_start(const PdMpiCall *c, MPI_Comm comm, MPI_Request *req) {
         return MPI_ERR_INTERN;
     }
 }
+
+// ---------------------------------------------------------------------------------------------------
+// An input that overlaps the output
+
+// The byte range of block p (of `size`) on one side of the call; len 0: none. send: the input side.
+static void block_range(const PdMpiCall *c, int send, int p, int size, int me, MPI_Count type_size,
+                        const char **at, size_t *len) {
+    *at = NULL;
+    *len = 0;
+    const char *base = send ? (const char *)c->send : (const char *)c->recv;
+    const MPI_Count *counts = send ? c->scounts : c->rcounts;
+    const MPI_Aint *displs = send ? c->sdispls : c->rdispls;
+    if (base == NULL || base == (const char *)MPI_IN_PLACE) {
+        return;
+    }
+    if (counts != NULL) {   // the v-collectives' blocks, in bytes
+        *at = base + displs[p];
+        *len = (size_t)counts[p];
+    } else if (!send && c->kind == PD_MPI_ALLGATHER) {   // one block per rank
+        *at = base + (size_t)p * (size_t)c->rcount * (size_t)type_size;
+        *len = (size_t)c->rcount * (size_t)type_size;
+    } else if (p == me) {   // one buffer, given as this rank's block (a reduce-scatter's input: all of them)
+        MPI_Count n = !send ? c->rcount : c->kind == PD_MPI_REDUCE_SCATTER_BLOCK ? c->rcount * size : c->scount;
+        *at = base;
+        *len = (size_t)n * (size_t)type_size;
+    }
+}
+
+static int overlap(const char *a, size_t an, const char *b, size_t bn) {
+    return an > 0 && bn > 0 && a < b + bn && b < a + an;
+}
+
+int pd_mpi_call_unalias(PdMpiCall *c, int size, int me, PyObject **stage) {
+    *stage = NULL;
+    if (c->kind == PD_MPI_BCAST || c->kind == PD_MPI_ALLREDUCE || c->kind == PD_MPI_REDUCE || c->send == NULL ||
+        c->send == MPI_IN_PLACE || c->recv == NULL) {
+        return 0;   // one buffer, or MPI_IN_PLACE: nothing to overlap
+    }
+    MPI_Count type_size = 1;
+    if (c->type != MPI_BYTE && MPI_Type_size_c(c->type, &type_size) != MPI_SUCCESS) {
+        return pd_raise_mpi_int(MPI_ERR_TYPE, c->name);
+    }
+    // Each side's extent first: separate arrays (the usual case) cost one pass over the blocks.
+    const char *lo[2] = {NULL, NULL}, *hi[2] = {NULL, NULL};
+    size_t total = 0;
+    for (int side = 0; side < 2; side++) {
+        for (int p = 0; p < size; p++) {
+            const char *at;
+            size_t len;
+            block_range(c, side == 0, p, size, me, type_size, &at, &len);
+            if (len == 0) {
+                continue;
+            }
+            total += side == 0 ? len : 0;
+            lo[side] = lo[side] == NULL || at < lo[side] ? at : lo[side];
+            hi[side] = hi[side] == NULL || at + len > hi[side] ? at + len : hi[side];
+        }
+    }
+    if (lo[0] == NULL || lo[1] == NULL || !overlap(lo[0], (size_t)(hi[0] - lo[0]), lo[1], (size_t)(hi[1] - lo[1]))) {
+        return 0;
+    }
+    int aliased = 0;
+    for (int p = 0; p < size && !aliased; p++) {
+        const char *s;
+        size_t sn;
+        block_range(c, 1, p, size, me, type_size, &s, &sn);
+        for (int q = 0; q < size && !aliased && sn > 0; q++) {
+            const char *r;
+            size_t rn;
+            block_range(c, 0, q, size, me, type_size, &r, &rn);
+            aliased = overlap(s, sn, r, rn);
+        }
+    }
+    if (!aliased) {
+        return 0;
+    }
+    // Send from a copy taken now (what the input held at the call, as the slots' path sends), with
+    // its own displacements where the call has them.
+    size_t displs_bytes = c->sdispls != NULL ? (size_t)size * sizeof(MPI_Aint) : 0;
+    PyObject *copy = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(displs_bytes + total));
+    if (copy == NULL) {
+        return -1;
+    }
+    char *mem = PyByteArray_AS_STRING(copy), *data = mem + displs_bytes;
+    if (c->sdispls != NULL) {
+        MPI_Aint *displs = (MPI_Aint *)mem;   // bytearray's storage: malloc'd, aligned for MPI_Aint
+        size_t at = 0;
+        for (int p = 0; p < size; p++) {
+            displs[p] = (MPI_Aint)at;
+            memcpy(data + at, (const char *)c->send + c->sdispls[p], (size_t)c->scounts[p]);
+            at += (size_t)c->scounts[p];
+        }
+        c->sdispls = displs;
+    } else {
+        memcpy(data, c->send, total);
+    }
+    c->send = data;
+    *stage = copy;
+    return 0;
+}

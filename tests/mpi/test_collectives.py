@@ -150,3 +150,40 @@ def test_async_collectives_out_of_order():
     if rank == 0:
         ok &= np.array_equal(r, np.full(3, size * (size + 1) / 2))
     parallel_assert(ok)
+
+
+@pytest.mark.parametrize("n", [1, 300, 20000])   # float32: the slots up to 64 KiB, MPI's path past them
+def test_inputs_that_are_part_of_the_output(n):
+    """A rank's own block comes straight from its input (not back out of its slot), so an input that is
+    the output, or another block of it, must still give the plain result on every path."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    blocks = [make_input(9, r, (n,), "float32") for r in range(size)]
+    wrong = []
+    # all_gather_into_tensor from another rank's block of the output (holding this rank's data)
+    flat = np.zeros(n * size, np.float32)
+    other = (rank + 1) % size
+    flat[other * n:(other + 1) * n] = blocks[rank]
+    dist.all_gather_into_tensor(flat, flat[other * n:(other + 1) * n])
+    if not np.array_equal(flat, np.concatenate(blocks)):
+        wrong.append("all_gather_into_tensor from another block of the output")
+    # all_to_all_single in place: row p of the input goes to rank p
+    rows = lambda r: np.concatenate([make_input(10, r * size + p, (n,), "float32") for p in range(size)])
+    a = rows(rank)
+    dist.all_to_all_single(a, a)
+    if not np.array_equal(a, np.concatenate([rows(r)[rank * n:(rank + 1) * n] for r in range(size)])):
+        wrong.append("all_to_all_single in place")
+    # reduce_scatter_tensor into this rank's own chunk of the input, and into another one
+    for target in (rank, other):
+        big = rows(rank)
+        dist.reduce_scatter_tensor(big[target * n:(target + 1) * n], big)
+        expected = np.sum([rows(r)[rank * n:(rank + 1) * n] for r in range(size)], axis=0, dtype=np.float32)
+        if not np.array_equal(big[target * n:(target + 1) * n], expected):
+            wrong.append(f"reduce_scatter_tensor into chunk {target}")
+    # scatter whose root receives into its own entry of the list
+    for root in range(size):
+        sl = [make_input(11, root * 10 + r, (n,), "float32") for r in range(size)] if rank == root else None
+        out = sl[rank] if rank == root else np.zeros(n, np.float32)
+        dist.scatter(out, sl, src=root)
+        if not np.array_equal(out, make_input(11, root * 10 + rank, (n,), "float32")):
+            wrong.append(f"scatter from {root} into the root's own entry")
+    parallel_assert(not wrong, "; ".join(wrong))
