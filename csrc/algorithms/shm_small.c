@@ -20,8 +20,16 @@ static const char *const OP_NAMES[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "B
 #define SEEN (2 * SMALL_SLOTS)
 #define DONE_BYTES (LINE + SEEN * sizeof(SmallHeader))
 
+// Each slot's data starts a page, its header in the line before: a peer's block then spans as few
+// pages as it can, and the hardware prefetcher, which stops at a page's end, streams it whole
+// (broadcast of 4 KiB at 2 ranks: 0.86 -> 0.80 us; all_gather of 64 KiB 5.5 -> 5.1).
+#define PAGE ((size_t)4096)
+#define ROUND_UP(n, m) (((n) + (m) - 1) / (m) * (m))
+#define FIRST_DATA ROUND_UP(DONE_BYTES + sizeof(SmallHeader), PAGE)
+#define SLOT_STRIDE ROUND_UP(SMALL_SLOT_BYTES + sizeof(SmallHeader), PAGE)
+
 static size_t rank_bytes(void) {
-    return DONE_BYTES + SMALL_SLOTS * (sizeof(SmallHeader) + SMALL_SLOT_BYTES);
+    return FIRST_DATA + SMALL_SLOTS * SLOT_STRIDE;
 }
 
 static _Atomic uint64_t *done_of(const ShmSmall *s, int rank) {
@@ -34,13 +42,12 @@ static SmallHeader *seen_of(const ShmSmall *s, int rank, uint64_t round) {
     return (SmallHeader *)(s->base + (size_t)rank * rank_bytes() + LINE) + round % SEEN;
 }
 
-static SmallHeader *header_of(const ShmSmall *s, int rank, uint64_t round) {
-    return (SmallHeader *)(s->base + (size_t)rank * rank_bytes() + DONE_BYTES +
-                           (size_t)(round % SMALL_SLOTS) * (sizeof(SmallHeader) + SMALL_SLOT_BYTES));
+static char *data_of(const ShmSmall *s, int rank, uint64_t round) {
+    return s->base + (size_t)rank * rank_bytes() + FIRST_DATA + (size_t)(round % SMALL_SLOTS) * SLOT_STRIDE;
 }
 
-static char *data_of(const ShmSmall *s, int rank, uint64_t round) {
-    return (char *)(header_of(s, rank, round) + 1);
+static SmallHeader *header_of(const ShmSmall *s, int rank, uint64_t round) {
+    return (SmallHeader *)data_of(s, rank, round) - 1;
 }
 
 // Where in its slot a round's contribution of `bytes` sits, the same for every rank (every rank's of a
@@ -245,6 +252,34 @@ static char *block_at(const SmallCall *c, int p, size_t block) {
     return (char *)c->dst + (c->dst_at != NULL ? (size_t)c->dst_at[p] : (size_t)p * block);
 }
 
+// Where this rank's own block of the result comes from: its input (src; block `me` of a list or an
+// all-to-all's row), or NULL if it has none here. Reading it there rather than back out of our slot
+// leaves the slot's lines to the peers reading them at the same moment (all_gather of 16 KiB at 2
+// ranks: 3.0 -> 2.4 us).
+static const char *own_block(const SmallCall *c, int me, size_t block, int row) {
+    if (c->src == NULL) {
+        return NULL;
+    }
+    return (const char *)c->src + (c->src_at != NULL ? (size_t)c->src_at[me] : row ? (size_t)me * block : 0);
+}
+
+// Copy this rank's own block first, from its input (memmove: an in-place call's input may be that very
+// block of the output, and only it is read from the input), then the peers' blocks out of their slots
+// (`within`: the offset of our block inside each peer's contribution).
+static void copy_blocks(const ShmSmall *s, const SmallCall *c, uint64_t r, size_t at, size_t block, int row,
+                        size_t within) {
+    const int me = s->rank;
+    const char *own = own_block(c, me, block, row);
+    if (own != NULL && own != block_at(c, me, block)) {
+        memmove(block_at(c, me, block), own, block);
+    }
+    for (int p = 0; p < s->size; p++) {
+        if (p != me || own == NULL) {
+            shm_copy(block_at(c, p, block), data_of(s, p, r) + at + within, block);
+        }
+    }
+}
+
 // Publish the header of the call this rank completes in round r (for a broadcast's root), then done.
 static void publish_done(ShmSmall *s, uint64_t r) {
     SmallHeader *seen = seen_of(s, s->rank, r);
@@ -302,20 +337,33 @@ int shm_small_complete(ShmSmall *s, const SmallCall *c, const ShmWait *w, char *
             for (int p = 0; p < R; p++) {
                 in[p] = data_of(s, p, r) + at + (c->kind == SMALL_REDUCE_SCATTER ? (size_t)me * block : 0);
             }
+            if (c->src != NULL) {   // our own input from where it is, as copy_blocks does
+                char *own = (char *)c->src + (c->kind == SMALL_REDUCE_SCATTER ? (size_t)me * block : 0);
+                // shm_reduce reads each stretch of every input before writing it to the output: an input
+                // that is the output is fine, one overlapping it elsewhere is not
+                if (own == out || own + block <= out || out + block <= own) {
+                    in[me] = own;
+                }
+            }
             shm_reduce(&out, 1, in, R, (size_t)c->count, c->dtype, c->op);
             break;
         case SMALL_ALLGATHER: case SMALL_ALLGATHER_LIST: case SMALL_GATHER:
-            for (int p = 0; p < R && out != NULL; p++) {   // gather's non-roots: no output
-                shm_copy(block_at(c, p, block), data_of(s, p, r) + at, block);
+            if (out != NULL) {   // gather's non-roots: no output
+                copy_blocks(s, c, r, at, block, 0, 0);
             }
             break;
         case SMALL_ALLTOALL:
-            for (int p = 0; p < R; p++) {
-                shm_copy(block_at(c, p, block), data_of(s, p, r) + at + (size_t)me * block, block);
-            }
+            copy_blocks(s, c, r, at, block, 1, (size_t)me * block);
             break;
         case SMALL_SCATTER:
-            shm_copy(c->dst, data_of(s, c->root, r) + at + (size_t)me * block, block);
+            if (me == c->root && c->src != NULL) {
+                const char *own = own_block(c, me, block, 1);
+                if (own != c->dst) {
+                    memmove(c->dst, own, block);
+                }
+            } else {
+                shm_copy(c->dst, data_of(s, c->root, r) + at + (size_t)me * block, block);
+            }
             break;
         default:
             break;   // barrier: arriving was all
