@@ -7,6 +7,7 @@
 #include "comm.h"
 
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static double now(void) {
@@ -92,27 +93,45 @@ int comm_gather_shards(Comm *c, const float *src, float *out, long n, int server
     return rc == 0 ? comm_bcast(c, out, n, 0) : rc;
 }
 
-int comm_isend(Comm *c, const float *buf, long n, int dst, int tag, MPI_Request *req) {
+// count items of `type` (bytes of them in all), counted as sent.
+static int isend(Comm *c, const void *buf, MPI_Count count, MPI_Datatype type, size_t bytes, int dst, int tag,
+                 MPI_Request *req) {
     double t0 = now();
     c->lock(c->ctx);
-    int rc = MPI_Isend_c(buf, (MPI_Count)n, MPI_FLOAT, dst, tag, c->comm, req);
+    int rc = MPI_Isend_c(buf, count, type, dst, tag, c->comm, req);
     c->unlock(c->ctx);
     c->seconds += now() - t0;
     if (rc != MPI_SUCCESS) {
         return comm_fail(c, rc, "MPI_Isend_c");
     }
-    c->count.bytes_sent += (long long)n * (long long)sizeof(float);
+    c->count.bytes_sent += (long long)bytes;
     c->count.messages++;
     return 0;
 }
 
-int comm_irecv(Comm *c, float *buf, long n, int src, int tag, MPI_Request *req) {
+static int irecv(Comm *c, void *buf, MPI_Count count, MPI_Datatype type, int src, int tag, MPI_Request *req) {
     double t0 = now();
     c->lock(c->ctx);
-    int rc = MPI_Irecv_c(buf, (MPI_Count)n, MPI_FLOAT, src, tag, c->comm, req);
+    int rc = MPI_Irecv_c(buf, count, type, src, tag, c->comm, req);
     c->unlock(c->ctx);
     c->seconds += now() - t0;
     return rc != MPI_SUCCESS ? comm_fail(c, rc, "MPI_Irecv_c") : 0;
+}
+
+int comm_isend(Comm *c, const float *buf, long n, int dst, int tag, MPI_Request *req) {
+    return isend(c, buf, (MPI_Count)n, MPI_FLOAT, (size_t)n * sizeof(float), dst, tag, req);
+}
+
+int comm_irecv(Comm *c, float *buf, long n, int src, int tag, MPI_Request *req) {
+    return irecv(c, buf, (MPI_Count)n, MPI_FLOAT, src, tag, req);
+}
+
+int comm_isend_bytes(Comm *c, const void *buf, size_t bytes, int dst, int tag, MPI_Request *req) {
+    return isend(c, buf, (MPI_Count)bytes, MPI_BYTE, bytes, dst, tag, req);
+}
+
+int comm_irecv_bytes(Comm *c, void *buf, size_t bytes, int src, int tag, MPI_Request *req) {
+    return irecv(c, buf, (MPI_Count)bytes, MPI_BYTE, src, tag, req);
 }
 
 static int collective(Comm *c, MPI_Request *req, int rc, const char *call) {
@@ -192,5 +211,22 @@ int comm_bcast(Comm *c, float *buf, long n, int root) {
         c->count.bytes_sent += (long long)(c->size - 1) * (long long)n * (long long)sizeof(float);
         c->count.messages += c->size - 1;
     }
+    return rc;
+}
+
+int comm_allgather_bytes(Comm *c, const void *mine, size_t bytes, void *all) {
+    const int R = c->size;
+    if (R == 1) {
+        memcpy(all, mine, bytes);
+        return 0;
+    }
+    MPI_Request req = MPI_REQUEST_NULL;
+    double t0 = now();
+    c->lock(c->ctx);
+    int rc = collective(c, &req, MPI_Iallgather_c(mine, (MPI_Count)bytes, MPI_BYTE, all, (MPI_Count)bytes, MPI_BYTE,
+                                                  c->comm, &req), "MPI_Iallgather_c");
+    c->seconds += now() - t0;
+    c->count.bytes_sent += (long long)(R - 1) * (long long)bytes;
+    c->count.messages += R - 1;
     return rc;
 }

@@ -1,0 +1,314 @@
+/*
+ * compress.c: the compressors' names, their per-rank state (the error-feedback residual, powersgd's
+ * warm start) and one rank's payload: encode adds the residual and keeps what the encoding lost,
+ * decode adds what a payload holds. The encodings themselves are cast16.c, topk.c, sign.c, powersgd.c.
+ */
+#include "compress.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/blas.h"
+
+int compress_parse(const char *text, CompressSpec *spec, char *err, size_t errlen) {
+    *spec = (CompressSpec){COMPRESS_NONE, 1.0, 0};
+    const char *colon = strchr(text, ':');
+    size_t head = colon ? (size_t)(colon - text) : strlen(text);
+    const char *arg = colon ? colon + 1 : NULL;
+    char *end = NULL;
+    errno = 0;
+    if (head == 4 && strncmp(text, "none", 4) == 0 && arg == NULL) {
+        return 0;
+    }
+    if (head == 4 && strncmp(text, "fp16", 4) == 0 && arg == NULL) {
+        spec->kind = COMPRESS_FP16;
+        return 0;
+    }
+    if (head == 4 && strncmp(text, "bf16", 4) == 0 && arg == NULL) {
+        spec->kind = COMPRESS_BF16;
+        return 0;
+    }
+    if (head == 4 && strncmp(text, "sign", 4) == 0 && arg == NULL) {
+        spec->kind = COMPRESS_SIGN;
+        return 0;
+    }
+    if (head == 4 && strncmp(text, "topk", 4) == 0 && arg != NULL && *arg) {
+        double r = strtod(arg, &end);
+        if (*end == 0 && errno == 0 && r > 0.0 && r <= 1.0) {
+            spec->kind = COMPRESS_TOPK;
+            spec->ratio = r;
+            return 0;
+        }
+        snprintf(err, errlen, "compression 'topk:R' needs 0 < R <= 1 (the fraction of entries sent); got '%s'", text);
+        return -1;
+    }
+    if (head == 8 && strncmp(text, "powersgd", 8) == 0 && arg != NULL && *arg) {
+        long k = strtol(arg, &end, 10);
+        if (*end == 0 && errno == 0 && k >= 1 && k <= 4096) {
+            spec->kind = COMPRESS_POWERSGD;
+            spec->rank = (int)k;
+            return 0;
+        }
+        snprintf(err, errlen, "compression 'powersgd:K' needs an integer rank 1 <= K <= 4096; got '%s'", text);
+        return -1;
+    }
+    snprintf(err, errlen, "unknown compression '%s' (none, fp16, bf16, topk:R, sign, powersgd:K)", text);
+    return -1;
+}
+
+void compress_name(const CompressSpec *spec, char *buf, size_t len) {
+    switch (spec->kind) {
+    case COMPRESS_FP16: snprintf(buf, len, "fp16"); break;
+    case COMPRESS_BF16: snprintf(buf, len, "bf16"); break;
+    case COMPRESS_TOPK: snprintf(buf, len, "topk:%g", spec->ratio); break;
+    case COMPRESS_SIGN: snprintf(buf, len, "sign"); break;
+    case COMPRESS_POWERSGD: snprintf(buf, len, "powersgd:%d", spec->rank); break;
+    default: snprintf(buf, len, "none"); break;
+    }
+}
+
+// The matrices that lie wholly inside [lo, lo + len), in order: [*first, *last).
+static void matrices_in(const Compressor *z, long lo, long len, int *first, int *last) {
+    *first = z->num_matrices;
+    *last = z->num_matrices;
+    for (int i = 0; i < z->num_matrices; i++) {
+        const CompressMatrix *m = &z->matrices[i];
+        int inside = m->offset >= lo && m->offset + m->rows * m->cols <= lo + len;
+        if (inside && *first == z->num_matrices) {
+            *first = i;
+        }
+        if (!inside && *first < z->num_matrices && *last == z->num_matrices) {
+            *last = i;
+        }
+    }
+    // matrices are in buffer order, so those inside form one run
+    for (int i = *first; i < *last; i++) {
+        const CompressMatrix *m = &z->matrices[i];
+        if (!(m->offset >= lo && m->offset + m->rows * m->cols <= lo + len)) {
+            *last = i;
+            break;
+        }
+    }
+}
+
+// powersgd: where matrix i's Q starts in z->q.
+static long q_at(const Compressor *z, int i) {
+    long at = 0;
+    for (int j = 0; j < i; j++) at += z->matrices[j].cols * z->spec.rank;
+    return at;
+}
+
+int compressor_create(Compressor *z, const CompressSpec *spec, long n, const CompressMatrix *matrices,
+                      int num_matrices, uint64_t seed) {
+    *z = (Compressor){.spec = *spec, .n = n};
+    if (spec->kind == COMPRESS_NONE) {
+        return 0;
+    }
+    z->residual = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
+    if (z->residual == NULL) {
+        return -1;
+    }
+    // scratch: topk's magnitudes (n), or powersgd's P and M of its largest matrix
+    z->work_len = spec->kind == COMPRESS_TOPK ? n : 0;
+    if (spec->kind == COMPRESS_POWERSGD) {
+        long kept = 0;
+        z->matrices = malloc(sizeof(CompressMatrix) * (size_t)(num_matrices > 0 ? num_matrices : 1));
+        if (z->matrices == NULL) {
+            return -1;
+        }
+        for (int i = 0; i < num_matrices; i++) {
+            const CompressMatrix *m = &matrices[i];
+            // only where the factors are smaller than the matrix: else it goes as it is
+            if (m->offset < 0 || m->offset + m->rows * m->cols > n ||
+                (m->rows + m->cols) * (long)spec->rank >= m->rows * m->cols) {
+                continue;
+            }
+            z->matrices[kept++] = *m;
+            z->q_len += m->cols * spec->rank;
+            long need = m->rows * spec->rank;
+            z->work_len = need > z->work_len ? need : z->work_len;
+        }
+        z->num_matrices = (int)kept;
+        z->q = malloc(sizeof(float) * (size_t)(z->q_len > 0 ? z->q_len : 1));
+        if (z->q == NULL) {
+            return -1;
+        }
+        // Q starts as uniform draws in [-1, 1), the same on every rank (one seed): full rank with
+        // probability 1, which is all one power iteration needs
+        z->draws = seed ^ 0x5057534744ull;
+        for (long i = 0; i < z->q_len; i++) {
+            z->q[i] = powersgd_draw(&z->draws);
+        }
+    }
+    if (z->work_len > 0 && (z->work = malloc(sizeof(float) * (size_t)z->work_len)) == NULL) {
+        return -1;
+    }
+    return 0;
+}
+
+void compressor_free(Compressor *z) {
+    free(z->residual);
+    free(z->matrices);
+    free(z->q);
+    free(z->work);
+    *z = (Compressor){0};
+}
+
+size_t compress_payload_bytes(const Compressor *z, long lo, long len) {
+    switch (z->spec.kind) {
+    case COMPRESS_FP16: case COMPRESS_BF16: return (size_t)len * 2;
+    case COMPRESS_TOPK: return (size_t)topk_count(z->spec.ratio, len) * 8;
+    case COMPRESS_SIGN: return sign_bytes(len);
+    case COMPRESS_POWERSGD: {
+        int first, last;
+        matrices_in(z, lo, len, &first, &last);
+        long floats = len;
+        for (int i = first; i < last; i++) {
+            const CompressMatrix *m = &z->matrices[i];
+            floats += (m->rows + m->cols) * z->spec.rank - m->rows * m->cols;
+        }
+        return (size_t)floats * sizeof(float);
+    }
+    default: return (size_t)len * sizeof(float);
+    }
+}
+
+// powersgd's payload: each matrix inside as P (rows x K) then Q (cols x K), then every other entry as
+// it is, in buffer order.
+static void powersgd_encode(Compressor *z, long lo, float *x, long len, float *out) {
+    int first, last;
+    matrices_in(z, lo, len, &first, &last);
+    const int k = z->spec.rank;
+    long at = 0, pos = 0;   // pos: next entry of x not yet placed
+    float *raw_start = out;
+    for (int i = first; i < last; i++) at += (z->matrices[i].rows + z->matrices[i].cols) * k;
+    float *raw = raw_start + at;
+    at = 0;
+    for (int i = first; i < last; i++) {
+        const CompressMatrix *m = &z->matrices[i];
+        long off = m->offset - lo;
+        memcpy(raw, x + pos, sizeof(float) * (size_t)(off - pos));
+        raw += off - pos;
+        float *q = z->q + q_at(z, i);
+        powersgd_factor(x + off, m->rows, m->cols, k, q, z->work);
+        memcpy(out + at, z->work, sizeof(float) * (size_t)(m->rows * k));
+        memcpy(out + at + m->rows * k, q, sizeof(float) * (size_t)(m->cols * k));
+        powersgd_refresh_q(q, m->cols, k, &z->draws);
+        at += (m->rows + m->cols) * k;
+        pos = off + m->rows * m->cols;
+    }
+    memcpy(raw, x + pos, sizeof(float) * (size_t)(len - pos));
+}
+
+int compress_encode(Compressor *z, long lo, const float *in, long len, void *payload) {
+    if (z->spec.kind == COMPRESS_NONE) {
+        memcpy(payload, in, sizeof(float) * (size_t)len);
+        return 0;
+    }
+    float *e = z->residual + lo;
+    // x = in + residual, kept in the residual; the encoding leaves there what it sends, and the
+    // residual is then x minus that
+    float *x = malloc(sizeof(float) * (size_t)(len > 0 ? len : 1));
+    if (x == NULL) {
+        return -1;
+    }
+    for (long i = 0; i < len; i++) x[i] = in[i] + e[i];
+    memcpy(e, x, sizeof(float) * (size_t)len);
+    int rc = 0;
+    switch (z->spec.kind) {
+    case COMPRESS_FP16: case COMPRESS_BF16:
+        cast16_encode(z->spec.kind == COMPRESS_BF16, x, len, payload);
+        break;
+    case COMPRESS_TOPK: {
+        long k = topk_count(z->spec.ratio, len);
+        rc = topk_encode(x, len, k, payload, (float *)payload + k);
+        break;
+    }
+    case COMPRESS_SIGN:
+        sign_encode(x, len, payload);
+        break;
+    case COMPRESS_POWERSGD:
+        powersgd_encode(z, lo, x, len, payload);
+        break;
+    default:
+        break;
+    }
+    for (long i = 0; i < len; i++) e[i] -= x[i];
+    free(x);
+    return rc;
+}
+
+void compress_decode_add(const Compressor *z, long lo, const void *payload, long len, float scale, float *out) {
+    switch (z->spec.kind) {
+    case COMPRESS_FP16: case COMPRESS_BF16:
+        cast16_decode_add(z->spec.kind == COMPRESS_BF16, payload, len, scale, out);
+        break;
+    case COMPRESS_TOPK: {
+        long k = topk_count(z->spec.ratio, len);
+        topk_decode_add(payload, (const float *)payload + k, k, scale, out);
+        break;
+    }
+    case COMPRESS_SIGN:
+        sign_decode_add(payload, len, scale, out);
+        break;
+    case COMPRESS_POWERSGD: {
+        int first, last;
+        matrices_in(z, lo, len, &first, &last);
+        const int k = z->spec.rank;
+        const float *f = payload;
+        long at = 0, pos = 0;
+        for (int i = first; i < last; i++) at += (z->matrices[i].rows + z->matrices[i].cols) * k;
+        const float *raw = f + at;
+        at = 0;
+        for (int i = first; i < last; i++) {
+            const CompressMatrix *m = &z->matrices[i];
+            long off = m->offset - lo;
+            for (long j = pos; j < off; j++) out[j] += scale * *raw++;
+            const float *p = f + at, *q = f + at + m->rows * k;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m->rows, (int)m->cols, k, scale, p, k, q, k,
+                        1.0f, out + off, (int)m->cols);
+            at += (m->rows + m->cols) * k;
+            pos = off + m->rows * m->cols;
+        }
+        for (long j = pos; j < len; j++) out[j] += scale * *raw++;
+        break;
+    }
+    default: {
+        const float *f = payload;
+        for (long i = 0; i < len; i++) out[i] += scale * f[i];
+        break;
+    }
+    }
+}
+
+// The state a checkpoint keeps: the residual, powersgd's Q and its generator, in that order.
+size_t compress_state_bytes(const Compressor *z) {
+    if (z->spec.kind == COMPRESS_NONE) {
+        return 0;
+    }
+    return sizeof(float) * (size_t)(z->n + z->q_len) + sizeof z->draws;
+}
+
+void compress_state_save(const Compressor *z, void *out) {
+    char *p = out;
+    memcpy(p, z->residual, sizeof(float) * (size_t)z->n);
+    p += sizeof(float) * (size_t)z->n;
+    if (z->q_len > 0) {
+        memcpy(p, z->q, sizeof(float) * (size_t)z->q_len);
+    }
+    p += sizeof(float) * (size_t)z->q_len;
+    memcpy(p, &z->draws, sizeof z->draws);
+}
+
+void compress_state_load(Compressor *z, const void *in) {
+    const char *p = in;
+    memcpy(z->residual, p, sizeof(float) * (size_t)z->n);
+    p += sizeof(float) * (size_t)z->n;
+    if (z->q_len > 0) {
+        memcpy(z->q, p, sizeof(float) * (size_t)z->q_len);
+    }
+    p += sizeof(float) * (size_t)z->q_len;
+    memcpy(&z->draws, p, sizeof z->draws);
+}

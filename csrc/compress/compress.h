@@ -1,0 +1,109 @@
+/*
+ * compress.h: gradient compression with error feedback, below the strategies. A strategy hands what it
+ * would send (gradients, pushed updates, weight differences) to a Compressor, which adds this rank's
+ * residual (what earlier steps did not send), encodes, and keeps as the new residual what the encoding
+ * lost, so that nothing is lost for good, only late (Seide et al. 2014; Karimireddy et al. 2019).
+ *
+ * Compressors, as the command line spells them:
+ *   none         nothing changes (no residual);
+ *   fp16, bf16   each value cast to 16 bits (round to nearest even); sums are taken in float32;
+ *   topk:R       the fraction R (0 < R <= 1) of the entries largest in magnitude, as (index, value);
+ *   sign         one bit per entry and one scale per chunk of SIGN_CHUNK entries, the chunk's mean
+ *                magnitude (EF-SignSGD: the scaled sign keeps the chunk's L1 norm);
+ *   powersgd:K   every matrix-shaped block (a layer's weight) as a rank-K product P Q^T from one power
+ *                iteration warm-started from the previous step's Q (Vogels et al. 2019); the other
+ *                entries (biases) go as they are.
+ *
+ * Two ways to send. encode/decode: one rank's payload, self-contained (a worker to a server; powersgd
+ * then factors this rank's own matrices). exchange.c's compress_allreduce_sum: the sum over a group, for
+ * allreduce and ring (fp16/bf16/topk/sign: every rank's payload to every rank, each summed in float32 in
+ * rank order, so every rank gets bitwise the same sum; powersgd: Vogels' all-reduce of P and then of Q).
+ *
+ * Files: compress.c (names, state, residual, dispatch), cast16.c, topk.c, sign.c, powersgd.c (the
+ * encodings), exchange.c (the sum over a group, on strategies/comm.h). Plain C, no Python.h.
+ */
+#ifndef PYDIST_COMPRESS_COMPRESS_H
+#define PYDIST_COMPRESS_COMPRESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { COMPRESS_NONE, COMPRESS_FP16, COMPRESS_BF16, COMPRESS_TOPK, COMPRESS_SIGN, COMPRESS_POWERSGD } CompressKind;
+
+typedef struct {
+    CompressKind kind;
+    double ratio;   // topk: the fraction of entries sent
+    int rank;       // powersgd: K
+} CompressSpec;
+
+#define SIGN_CHUNK 256
+
+// A matrix-shaped block of the flat buffer (row-major, rows x cols), for powersgd.
+typedef struct {
+    long offset, rows, cols;
+} CompressMatrix;
+
+typedef struct {
+    CompressSpec spec;
+    long n;                 // the buffer's entries
+    float *residual;        // [n]: what was not sent yet (NULL for none)
+    // powersgd: the matrices (whole ones inside [0, n)), their warm-start Q (cols x K each, one block),
+    // and scratch for one matrix's P (rows x K) and M (rows x cols, the input with its residual)
+    int num_matrices;
+    CompressMatrix *matrices;
+    float *q;
+    long q_len;
+    float *work;
+    long work_len;
+    uint64_t draws;         // powersgd: the generator of Q's draws (its first and any refresh)
+} Compressor;
+
+// Parse `text` ("fp16", "topk:0.01", ...). 0, or -1 with a message in err.
+int compress_parse(const char *text, CompressSpec *spec, char *err, size_t errlen);
+// The spec as the command line spells it, into buf.
+void compress_name(const CompressSpec *spec, char *buf, size_t len);
+
+// State for a buffer of n entries; `matrices` (copied) say which blocks powersgd factors; Q starts from
+// `seed` (the same on every rank). 0, or -1 out of memory.
+int compressor_create(Compressor *z, const CompressSpec *spec, long n, const CompressMatrix *matrices,
+                      int num_matrices, uint64_t seed);
+void compressor_free(Compressor *z);
+
+// The state a checkpoint keeps (the residual, powersgd's warm start): its bytes (0 for none), and the
+// state written to / read from a block of that many bytes.
+size_t compress_state_bytes(const Compressor *z);
+void compress_state_save(const Compressor *z, void *out);
+void compress_state_load(Compressor *z, const void *in);
+
+// Bytes of one rank's payload for the entries [lo, lo + len) of the buffer.
+size_t compress_payload_bytes(const Compressor *z, long lo, long len);
+
+// One rank's payload for x = in[0..len) (entries [lo, lo + len) of the buffer) plus their residual;
+// the residual becomes x minus what the payload decodes to. payload: compress_payload_bytes of it.
+// 0, or -1 out of memory.
+int compress_encode(Compressor *z, long lo, const float *in, long len, void *payload);
+// out[0..len) += scale * what `payload` (from compress_encode with the same z's spec, lo and len) holds.
+void compress_decode_add(const Compressor *z, long lo, const void *payload, long len, float scale, float *out);
+
+// The encodings (cast16.c, topk.c, sign.c, powersgd.c), on x[0..len) in place: x becomes what the
+// payload decodes to, so the caller's residual is the input minus it.
+void cast16_encode(int bf16, float *x, long len, uint16_t *out);
+void cast16_decode_add(int bf16, const uint16_t *in, long len, float scale, float *out);
+long topk_count(double ratio, long len);
+int topk_encode(float *x, long len, long k, int32_t *index, float *value);
+void topk_decode_add(const int32_t *index, const float *value, long k, float scale, float *out);
+size_t sign_bytes(long len);
+void sign_encode(float *x, long len, void *out);
+void sign_decode_add(const void *in, long len, float scale, float *out);
+// powersgd.c: orthonormalise the K columns of P (rows x K, row-major) in place (a column that comes
+// out (near) zero stays zero); and one rank's own rank-K factorisation of M (rows x cols), P then Q,
+// M becoming P Q^T (work: rows x K floats).
+void powersgd_orthonormalize(float *p, long rows, int k);
+void powersgd_factor(float *m, long rows, long cols, int k, float *q, float *p);
+// A column of the warm start Q that has gone (near) zero (a matrix that was zero: a dead layer) would
+// keep every later P zero: it starts again from fresh draws of `state` (the same on every rank).
+void powersgd_refresh_q(float *q, long cols, int k, uint64_t *state);
+// One draw, uniform in [-1, 1), of Q's generator.
+float powersgd_draw(uint64_t *state);
+
+#endif  // PYDIST_COMPRESS_COMPRESS_H

@@ -1,0 +1,84 @@
+/*
+ * topk.c: the k entries largest in magnitude, as (index, value) pairs in index order. Ties at the
+ * threshold go to the lower index, and NaN counts as the largest magnitude (it is sent, not hidden in
+ * the residual), so the choice is the same wherever it is made.
+ */
+#include "compress.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+long topk_count(double ratio, long len) {
+    if (len <= 0) {
+        return 0;
+    }
+    long k = (long)ceil(ratio * (double)len - 1e-9);
+    return k < 1 ? 1 : k > len ? len : k;
+}
+
+static float magnitude(float v) {
+    return isnan(v) ? INFINITY : fabsf(v);
+}
+
+// The k-th largest of a[0..n) (1-based k), reordering a: quickselect with a median-of-three pivot.
+static float kth_largest(float *a, long n, long k) {
+    long lo = 0, hi = n - 1, want = k - 1;
+    while (lo < hi) {
+        long mid = lo + (hi - lo) / 2;
+        float x = a[lo], y = a[mid], z = a[hi];
+        float pivot = x > y ? (y > z ? y : (x > z ? z : x)) : (x > z ? x : (y > z ? z : y));
+        long i = lo, j = hi;
+        while (i <= j) {
+            while (a[i] > pivot) i++;
+            while (a[j] < pivot) j--;
+            if (i <= j) {
+                float t = a[i];
+                a[i] = a[j];
+                a[j] = t;
+                i++;
+                j--;
+            }
+        }
+        if (want <= j) {
+            hi = j;
+        } else if (want >= i) {
+            lo = i;
+        } else {
+            return a[want];
+        }
+    }
+    return a[want];
+}
+
+int topk_encode(float *x, long len, long k, int32_t *index, float *value) {
+    float *mag = malloc(sizeof(float) * (size_t)(len > 0 ? len : 1));
+    if (mag == NULL) {
+        return -1;
+    }
+    for (long i = 0; i < len; i++) mag[i] = magnitude(x[i]);
+    float threshold = k > 0 ? kth_largest(mag, len, k) : INFINITY;
+    free(mag);
+    long above = 0;
+    for (long i = 0; i < len; i++) above += magnitude(x[i]) > threshold;
+    long ties = k - above, taken = 0;   // entries at the threshold to take, lowest indices first
+    for (long i = 0; i < len; i++) {
+        float m = magnitude(x[i]);
+        int take = m > threshold || (m == threshold && ties > 0);
+        if (m == threshold && take) {
+            ties--;
+        }
+        if (take) {
+            index[taken] = (int32_t)i;
+            value[taken] = x[i];
+            taken++;
+        } else {
+            x[i] = 0.0f;   // not sent: all of it stays in the residual
+        }
+    }
+    return 0;
+}
+
+void topk_decode_add(const int32_t *index, const float *value, long k, float scale, float *out) {
+    for (long i = 0; i < k; i++) out[index[i]] += scale * value[i];
+}
