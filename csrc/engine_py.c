@@ -15,6 +15,7 @@
 #include "engine/data.h"
 #include "engine/model.h"
 #include "engine/train.h"
+#include "comm_glue.h"
 #include "strategies/strategy.h"
 
 typedef struct {
@@ -395,50 +396,6 @@ static PyObject *engine_sgd_step(EngineObject *e, PyObject *const *args, Py_ssiz
 // ---------------------------------------------------------------------------------------------------
 // Strategies (csrc/strategies/): their waits and MPI calls, made the pydist way
 
-// What a strategy's communication needs from us while the step loop runs without the GIL.
-typedef struct {
-    EngineObject *engine;
-    long group;               // for the wait: which ranks must be alive
-    PyThreadState *released;  // the thread state saved while the GIL is released
-} SyncContext;
-
-static void sync_lock(void *ctx) {
-    SyncContext *s = ctx;
-    PyEval_RestoreThread(s->released);
-}
-
-static void sync_unlock(void *ctx) {
-    SyncContext *s = ctx;
-    s->released = PyEval_SaveThread();
-}
-
-// Wait the way every pydist call waits (polling, Ctrl-C, timeouts, dead ranks); a request given up is
-// parked with the engine, whose buffers it reads or writes. GIL held.
-static int sync_wait(MPI_Request *req, void *ctx) {
-    SyncContext *s = ctx;
-    PdOp op = pd_op("the training step's communication", s->group, PD_PEER_ALL);
-    return pd_op_wait_or_park(req, MPI_STATUS_IGNORE, &op, (PyObject *)s->engine, 0);
-}
-
-static int sync_waitany(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, double since,
-                        void *ctx) {
-    SyncContext *s = ctx;
-    PdOp op = pd_op("the training step's communication", s->group, PD_PEER_ALL);
-    return pd_op_wait_any(n, reqs, first, index, status, &op, since);
-}
-
-// The shared-memory all-reduce of the gradients (1 done, 0 MPI's instead, -1 failed). GIL held.
-static int sync_shm_allreduce(float *buf, long n, void *ctx) {
-    SyncContext *s = ctx;
-    return pd_shm_allreduce_floats(s->group, buf, n);
-}
-
-static void sync_park(MPI_Request *req, void *ctx) {
-    SyncContext *s = ctx;
-    pd_park(*req, Py_NewRef((PyObject *)s->engine), 0);
-    *req = MPI_REQUEST_NULL;
-}
-
 static int hook_step(void *ctx, float *params, float *grads, float *momentum, int *started, long step) {
     return strategy_step(ctx, params, grads, momentum, started, step);
 }
@@ -490,12 +447,6 @@ static PyObject *strategy_error(const Strategy *st, int rc) {
         PyEval_RestoreThread((sync).released);                       \
     } while (0)
 
-static Comm comm_for(MPI_Comm comm, int rank, int size) {
-    Comm c = {comm, rank, size, sync_wait, sync_lock, sync_unlock, sync_park, NULL, {0, 0}, 0.0, MPI_SUCCESS, NULL,
-              sync_waitany, sync_shm_allreduce};
-    return c;
-}
-
 // The pipeline's stage boundaries: None (other strategies; *out stays NULL), or a sequence of
 // stages + 1 ints from 0 to the model's layer count, strictly increasing (pipeline.c checks the
 // values), into a new PyMem array in *out. Returns 0 or -1.
@@ -537,14 +488,32 @@ static int split_arg(PyObject *obj, long stages, const char *fn, int **out) {
 }
 
 // set_strategy(group, name, servers, period, warmup, placement, beta, slow_ms, window, deterministic, stages,
-//              micro_batches, schedule, split, lr, momentum, dampening, weight_decay, nesterov): how this engine's
-// train_steps cooperate from now on, on a private copy of the group's communicator (so its messages never
-// meet the user's). Collective over the group. group -1: alone.
+//              micro_batches, schedule, split, lr, momentum, dampening, weight_decay, nesterov[, compression]):
+// how this engine's train_steps cooperate from now on, on a private copy of the group's communicator (so
+// its messages never meet the user's). compression: as compress/compress.h spells it ("none" when left
+// out). Collective over the group. group -1: alone.
 static PyObject *engine_set_strategy(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
     const char *fn = "Engine.set_strategy";
     long group, servers, period, warmup, placement, slow_ms, window, deterministic, stages, micro_batches, schedule;
     double beta;
     SgdConfig sgd;
+    CompressSpec compression = {COMPRESS_NONE, 1.0, 0};
+    if (nargs == 20) {   // the optional last one
+        char cerr[256];
+        const char *text = PyUnicode_Check(args[19]) ? PyUnicode_AsUTF8(args[19]) : NULL;
+        if (text == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_Format(PyExc_TypeError, "%s(): `compression` must be a str; got %.100s", fn,
+                             Py_TYPE(args[19])->tp_name);
+            }
+            return NULL;
+        }
+        if (compress_parse(text, &compression, cerr, sizeof cerr) < 0) {
+            PyErr_Format(PyExc_ValueError, "%s(): %s", fn, cerr);
+            return NULL;
+        }
+        nargs = 19;
+    }
     if (pd_check_nargs(nargs, 19, fn) < 0 || pd_arg_long(args[0], fn, "group", &group) < 0 ||
         pd_arg_long(args[2], fn, "servers", &servers) < 0 || pd_arg_long(args[3], fn, "period", &period) < 0 ||
         pd_arg_long(args[4], fn, "warmup", &warmup) < 0 || pd_arg_long(args[5], fn, "placement", &placement) < 0 ||
@@ -622,9 +591,9 @@ static PyObject *engine_set_strategy(EngineObject *e, PyObject *const *args, Py_
     }
     StrategyConfig cfg = {(StrategyKind)kind, (int)servers, (int)period, (int)warmup, (MomentumPlacement)placement,
                           (float)beta, (int)window, (int)deterministic, (int)stages, (int)micro_batches,
-                          (PipelineSchedule)schedule, split};
+                          (PipelineSchedule)schedule, split, compression};
     char err[512];
-    int created = strategy_create(&e->strategy, &cfg, &sgd, comm_for(e->strategy_comm, rank, size), &e->model, err,
+    int created = strategy_create(&e->strategy, &cfg, &sgd, pd_comm_for(e->strategy_comm, rank, size), &e->model, err,
                                   sizeof err);
     PyMem_Free(split);   // the pipeline has taken what it needs
     if (created < 0) {
@@ -680,9 +649,10 @@ static PyObject *engine_train_steps(EngineObject *e, PyObject *const *args, Py_s
         if (comm == NULL) {
             return NULL;
         }
-        StrategyConfig cfg = {STRATEGY_ALLREDUCE, 0, 0, 0, MOMENTUM_LOCAL, 0.0f, 0, 0, 0, 0, SCHEDULE_GPIPE, NULL};
+        StrategyConfig cfg = {STRATEGY_ALLREDUCE, 0, 0, 0, MOMENTUM_LOCAL, 0.0f, 0, 0, 0, 0, SCHEDULE_GPIPE, NULL,
+                              {COMPRESS_NONE, 1.0, 0}};
         char err[256];
-        if (strategy_create(&once, &cfg, &sgd, comm_for(*comm, pd_group_rank(group), pd_group_size(group)),
+        if (strategy_create(&once, &cfg, &sgd, pd_comm_for(*comm, pd_group_rank(group), pd_group_size(group)),
                             &e->model, err, sizeof err) < 0) {
             PyErr_Format(PyExc_MemoryError, "%s(): %s", fn, err);
             return NULL;
@@ -733,7 +703,7 @@ static PyObject *engine_train_steps(EngineObject *e, PyObject *const *args, Py_s
         goto done;
     }
     StepStats stats = {0};
-    SyncContext sync = {e, group, NULL};
+    PdSyncContext sync = {(PyObject *)e, group, NULL};
     CommCount before = st->comm.count;
     AsyncStats async_before = st->stats;
     st->stats.staleness_max = 0;   // the call's own maximum
@@ -771,7 +741,7 @@ static PyObject *engine_strategy_weights(EngineObject *e, PyObject *unused) {
     if (engine_enter(e, fn) < 0) {
         return NULL;
     }
-    SyncContext sync = {e, e->strategy_group, NULL};
+    PdSyncContext sync = {(PyObject *)e, e->strategy_group, NULL};
     int rc;
     WITH_STRATEGY(e, sync, rc = strategy_weights(&e->strategy, e->model.params, e->gathered));
     e->busy = 0;
@@ -792,7 +762,7 @@ static PyObject *engine_strategy_state(EngineObject *e, PyObject *unused) {
     if (engine_enter(e, fn) < 0) {
         return NULL;
     }
-    SyncContext sync = {e, e->strategy_group, NULL};
+    PdSyncContext sync = {(PyObject *)e, e->strategy_group, NULL};
     const long n = e->model.num_params;
     int rc, started = 0;
     WITH_STRATEGY(e, sync, rc = strategy_state(&e->strategy, e->model.params, e->momentum, e->momentum_started,
@@ -849,6 +819,15 @@ static PyObject *engine_pipeline_trace(EngineObject *e, PyObject *unused) {
         PyList_SET_ITEM(out, i, t);
     }
     return out;
+}
+
+// This rank's error-feedback residual (a copy), or None without compression.
+static PyObject *get_compression_residual(EngineObject *e, void *c) {
+    (void)c;
+    if (!e->has_strategy || e->strategy.z.residual == NULL) {
+        Py_RETURN_NONE;
+    }
+    return buffer_copy(e->strategy.z.residual, e->strategy.z.n);
 }
 
 static PyObject *get_is_server(EngineObject *e, void *c) {
@@ -954,42 +933,65 @@ static PyObject *path_arg(PyObject *obj, const char *fn, const char *arg) {
 // save(path, step, epoch, seed): params + momentum, atomically (checkpoint.c). step and epoch are
 // counts (>= 0); seed is any C long, stored as its 64 bits and given back as it was by load().
 // With 7 arguments (..., params, momentum, momentum_started) it saves those instead of the engine's own:
-// what a strategy's state() gathered (the average, the center, the servers' momentum).
+// what a strategy's state() gathered (the average, the center, the servers' momentum). With 10 (...,
+// state, compression, ranks) also every rank's compression state, `ranks` blocks of equal size one
+// after another in `state` (bytes), and the compressor's name.
 static PyObject *engine_save(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
     const char *fn = "Engine.save";
-    long step, epoch, seed;
+    long step, epoch, seed, ranks = 0;
     const float *params = e->model.params, *momentum = e->momentum;
     int started = e->momentum_started;
-    if (nargs_either(nargs, 4, 7, fn) < 0 || pd_arg_long(args[1], fn, "step", &step) < 0 ||
+    const char *compression = "";
+    Py_buffer state = {0};
+    if ((nargs != 10 && nargs_either(nargs, 4, 7, fn) < 0) || pd_arg_long(args[1], fn, "step", &step) < 0 ||
         pd_arg_long(args[2], fn, "epoch", &epoch) < 0 || pd_arg_long(args[3], fn, "seed", &seed) < 0) {
         return NULL;
     }
-    if (nargs == 7 && ((params = weights_arg(e, args[4], fn, "params")) == NULL ||
+    if (nargs >= 7 && ((params = weights_arg(e, args[4], fn, "params")) == NULL ||
                        (momentum = weights_arg(e, args[5], fn, "momentum")) == NULL ||
                        (started = PyObject_IsTrue(args[6])) < 0)) {
         return NULL;
     }
+    if (nargs == 10) {
+        if (pd_arg_long(args[9], fn, "ranks", &ranks) < 0 ||
+            (compression = PyUnicode_Check(args[8]) ? PyUnicode_AsUTF8(args[8]) : NULL) == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_Format(PyExc_TypeError, "%s(): `compression` must be a str", fn);
+            }
+            return NULL;
+        }
+        if (PyObject_GetBuffer(args[7], &state, PyBUF_SIMPLE) < 0) {
+            return NULL;
+        }
+        if (ranks < 1 || state.len % ranks != 0 || strlen(compression) >= sizeof ((CheckpointHeader *)0)->compression) {
+            PyErr_Format(PyExc_ValueError, "%s(): `state` must be `ranks` (>= 1) equal blocks and `compression` a "
+                         "known compressor's name", fn);
+            PyBuffer_Release(&state);
+            return NULL;
+        }
+    }
+    PyObject *path_bytes = NULL;
     if (step < 0 || epoch < 0) {
         PyErr_Format(PyExc_ValueError, "%s(): `step` and `epoch` must be >= 0; got %ld and %ld", fn, step, epoch);
-        return NULL;
+    } else if ((path_bytes = path_arg(args[0], fn, "path")) != NULL && engine_enter(e, fn) < 0) {
+        Py_CLEAR(path_bytes);
     }
-    PyObject *path_bytes = path_arg(args[0], fn, "path");
     if (path_bytes == NULL) {
-        return NULL;
-    }
-    if (engine_enter(e, fn) < 0) {
-        Py_DECREF(path_bytes);
+        PyBuffer_Release(&state);
         return NULL;
     }
     const char *path = PyBytes_AS_STRING(path_bytes);
     CheckpointHeader h = {CHECKPOINT_MAGIC, CHECKPOINT_VERSION, (uint64_t)e->model.num_params, (uint64_t)step,
-                          (uint64_t)epoch, (uint64_t)seed, model_hash(&e->model), (uint64_t)started};
+                          (uint64_t)epoch, (uint64_t)seed, model_hash(&e->model), (uint64_t)started,
+                          (uint64_t)ranks, ranks > 0 ? (uint64_t)(state.len / ranks) : 0, {0}};
+    snprintf(h.compression, sizeof h.compression, "%s", compression);
     char err[1024];
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = checkpoint_save(path, &h, params, momentum, err, sizeof err);
+    rc = checkpoint_save(path, &h, params, momentum, state.buf, err, sizeof err);
     Py_END_ALLOW_THREADS
     e->busy = 0;
+    PyBuffer_Release(&state);
     Py_DECREF(path_bytes);
     if (rc < 0) {
         PyErr_SetString(PyExc_OSError, err);
@@ -998,7 +1000,8 @@ static PyObject *engine_save(EngineObject *e, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
-// load(path) -> (step, epoch, seed): params, momentum and momentum_started from a checkpoint
+// load(path) -> (step, epoch, seed, compression): params, momentum and momentum_started from a
+// checkpoint; compression: None, or (name, ranks, state bytes) as save() was given them
 static PyObject *engine_load(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
     const char *fn = "Engine.load";
     PyObject *path_bytes;
@@ -1011,10 +1014,11 @@ static PyObject *engine_load(EngineObject *e, PyObject *const *args, Py_ssize_t 
     }
     const char *path = PyBytes_AS_STRING(path_bytes);
     CheckpointHeader expect = {CHECKPOINT_MAGIC, CHECKPOINT_VERSION, (uint64_t)e->model.num_params, 0, 0, 0,
-                               model_hash(&e->model), 0};
+                               model_hash(&e->model), 0, 0, 0, {0}};
     CheckpointHeader h;
     char err[1024];
     int rc = -1;
+    void *state = NULL;
     // Read into new buffers and take them only when the whole file is good: a damaged checkpoint
     // must leave the model as it was, not half overwritten.
     size_t bytes = sizeof(float) * (size_t)e->model.num_params;
@@ -1023,7 +1027,7 @@ static PyObject *engine_load(EngineObject *e, PyObject *const *args, Py_ssize_t 
         snprintf(err, sizeof err, "out of memory loading %s", path);
     } else {
         Py_BEGIN_ALLOW_THREADS
-        rc = checkpoint_load(path, &h, params, momentum, &expect, err, sizeof err);
+        rc = checkpoint_load(path, &h, params, momentum, &state, &expect, err, sizeof err);
         Py_END_ALLOW_THREADS
     }
     if (rc == 0 && (h.step > INT64_MAX || h.epoch > INT64_MAX)) {  // save() writes counts >= 0 only
@@ -1039,11 +1043,57 @@ static PyObject *engine_load(EngineObject *e, PyObject *const *args, Py_ssize_t 
     PyMem_Free(momentum);
     e->busy = 0;
     Py_DECREF(path_bytes);
+    PyObject *compression = NULL;
+    if (rc == 0 && state != NULL) {
+        compression = Py_BuildValue("(sLy#)", h.compression, (long long)h.state_ranks, (const char *)state,
+                                    (Py_ssize_t)(h.state_ranks * h.state_bytes));
+    } else if (rc == 0) {
+        compression = Py_NewRef(Py_None);
+    }
+    free(state);
     if (rc < 0) {
         PyErr_SetString(PyExc_ValueError, err);
         return NULL;
     }
-    return Py_BuildValue("(LLL)", (long long)h.step, (long long)h.epoch, (long long)h.seed);
+    if (compression == NULL) {
+        return NULL;
+    }
+    return Py_BuildValue("(LLLN)", (long long)h.step, (long long)h.epoch, (long long)h.seed, compression);
+}
+
+// compression_state() -> bytes: this rank's compression state (residual, powersgd's warm start) as a
+// checkpoint keeps it, or None without compression; set_compression_state(bytes) takes it back.
+static PyObject *engine_compression_state(EngineObject *e, PyObject *unused) {
+    (void)unused;
+    size_t bytes = e->has_strategy ? compress_state_bytes(&e->strategy.z) : 0;
+    if (bytes == 0) {
+        Py_RETURN_NONE;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)bytes);
+    if (out != NULL) {
+        compress_state_save(&e->strategy.z, PyBytes_AS_STRING(out));
+    }
+    return out;
+}
+
+static PyObject *engine_set_compression_state(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
+    const char *fn = "Engine.set_compression_state";
+    Py_buffer in;
+    if (pd_check_nargs(nargs, 1, fn) < 0 || PyObject_GetBuffer(args[0], &in, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    size_t want = e->has_strategy ? compress_state_bytes(&e->strategy.z) : 0;
+    PyObject *ret = NULL;
+    if (want == 0 || (size_t)in.len != want) {
+        PyErr_Format(PyExc_ValueError, "%s(): this engine's compression state is %zu bytes; got %zd", fn, want,
+                     in.len);
+    } else if (engine_enter(e, fn) == 0) {
+        compress_state_load(&e->strategy.z, in.buf);
+        e->busy = 0;
+        ret = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&in);
+    return ret;
 }
 
 #define METHOD(name, fn, doc) {name, (PyCFunction)(void (*)(void))fn, METH_FASTCALL, doc}
@@ -1058,8 +1108,8 @@ static PyMethodDef engine_methods[] = {
            "weight_decay, nesterov) -> (loss_sum, correct, steps, t_comp, t_sync, bytes_sent, messages)"),
     METHOD("set_strategy", engine_set_strategy,
            "set_strategy(group, name, servers, period, warmup, placement, beta, slow_ms, window, deterministic, "
-           "stages, micro_batches, schedule, split, lr, momentum, dampening, weight_decay, nesterov): how "
-           "train_steps cooperate (collective)"),
+           "stages, micro_batches, schedule, split, lr, momentum, dampening, weight_decay, nesterov[, compression]): "
+           "how train_steps cooperate (collective)"),
     {"strategy_weights", (PyCFunction)engine_strategy_weights, METH_NOARGS,
      "strategy_weights() -> the weights that count (collective)"},
     {"strategy_state", (PyCFunction)engine_strategy_state, METH_NOARGS,
@@ -1073,8 +1123,13 @@ static PyMethodDef engine_methods[] = {
     METHOD("evaluate", engine_evaluate,
            "evaluate(images, labels, start, end, batch[, weights]) -> (loss_sum, correct)"),
     METHOD("save", engine_save,
-           "save(path, step, epoch, seed[, params, momentum, momentum_started]): atomic checkpoint"),
-    METHOD("load", engine_load, "load(path) -> (step, epoch, seed)"),
+           "save(path, step, epoch, seed[, params, momentum, momentum_started[, state, compression, ranks]]): "
+           "atomic checkpoint"),
+    METHOD("load", engine_load, "load(path) -> (step, epoch, seed, compression)"),
+    {"compression_state", (PyCFunction)engine_compression_state, METH_NOARGS,
+     "compression_state() -> this rank's compression state as a checkpoint keeps it (bytes), or None"},
+    METHOD("set_compression_state", engine_set_compression_state,
+           "set_compression_state(state): take back what compression_state() gave"),
     {NULL, NULL, 0, NULL},
 };
 
@@ -1088,6 +1143,8 @@ static PyGetSetDef engine_getset[] = {
     {"max_batch", (getter)get_max_batch, NULL, "largest batch per call", NULL},
     {"model_hash", (getter)get_model_hash, NULL, "hash of the architecture (checkpoints)", NULL},
     {"is_server", (getter)get_is_server, NULL, "this rank serves parameters (strategy ps)", NULL},
+    {"compression_residual", (getter)get_compression_residual, NULL,
+     "a copy of this rank's error-feedback residual (None without compression)", NULL},
     {"workers", (getter)get_workers, NULL, "ranks that compute gradients", NULL},
     {"global_step", (getter)get_global_step, (setter)set_global_step, "the strategy's step count", NULL},
     {"layout", (getter)get_layout, NULL, "(weight_offset, weights, bias_offset, biases) per layer", NULL},

@@ -89,7 +89,7 @@ static int module_exec(PyObject *m) {
         return -1;
     }
     if (pd_child_register() < 0 || pd_work_type_init(m) < 0 || pd_engine_type_init(m) < 0 ||
-        pd_shm_type_init(m) < 0) {
+        pd_compressor_type_init(m) < 0 || pd_shm_type_init(m) < 0) {
         return -1;
     }
     // The paths, in the order a group's release reaches them: the persistent requests are freed before

@@ -469,6 +469,7 @@ PyObject *pd_persistent_stats(PyObject *self, PyObject *const *args, Py_ssize_t 
 // The training engine (engine_py.c over csrc/engine/)
 
 int pd_engine_type_init(PyObject *module);
+int pd_compressor_type_init(PyObject *module);   // _C.Compressor (compress_py.c over csrc/compress/)
 PyObject *pd_load_idx(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_epoch_permutation(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_set_blas_threads(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

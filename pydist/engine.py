@@ -19,6 +19,7 @@ import numbers
 import os
 import sys
 import time
+import warnings
 
 import numpy as np
 
@@ -347,12 +348,19 @@ class Trainer:
     "gpipe" or "1f1b"; `split`, the first layer of each later stage, else balanced by FLOPs): R =
     stages x replicas, `batch_size` is then per replica. An option the strategy does not take is a
     ValueError. `slow_rank`/`slow_ms` make one rank sleep `slow_ms` ms per step (a straggler).
+
+    `compression` (allreduce, ring, central, ps) sends the gradients compressed, in C, with error
+    feedback (what one step does not send, a later one does): "fp16" or "bf16" (16-bit values, summed in
+    float32), "topk:R" (the fraction R of entries largest in magnitude), "sign" (one bit per entry and a
+    scale per 256), "powersgd:K" (each weight matrix as a rank-K product; biases whole). None: no
+    compression. The bytes each step sends are in the step's figures (`bytes_sent`).
     """
 
     def __init__(self, model, lr=0.02, momentum=0.9, weight_decay=0.0, dampening=0.0, nesterov=False,
                  batch_size=64, seed=0, group=None, blas_threads=None, strategy="allreduce", servers=None,
                  period=None, warmup=None, momentum_placement=None, beta=None, window=None, deterministic=None,
-                 stages=None, micro_batches=None, schedule=None, split=None, slow_rank=None, slow_ms=None):
+                 stages=None, micro_batches=None, schedule=None, split=None, slow_rank=None, slow_ms=None,
+                 compression=None):
         if not isinstance(model, Model):
             raise TypeError(f"Trainer: `model` must be a pydist.engine.Model, got {type(model).__name__}")
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
@@ -372,6 +380,11 @@ class Trainer:
                                                    momentum_placement=momentum_placement, beta=beta,
                                                    window=window, deterministic=deterministic, stages=stages,
                                                    micro_batches=micro_batches, schedule=schedule, split=split))
+        if compression is not None and not isinstance(compression, str):
+            raise TypeError(f"Trainer: `compression` must be None or a str such as \"fp16\" or \"topk:0.01\"; got "
+                            f"{type(compression).__name__}")
+        # as the C side spells it (topk:0.10 is topk:0.1), the name a checkpoint's state is kept under
+        self.compression = _C.Compressor(compression, 0).spec if compression else "none"
         if (slow_rank is None) != (slow_ms is None):
             raise ValueError("Trainer: `slow_rank` and `slow_ms` go together (one rank sleeps slow_ms per step)")
         self.model, self.batch_size, self.seed = model, batch_size, int(seed)
@@ -403,7 +416,8 @@ class Trainer:
                                  options.get("beta", 0.0), int(slow_ms) if slow_rank == self.rank else 0,
                                  options.get("window", 0), int(options.get("deterministic", False)),
                                  self.stages if strategy == "pipeline" else 0, options.get("micro_batches", 0),
-                                 SCHEDULES.index(options.get("schedule", "gpipe")), self.split, *self.sgd)
+                                 SCHEDULES.index(options.get("schedule", "gpipe")), self.split, *self.sgd,
+                                 self.compression)
         self.workers, self.is_server = self.engine.workers, self.engine.is_server
         self.epoch, self.step, self.history = 0, 0, []
 
@@ -637,7 +651,19 @@ class Trainer:
         disk, or raises if rank 0 could not write it."""
         path = os.fspath(path)
         state = self.engine.strategy_state()   # collective: the average, the center, the servers' momentum
-        self._on_root(lambda: self.engine.save(path, self.step, self.epoch, self.seed, *state),
+        # every rank's compression state (its error-feedback residual), gathered to rank 0 in rank order
+        mine = self.engine.compression_state()
+        extra = ()
+        if mine is not None:
+            mine = np.frombuffer(mine, np.uint8)
+            every = [np.empty_like(mine) for _ in range(self.world)] if self.rank == 0 else None
+            if self.world > 1:
+                dist.gather(mine, every, dst=self._root, group=self.group)
+            elif every is not None:
+                every[0][:] = mine
+            if self.rank == 0:
+                extra = (np.concatenate(every).tobytes(), self.compression, self.world)
+        self._on_root(lambda: self.engine.save(path, self.step, self.epoch, self.seed, *state, *extra),
                       f"write the checkpoint {path}")
 
     def load(self, path):
@@ -645,12 +671,14 @@ class Trainer:
         truncated, damaged (CRC32), of another format version or of another model is a ValueError
         and leaves the trainer as it was."""
         path = os.fspath(path)
-        state = np.zeros(5, dtype=np.int64)  # loaded, step, epoch, seed, momentum_started
-        error = None
+        # loaded, step, epoch, seed, momentum_started, bytes of each rank's compression state to take
+        state = np.zeros(6, dtype=np.int64)
+        error, compression = None, None
         if self.rank == 0:
             try:
-                step, epoch, seed = self.engine.load(path)
-                state[:] = (1, step, epoch, seed, self.engine.momentum_started)
+                step, epoch, seed, compression = self.engine.load(path)
+                state[:5] = (1, step, epoch, seed, self.engine.momentum_started)
+                state[5] = self._compression_fits(compression, path)
             except Exception as e:  # any failure: the other ranks must hear of it (below)
                 error = e
         if self.world > 1:
@@ -663,7 +691,31 @@ class Trainer:
         self.engine.strategy_restore()
         self.engine.momentum_started = bool(state[4])
         self.step, self.epoch, self.seed = int(state[1]), int(state[2]), int(state[3])
+        if state[5] > 0:   # each rank takes back its own residual: the run continues bit for bit
+            mine = np.empty(int(state[5]), np.uint8)
+            blocks = None
+            if self.rank == 0:
+                blocks = list(np.frombuffer(compression[2], np.uint8).reshape(self.world, -1))
+            if self.world > 1:
+                dist.scatter(mine, blocks, src=self._root, group=self.group)
+            else:
+                mine[:] = blocks[0]
+            self.engine.set_compression_state(mine.tobytes())
         return self
+
+    def _compression_fits(self, saved, path):
+        """Bytes of each rank's saved compression state to restore (rank 0, after engine.load): 0 when the
+        checkpoint has none, or it was saved with another compressor or world size (then the residuals
+        start from zero, with a warning: what they held is lost, not the weights)."""
+        if saved is None:
+            return 0
+        name, ranks, data = saved
+        mine = self.engine.compression_state()
+        if mine is not None and name == self.compression and ranks == self.world and len(data) == ranks * len(mine):
+            return len(mine)
+        warnings.warn(f"{path} holds the compression state of '{name}' on {ranks} ranks; this run has "
+                      f"'{self.compression}' on {self.world}: its residuals start from zero", stacklevel=3)
+        return 0
 
 
 def _epoch_line(r):

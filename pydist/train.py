@@ -67,6 +67,9 @@ def parse_args(argv=None):
     st.add_argument("--schedule", choices=("gpipe", "1f1b"), default=None, help="pipeline: the schedule (default 1f1b)")
     st.add_argument("--split", type=int, nargs="+", default=None,
                     help="pipeline: the first layer of stages 1 .. P-1 (default: balanced by FLOPs)")
+    st.add_argument("--compression", default=None,
+                    help="what the strategy sends, compressed with error feedback: fp16, bf16, topk:R (fraction "
+                         "R of entries), sign, powersgd:K (rank K); allreduce, ring, central and ps (default none)")
     st.add_argument("--slow-rank", type=int, default=None, help="this rank sleeps --slow-ms per step (a straggler)")
     st.add_argument("--slow-ms", type=int, default=None)
     args = ap.parse_args(argv)
@@ -143,7 +146,7 @@ def main(argv=None):
                       period=args.period, warmup=args.warmup, momentum_placement=args.momentum_placement,
                       beta=args.beta, window=args.window, deterministic=args.deterministic, stages=args.stages,
                       micro_batches=args.micro_batches, schedule=args.schedule, split=args.split,
-                      slow_rank=args.slow_rank, slow_ms=args.slow_ms)
+                      compression=args.compression, slow_rank=args.slow_rank, slow_ms=args.slow_ms)
     if args.resume and os.path.exists(args.checkpoint):
         trainer.load(args.checkpoint)
         if rank == 0:

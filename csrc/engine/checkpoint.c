@@ -2,8 +2,10 @@
  * checkpoint.c: atomic, self-checking checkpoints (a temporary file, fsync, rename; a CRC32 inside).
  *
  * Layout: CheckpointHeader, then num_params float32 parameters, then num_params float32 momentum
- * values, then the uint32 CRC32 of all those bytes; little-endian as in memory. Only rank 0 writes
- * (every rank holds the same weights).
+ * values, then (version 3) state_ranks x state_bytes of the ranks' compression state, then the uint32
+ * CRC32 of all those bytes; little-endian as in memory. Only rank 0 writes (every rank holds the same
+ * weights; the ranks' compression states are gathered to it). Version 2 files (no state, a 56-byte
+ * header) still load.
  *
  * Why no DONE marker file (llm.c writes one after the checkpoint): the rename already makes the new
  * file appear whole or not at all, and a marker written after it would open a window (killed between
@@ -66,12 +68,22 @@ static uint32_t crc_update(uint32_t crc, const void *buf, size_t len) {
     return crc;
 }
 
-// The CRC32 that ends the file: of the header, the parameters and the momentum.
-static uint32_t checkpoint_crc(const CheckpointHeader *h, const float *params, const float *momentum) {
+static size_t header_bytes(const CheckpointHeader *h) {
+    return h->version == 2 ? CHECKPOINT_V2_HEADER : sizeof *h;
+}
+
+static size_t state_total(const CheckpointHeader *h) {
+    return h->version == 2 ? 0 : (size_t)(h->state_ranks * h->state_bytes);
+}
+
+// The CRC32 that ends the file: of the header, the parameters, the momentum and the state.
+static uint32_t checkpoint_crc(const CheckpointHeader *h, const float *params, const float *momentum,
+                               const void *state) {
     size_t bytes = (size_t)h->num_params * sizeof(float);
-    uint32_t crc = crc_update(0, h, sizeof *h);
+    uint32_t crc = crc_update(0, h, header_bytes(h));
     crc = crc_update(crc, params, bytes);
-    return crc_update(crc, momentum, bytes);
+    crc = crc_update(crc, momentum, bytes);
+    return crc_update(crc, state, state_total(h));
 }
 
 // fsync the folder holding `path`, so that the rename itself survives a crash.
@@ -89,7 +101,7 @@ static void sync_dir(const char *path) {
 }
 
 int checkpoint_save(const char *path, const CheckpointHeader *h, const float *params, const float *momentum,
-                    char *err, size_t errlen) {
+                    const void *state, char *err, size_t errlen) {
     size_t len = strlen(path);
     char *tmp = malloc(len + 32);
     int fd = -1, rc = -1;
@@ -98,11 +110,12 @@ int checkpoint_save(const char *path, const CheckpointHeader *h, const float *pa
         goto out;
     }
     snprintf(tmp, len + 32, "%s.tmp.%ld", path, (long)getpid());
-    uint32_t crc = checkpoint_crc(h, params, momentum);
+    uint32_t crc = checkpoint_crc(h, params, momentum, state);
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     size_t bytes = (size_t)h->num_params * sizeof(float);
-    if (fd < 0 || write_all(fd, h, sizeof *h) < 0 || write_all(fd, params, bytes) < 0 ||
-        write_all(fd, momentum, bytes) < 0 || write_all(fd, &crc, sizeof crc) < 0 || fsync(fd) < 0) {
+    if (fd < 0 || write_all(fd, h, header_bytes(h)) < 0 || write_all(fd, params, bytes) < 0 ||
+        write_all(fd, momentum, bytes) < 0 || write_all(fd, state, state_total(h)) < 0 ||
+        write_all(fd, &crc, sizeof crc) < 0 || fsync(fd) < 0) {
         snprintf(err, errlen, "cannot write checkpoint %s: %s", tmp, strerror(errno));
         goto out;
     }
@@ -125,43 +138,58 @@ out:
     return rc;
 }
 
-int checkpoint_load(const char *path, CheckpointHeader *h, float *params, float *momentum,
+int checkpoint_load(const char *path, CheckpointHeader *h, float *params, float *momentum, void **state,
                     const CheckpointHeader *expect, char *err, size_t errlen) {
+    *state = NULL;
+    memset(h, 0, sizeof *h);
     int fd = open(path, O_RDONLY);
     if (fd < 0) {
         snprintf(err, errlen, "cannot open checkpoint %s: %s", path, strerror(errno));
         return -1;
     }
     int rc = -1;
-    if (read_all(fd, h, sizeof *h) < 0) {
+    if (read_all(fd, h, CHECKPOINT_V2_HEADER) < 0) {
         snprintf(err, errlen, "%s is too short to be a pydist checkpoint", path);
     } else if (h->magic != CHECKPOINT_MAGIC) {
         snprintf(err, errlen, "%s is not a pydist checkpoint (magic 0x%08x, expected 0x%08x)", path, h->magic,
                  CHECKPOINT_MAGIC);
-    } else if (h->version != CHECKPOINT_VERSION) {
-        snprintf(err, errlen, "%s is a pydist checkpoint of format version %u; this pydist reads only version %u "
-                 "(version 2 added a CRC32 of the contents): train again, or load it with the pydist that "
+    } else if (h->version != 2 && h->version != CHECKPOINT_VERSION) {
+        snprintf(err, errlen, "%s is a pydist checkpoint of format version %u; this pydist reads versions 2 and "
+                 "%u (version 2 added a CRC32 of the contents): train again, or load it with the pydist that "
                  "wrote it", path, h->version, CHECKPOINT_VERSION);
+    } else if (h->version == 3 && read_all(fd, (char *)h + CHECKPOINT_V2_HEADER,
+                                           sizeof *h - CHECKPOINT_V2_HEADER) < 0) {
+        snprintf(err, errlen, "%s is too short to be a pydist checkpoint", path);
+    } else if (h->state_bytes > ((uint64_t)1 << 40) || h->state_ranks > ((uint64_t)1 << 24) ||
+               h->compression[sizeof h->compression - 1] != 0) {
+        snprintf(err, errlen, "%s is damaged: its compression state's size is out of range", path);
     } else if (h->num_params != expect->num_params || h->model_hash != expect->model_hash) {
         snprintf(err, errlen, "%s was saved from a different model (%llu parameters, model hash %016llx; this "
                  "model has %llu, %016llx)", path, (unsigned long long)h->num_params,
                  (unsigned long long)h->model_hash, (unsigned long long)expect->num_params,
                  (unsigned long long)expect->model_hash);
     } else {
-        size_t bytes = (size_t)h->num_params * sizeof(float);
+        size_t bytes = (size_t)h->num_params * sizeof(float), total = state_total(h);
         char extra;
         uint32_t stored, crc;
-        if (read_all(fd, params, bytes) < 0 || read_all(fd, momentum, bytes) < 0 ||
-            read_all(fd, &stored, sizeof stored) < 0) {
-            snprintf(err, errlen, "%s is truncated: fewer than %llu parameters and momentum values and their "
-                     "CRC32", path, (unsigned long long)h->num_params);
+        *state = total > 0 ? malloc(total) : NULL;
+        if (total > 0 && *state == NULL) {
+            snprintf(err, errlen, "out of memory for %s's compression state (%zu bytes)", path, total);
+        } else if (read_all(fd, params, bytes) < 0 || read_all(fd, momentum, bytes) < 0 ||
+                   read_all(fd, *state, total) < 0 || read_all(fd, &stored, sizeof stored) < 0) {
+            snprintf(err, errlen, "%s is truncated: fewer than %llu parameters and momentum values, their "
+                     "compression state and their CRC32", path, (unsigned long long)h->num_params);
         } else if (read(fd, &extra, 1) != 0) {
             snprintf(err, errlen, "%s is longer than its header says: not a checkpoint of this model", path);
-        } else if ((crc = checkpoint_crc(h, params, momentum)) != stored) {
+        } else if ((crc = checkpoint_crc(h, params, momentum, *state)) != stored) {
             snprintf(err, errlen, "%s is damaged: it ends in CRC32 %08x but its contents give %08x", path,
                      stored, crc);
         } else {
             rc = 0;
+        }
+        if (rc < 0) {
+            free(*state);
+            *state = NULL;
         }
     }
     close(fd);

@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #define CHECKPOINT_MAGIC 0x50444350u   // "PDCP"
-#define CHECKPOINT_VERSION 2u           // 2 added the CRC32 trailer; version 1 files are refused
+#define CHECKPOINT_VERSION 3u           // 2 added the CRC32 trailer, 3 the ranks' compression state; 1 is refused
 
 typedef struct {
     uint32_t magic, version;
@@ -19,7 +19,13 @@ typedef struct {
     uint64_t seed;          // data order seed
     uint64_t model_hash;    // hash of the model description, so a checkpoint cannot load into another model
     uint64_t momentum_started;  // SGD momentum buffer initialised (PyTorch: buf = grad on the first step)
-} CheckpointHeader;       // 56 bytes, no padding: every byte is covered by the CRC32
+    // version 3: every rank's compression state (compress.h: its error-feedback residual, powersgd's
+    // warm start), state_ranks blocks of state_bytes after the momentum; 0 ranks: none
+    uint64_t state_ranks, state_bytes;
+    char compression[32];   // the compressor that state belongs to, as the command line spells it
+} CheckpointHeader;       // 104 bytes (version 2: the first 56), no padding: every byte is in the CRC32
+
+#define CHECKPOINT_V2_HEADER 56
 
 // Write header + params + momentum + CRC32 to `path` atomically: a temporary file in the same folder,
 // fsync, rename over `path`, fsync the folder. A crash at any point leaves either the previous
@@ -27,13 +33,14 @@ typedef struct {
 // (magic, version, sizes, model hash, and a CRC32 of everything before it), so there is no separate
 // "done" marker to lose or to trust.
 int checkpoint_save(const char *path, const CheckpointHeader *h, const float *params, const float *momentum,
-                    char *err, size_t errlen);
+                    const void *state, char *err, size_t errlen);
 
-// Read a checkpoint written by checkpoint_save into caller-allocated buffers of h->num_params floats.
-// The header read must match `expect` in magic, version, num_params and model_hash, the file must be
-// exactly as long as its header says, and its CRC32 must match; otherwise -1 with `err` saying why
-// (the buffers may then hold part of the file: the caller keeps its own state until 0 comes back).
-int checkpoint_load(const char *path, CheckpointHeader *h, float *params, float *momentum,
+// Read a checkpoint written by checkpoint_save (version 2 or 3) into caller-allocated buffers of
+// h->num_params floats, and the compression state into *state (malloc'd, the caller frees it; NULL when
+// the file has none). The header read must match `expect` in magic, num_params and model_hash, the file
+// must be exactly as long as its header says, and its CRC32 must match; otherwise -1 with `err` saying
+// why (the buffers may then hold part of the file: the caller keeps its own state until 0 comes back).
+int checkpoint_load(const char *path, CheckpointHeader *h, float *params, float *momentum, void **state,
                     const CheckpointHeader *expect, char *err, size_t errlen);
 
 #endif  // PYDIST_ENGINE_CHECKPOINT_H

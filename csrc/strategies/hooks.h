@@ -22,6 +22,7 @@
 #include <stddef.h>
 
 #include "comm.h"
+#include "compress/compress.h"
 #include "engine/data.h"
 #include "engine/model.h"
 #include "engine/sgd.h"
@@ -47,6 +48,7 @@ typedef struct {
     int stages, micro_batches;     // pipeline: P stages (R = P x replicas), M micro-batches per batch
     PipelineSchedule schedule;
     const int *split;              // pipeline: stage q runs layers [split[q], split[q + 1]); read at create
+    CompressSpec compression;      // what the strategy sends, compressed (compress/compress.h); 0: none
 } StrategyConfig;
 
 // What the asynchronous servers saw (summed over this rank's calls; a worker's stay 0 but exchanges).
@@ -98,6 +100,7 @@ typedef struct {
     long long block_pos, block_end, *grants, next_block, call_end;
     AsyncStats stats;
     Pipeline *pipe;           // pipeline: the stage (pipeline.c)
+    Compressor z;             // cfg.compression's state: this rank's residual (and powersgd's warm start)
 } Strategy;
 
 // ---------------------------------------------------------------------------------------------------
@@ -110,6 +113,9 @@ typedef struct {
 // on a pipeline stage. Hooks that communicate return 0, or -1 when a wait failed (the caller's error
 // is set) or -2 when an MPI call failed (comm.mpi_rc / comm.mpi_call say which).
 typedef struct {
+    // What the kind sends compressed when cfg.compression asks (its step's gradients, pushed updates or
+    // weight differences); NULL: the kind takes no compression, and asking is an error.
+    const char *compresses;
     // Check the kind's options and take what it keeps besides scratch. 0; -1 with a message in err
     // (name: the strategy's, as the command line spells it); -2 out of memory (the registry says so, in
     // one wording for every strategy). The registry calls free after a failure. NULL: nothing to check.

@@ -54,6 +54,27 @@ int strategy_is_async(StrategyKind kind) {
 // ---------------------------------------------------------------------------------------------------
 // Set-up
 
+// The compressor, with the model's weights as its matrices (powersgd factors them: a linear layer's
+// out x in, a convolution's out_channels x in_channels * k * k, as torch's PowerSGD reshapes them). Its
+// first Q comes from one seed on every rank. 0, or -2 out of memory.
+static int create_compressor(Strategy *s, const Model *m) {
+    CompressMatrix *mats = malloc(sizeof(CompressMatrix) * (size_t)(m->num_layers > 0 ? m->num_layers : 1));
+    if (mats == NULL) {
+        return -2;
+    }
+    int count = 0;
+    for (int i = 0; i < m->num_layers; i++) {
+        const Layer *L = &m->layers[i];
+        long rows = L->spec.out;
+        if (L->weights > 0 && rows > 0 && L->weights % rows == 0) {
+            mats[count++] = (CompressMatrix){L->weight_offset, rows, L->weights / rows};
+        }
+    }
+    int rc = compressor_create(&s->z, &s->cfg.compression, s->n, mats, count, 0x636f6d7072657373ull);
+    free(mats);
+    return rc < 0 ? -2 : 0;
+}
+
 int strategy_create(Strategy *s, const StrategyConfig *cfg, const SgdConfig *sgd, Comm comm, const Model *model,
                     char *err, size_t errlen) {
     const long n = model->num_params;
@@ -80,7 +101,17 @@ int strategy_create(Strategy *s, const StrategyConfig *cfg, const SgdConfig *sgd
             s->shard_hi = shard_lo(n, cfg->servers, j + 1);
         }
     }
+    if (cfg->compression.kind != COMPRESS_NONE && h->compresses == NULL) {
+        char what[64];
+        compress_name(&cfg->compression, what, sizeof what);
+        snprintf(err, errlen, "strategy '%s' takes no compression (asked for '%s'); it is for allreduce, ring, "
+                 "central and ps", name, what);
+        return -1;
+    }
     int rc = h->create != NULL ? h->create(s, model, name, err, errlen) : 0;
+    if (rc == 0 && cfg->compression.kind != COMPRESS_NONE) {
+        rc = create_compressor(s, model);
+    }
     s->cfg.split = NULL;   // the caller's: the pipeline has taken what it needs
     if (rc == 0) {
         s->scratch_len = h->scratch_len != NULL ? h->scratch_len(s) : 0;
@@ -101,6 +132,7 @@ int strategy_create(Strategy *s, const StrategyConfig *cfg, const SgdConfig *sgd
 void strategy_free(Strategy *s) {
     free(s->scratch);
     s->scratch = NULL;
+    compressor_free(&s->z);
     if (hooks(s)->free != NULL) hooks(s)->free(s);
 }
 

@@ -13,9 +13,11 @@
  * Each kind's hooks are its table at the end (hooks.h); the communication is comm.c's.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "algorithms/ring.h"
 #include "comm.h"
+#include "compress/exchange.h"
 #include "engine/sgd.h"
 #include "hooks.h"
 
@@ -37,13 +39,86 @@ static int update_with_mean(Strategy *s, int rc, float *params, float *grads, fl
 
 static int allreduce_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
     (void)step;
-    return update_with_mean(s, comm_allreduce_sum_shm(&s->comm, grads, s->n), params, grads, momentum, started);
+    int rc = s->z.spec.kind != COMPRESS_NONE ? compress_allreduce_sum(&s->z, &s->comm, grads, s->n, 0)
+                                             : comm_allreduce_sum_shm(&s->comm, grads, s->n);
+    return update_with_mean(s, rc, params, grads, momentum, started);
 }
 
 static int ring_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
     (void)step;
-    return update_with_mean(s, comm_ring_allreduce_sum(&s->comm, grads, s->n, s->scratch), params, grads, momentum,
-                            started);
+    int rc = s->z.spec.kind != COMPRESS_NONE ? compress_allreduce_sum(&s->z, &s->comm, grads, s->n, 1)
+                                             : comm_ring_allreduce_sum(&s->comm, grads, s->n, s->scratch);
+    return update_with_mean(s, rc, params, grads, momentum, started);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Compressed gradients to one rank (central, ps)
+
+// This rank's payloads of the shards [lo[j], lo[j + 1]) of grads, one after another in one block
+// (*bytes_at[j]: where shard j's starts; bytes_at[count]: the total). NULL: out of memory.
+static char *encode_shards(Strategy *s, const float *grads, const long *lo, int count, size_t *bytes_at) {
+    bytes_at[0] = 0;
+    for (int j = 0; j < count; j++) bytes_at[j + 1] = bytes_at[j] + compress_payload_bytes(&s->z, lo[j], lo[j + 1] - lo[j]);
+    char *out = malloc(bytes_at[count] + 1);
+    for (int j = 0; j < count && out != NULL; j++) {
+        if (compress_encode(&s->z, lo[j], grads + lo[j], lo[j + 1] - lo[j], out + bytes_at[j]) < 0) {
+            free(out);
+            out = NULL;
+        }
+    }
+    return out;
+}
+
+// sum[0..len) = the sum of `count` payloads of the entries [lo, lo + len), in order.
+static void decode_sum(const Strategy *s, const char *payloads, size_t bytes, int count, long lo, long len, float *sum) {
+    memset(sum, 0, sizeof(float) * (size_t)len);
+    for (int i = 0; i < count; i++) compress_decode_add(&s->z, lo, payloads + (size_t)i * bytes, len, 1.0f, sum);
+}
+
+// central, compressed: every rank's gradient payload to rank 0 (its own too, encoded where it is), which
+// sums them in rank order and updates; the weights go back whole.
+static int central_compressed_step(Strategy *s, float *params, float *grads, float *momentum, int *started) {
+    Comm *c = &s->comm;
+    const int R = c->size;
+    const long n = s->n;
+    long lo[2] = {0, n};
+    size_t at[2];
+    char *mine = encode_shards(s, grads, lo, 1, at), *all = NULL;
+    const size_t bytes = at[1];
+    MPI_Request *reqs = malloc(sizeof(MPI_Request) * (size_t)(R + 1));
+    int rc = 0;
+    if (mine == NULL || reqs == NULL || (c->rank == 0 && (all = malloc(bytes * (size_t)R + 1)) == NULL)) {
+        rc = comm_fail(c, MPI_ERR_NO_MEM, "malloc (central's payloads)");
+        goto done;
+    }
+    for (int r = 0; r <= R; r++) reqs[r] = MPI_REQUEST_NULL;
+    if (c->rank != 0) {
+        if ((rc = comm_isend_bytes(c, mine, bytes, 0, TAG_GRADS, &reqs[0])) < 0 ||
+            (rc = comm_irecv(c, params, n, 0, TAG_WEIGHTS, &reqs[1])) < 0) {
+            comm_park_all(c, 2, reqs);
+            goto done;
+        }
+        rc = comm_waitall(c, 2, reqs);
+        goto done;
+    }
+    memcpy(all, mine, bytes);
+    for (int r = 1; r < R && rc == 0; r++) {
+        rc = comm_irecv_bytes(c, all + (size_t)r * bytes, bytes, r, TAG_GRADS, &reqs[r - 1]);
+    }
+    rc = rc < 0 ? (comm_park_all(c, R - 1, reqs), rc) : comm_waitall(c, R - 1, reqs);
+    if (rc == 0) {
+        decode_sum(s, all, bytes, R, 0, n, grads);
+        sgd_step_scaled(&s->sgd, 1.0f / (float)R, params, grads, momentum, started, n);
+        for (int r = 1; r < R && rc == 0; r++) {
+            rc = comm_isend(c, params, n, r, TAG_WEIGHTS, &reqs[r - 1]);
+        }
+        rc = rc < 0 ? (comm_park_all(c, R - 1, reqs), rc) : comm_waitall(c, R - 1, reqs);
+    }
+done:
+    free(mine);
+    free(all);
+    free(reqs);
+    return rc;
 }
 
 static long ring_scratch(const Strategy *s) {
@@ -61,6 +136,9 @@ static int central_step(Strategy *s, float *params, float *grads, float *momentu
     const long n = s->n;
     MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     int rc = 0;
+    if (s->z.spec.kind != COMPRESS_NONE) {
+        return central_compressed_step(s, params, grads, momentum, started);
+    }
     if (R == 1) {
         sgd_step(&s->sgd, params, grads, momentum, started, n);
         return 0;
@@ -121,14 +199,34 @@ static int ps_step(Strategy *s, float *params, float *grads, float *momentum, in
         return comm_fail(c, MPI_ERR_NO_MEM, "malloc (ps requests)");
     }
     int rc = 0;
+    // compressed: each shard's payload (encoded here, one block for them all)
+    long *lo = malloc(sizeof(long) * (size_t)(S + 1));
+    size_t *at = malloc(sizeof(size_t) * (size_t)(S + 1));
+    char *payloads = NULL;
+    if (lo == NULL || at == NULL) {
+        rc = comm_fail(c, MPI_ERR_NO_MEM, "malloc (ps shards)");
+        goto done;
+    }
+    for (int j = 0; j <= S; j++) lo[j] = shard_lo(s->n, S, j);
+    if (s->z.spec.kind != COMPRESS_NONE && (payloads = encode_shards(s, grads, lo, S, at)) == NULL) {
+        rc = comm_fail(c, MPI_ERR_NO_MEM, "malloc (ps payloads)");
+        goto done;
+    }
     for (int j = 0; j < 2 * S; j++) reqs[j] = MPI_REQUEST_NULL;
     for (int j = 0; j < S && rc == 0; j++) {
-        long lo = shard_lo(s->n, S, j), len = shard_lo(s->n, S, j + 1) - lo;
-        if ((rc = comm_isend(c, grads + lo, len, s->workers + j, TAG_GRADS, &reqs[2 * j])) == 0) {
-            rc = comm_irecv(c, params + lo, len, s->workers + j, TAG_WEIGHTS, &reqs[2 * j + 1]);
+        long len = lo[j + 1] - lo[j];
+        rc = payloads != NULL ? comm_isend_bytes(c, payloads + at[j], at[j + 1] - at[j], s->workers + j, TAG_GRADS,
+                                                 &reqs[2 * j])
+                              : comm_isend(c, grads + lo[j], len, s->workers + j, TAG_GRADS, &reqs[2 * j]);
+        if (rc == 0) {
+            rc = comm_irecv(c, params + lo[j], len, s->workers + j, TAG_WEIGHTS, &reqs[2 * j + 1]);
         }
     }
     rc = rc < 0 ? (comm_park_all(c, 2 * S, reqs), rc) : comm_waitall(c, 2 * S, reqs);
+done:
+    free(payloads);
+    free(at);
+    free(lo);
     free(reqs);
     return rc;
 }
@@ -145,14 +243,25 @@ static int ps_serve(Strategy *s, float *params, float *momentum, int *started, l
         return comm_fail(c, MPI_ERR_NO_MEM, "malloc (ps server requests)");
     }
     int rc = 0;
+    const int compressed = s->z.spec.kind != COMPRESS_NONE;
+    const size_t bytes = compressed ? compress_payload_bytes(&s->z, lo, len) : 0;
+    char *payloads = compressed ? malloc(bytes * (size_t)W + 1) : NULL;
+    if (compressed && payloads == NULL) {
+        free(reqs);
+        return comm_fail(c, MPI_ERR_NO_MEM, "malloc (ps server payloads)");
+    }
     for (int w = 0; w < W; w++) reqs[w] = MPI_REQUEST_NULL;
     for (int w = 0; w < W && rc == 0; w++) {
-        rc = comm_irecv(c, s->scratch + (long)w * len, len, w, TAG_GRADS, &reqs[w]);
+        rc = compressed ? comm_irecv_bytes(c, payloads + (size_t)w * bytes, bytes, w, TAG_GRADS, &reqs[w])
+                        : comm_irecv(c, s->scratch + (long)w * len, len, w, TAG_GRADS, &reqs[w]);
     }
     rc = rc < 0 ? (comm_park_all(c, W, reqs), rc) : comm_waitall(c, W, reqs);
     if (rc == 0) {
         float *sum = s->scratch;  // worker 0's shard, then the others added in worker order
-        for (int w = 1; w < W; w++) {
+        if (compressed) {
+            decode_sum(s, payloads, bytes, W, lo, len, sum);
+        }
+        for (int w = 1; w < W && !compressed; w++) {
             const float *g = s->scratch + (long)w * len;
             for (long i = 0; i < len; i++) sum[i] += g[i];
         }
@@ -162,6 +271,7 @@ static int ps_serve(Strategy *s, float *params, float *momentum, int *started, l
         }
         rc = rc < 0 ? (comm_park_all(c, W, reqs), rc) : comm_waitall(c, W, reqs);
     }
+    free(payloads);
     free(reqs);
     return rc;
 }
@@ -187,8 +297,10 @@ static int ps_state(Strategy *s, const float *momentum, float *momentum_out, int
 // ---------------------------------------------------------------------------------------------------
 // The tables
 
-const StrategyHooks allreduce_hooks = {.step = allreduce_step};
-const StrategyHooks ring_hooks = {.scratch_len = ring_scratch, .step = ring_step};
-const StrategyHooks central_hooks = {.scratch_len = central_scratch, .step = central_step, .state = central_state};
-const StrategyHooks ps_hooks = {.scratch_len = ps_scratch, .step = ps_step, .serve = ps_serve, .weights = ps_weights,
+const StrategyHooks allreduce_hooks = {.compresses = "gradients", .step = allreduce_step};
+const StrategyHooks ring_hooks = {.compresses = "gradients", .scratch_len = ring_scratch, .step = ring_step};
+const StrategyHooks central_hooks = {.compresses = "gradients", .scratch_len = central_scratch, .step = central_step,
+                                     .state = central_state};
+const StrategyHooks ps_hooks = {.compresses = "gradients", .scratch_len = ps_scratch, .step = ps_step,
+                                .serve = ps_serve, .weights = ps_weights,
                                 .state = ps_state};

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 
 import numpy as np
 import pytest
@@ -329,7 +330,7 @@ def test_progress_lines_without_tqdm_start_at_a_resumed_step_and_show_real_losse
     assert done == [10, 13, 16, 19, 20], err
 
 
-HEADER = 56   # csrc/engine/checkpoint.h: CheckpointHeader; then params, momentum, a CRC32
+HEADER = 104   # csrc/engine/checkpoint.h: CheckpointHeader; then params, momentum, a CRC32
 
 
 def test_checkpoint_refuses_another_model_and_damaged_files(tmp_path):
@@ -354,7 +355,7 @@ def test_checkpoint_refuses_another_model_and_damaged_files(tmp_path):
         "momentum_byte": (flipped(HEADER + 4 * n + 4 * 7), "damaged"),
         "step_field": (flipped(16), "damaged"),      # the header is covered as well
         "crc_byte": (flipped(len(data) - 1), "damaged"),
-        "version_1": (data[:4] + (1).to_bytes(4, "little") + data[8:], "format version 1;.*reads only version 2"),
+        "version_1": (data[:4] + (1).to_bytes(4, "little") + data[8:], "format version 1;.*reads versions 2 and 3"),
         "not_ours": (b"\x89PNG" + data[4:], "not a pydist checkpoint"),
     }
     for name, (content, match) in damaged.items():
@@ -371,6 +372,13 @@ def test_checkpoint_refuses_another_model_and_damaged_files(tmp_path):
 
     good = Trainer(lenet5(), batch_size=8, seed=4).load(tmp_path / "a.ckpt")   # and the intact file loads
     assert np.array_equal(good.params, t.params) and np.array_equal(good.engine.momentum, t.engine.momentum)
+
+    # a version 2 file (before the compression state: a 56-byte header) still loads
+    body = data[HEADER:-4]
+    v2 = data[:4] + (2).to_bytes(4, "little") + data[8:56] + body
+    (tmp_path / "v2.ckpt").write_bytes(v2 + zlib.crc32(v2).to_bytes(4, "little"))
+    old = Trainer(lenet5(), batch_size=8, seed=4).load(tmp_path / "v2.ckpt")
+    assert np.array_equal(old.params, t.params) and (old.step, old.epoch) == (t.step, t.epoch)
 
 
 def test_killed_run_keeps_its_last_checkpoint(tmp_path):
