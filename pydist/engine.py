@@ -349,11 +349,13 @@ class Trainer:
     stages x replicas, `batch_size` is then per replica. An option the strategy does not take is a
     ValueError. `slow_rank`/`slow_ms` make one rank sleep `slow_ms` ms per step (a straggler).
 
-    `compression` (allreduce, ring, central, ps) sends the gradients compressed, in C, with error
-    feedback (what one step does not send, a later one does): "fp16" or "bf16" (16-bit values, summed in
-    float32), "topk:R" (the fraction R of entries largest in magnitude), "sign" (one bit per entry and a
-    scale per 256), "powersgd:K" (each weight matrix as a rank-K product; biases whole). None: no
-    compression. The bytes each step sends are in the step's figures (`bytes_sent`).
+    `compression` sends what the strategy sends compressed, in C, with error feedback (what one exchange
+    does not send, a later one does): the gradients (allreduce, ring, central, ps), the pushed updates
+    (downpour, adag, dynsgd), the weights' differences (average, easgd, aeasgd; average's warm-up steps
+    go whole). "fp16" or "bf16" (16-bit values, summed in float32), "topk:R" (the fraction R of entries
+    largest in magnitude), "sign" (one bit per entry and a scale per 256), "powersgd:K" (each weight
+    matrix as a rank-K product; biases whole). None: no compression. The bytes each step sends are in
+    the step's figures (`bytes_sent`); checkpoints keep every rank's residual.
     """
 
     def __init__(self, model, lr=0.02, momentum=0.9, weight_decay=0.0, dampening=0.0, nesterov=False,

@@ -69,7 +69,7 @@ def parse_args(argv=None):
                     help="pipeline: the first layer of stages 1 .. P-1 (default: balanced by FLOPs)")
     st.add_argument("--compression", default=None,
                     help="what the strategy sends, compressed with error feedback: fp16, bf16, topk:R (fraction "
-                         "R of entries), sign, powersgd:K (rank K); allreduce, ring, central and ps (default none)")
+                         "R of entries), sign, powersgd:K (rank K); every strategy but pipeline (default none)")
     st.add_argument("--slow-rank", type=int, default=None, help="this rank sleeps --slow-ms per step (a straggler)")
     st.add_argument("--slow-ms", type=int, default=None)
     args = ap.parse_args(argv)

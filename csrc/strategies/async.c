@@ -28,12 +28,28 @@
 #include <string.h>
 
 #include "comm.h"
+#include "compress/compress.h"
 #include "engine/sgd.h"
 #include "hooks.h"
 
 enum { TAG_CENTER = 4, TAG_EXCHANGE = 5, TAG_REPLY = 6, TAG_DONE = 7, TAG_GRANT = 8 };
 
 // The registry has placed the servers (s->server, the shard); take what this rank keeps besides scratch.
+// Compressed: where each server's shard starts in a worker's payloads, and their total (payload_at[S]).
+// 0, or -2 out of memory.
+static int payload_layout(Strategy *s) {
+    const int S = s->cfg.servers;
+    if ((s->payload_at = malloc(sizeof(size_t) * (size_t)(S + 1))) == NULL) {
+        return -2;
+    }
+    s->payload_at[0] = 0;
+    for (int j = 0; j < S; j++) {
+        long lo = shard_lo(s->n, S, j), len = shard_lo(s->n, S, j + 1) - lo;
+        s->payload_at[j + 1] = s->payload_at[j] + compress_payload_bytes(&s->z, lo, len);
+    }
+    return 0;
+}
+
 static int async_create(Strategy *s, const Model *m, const char *name, char *err, size_t errlen) {
     (void)m;
     if (s->cfg.window < 1) {
@@ -58,6 +74,24 @@ static int async_create(Strategy *s, const Model *m, const char *name, char *err
     return s->base && s->reqs && s->grants ? 0 : -2;
 }
 
+// Compressed (after the registry has made the compressor, which payload sizes need): a worker's payload
+// block; a server's receive buffers and, for aeasgd, what it knows of each worker's weights.
+static int async_compressed_create(Strategy *s) {
+    if (payload_layout(s) < 0) {
+        return -2;
+    }
+    const long W = s->workers, len = s->shard_hi - s->shard_lo;
+    if (!s->server) {
+        return (s->payloads = malloc(s->payload_at[s->cfg.servers] + 1)) != NULL ? 0 : -2;
+    }
+    s->payload_bytes = compress_payload_bytes(&s->z, s->shard_lo, len);
+    s->payloads = malloc(s->payload_bytes * (size_t)W + 1);
+    if (s->cfg.kind == STRATEGY_AEASGD) {
+        s->known = malloc(sizeof(float) * (size_t)(W * len > 0 ? W * len : 1));
+    }
+    return s->payloads != NULL && (s->cfg.kind != STRATEGY_AEASGD || s->known != NULL) ? 0 : -2;
+}
+
 // A server's receive buffers, one shard per worker; a worker's message: the accumulated update, or
 // aeasgd's reply e.
 static long async_scratch(const Strategy *s) {
@@ -70,16 +104,25 @@ static void async_free(Strategy *s) {
     free(s->reqs);
     free(s->pulled_at);
     free(s->grants);
-    s->base = s->replies = NULL;
+    free(s->payloads);
+    free(s->payload_at);
+    free(s->known);
+    s->base = s->replies = s->known = NULL;
     s->reqs = NULL;
     s->pulled_at = s->grants = NULL;
+    s->payloads = NULL;
+    s->payload_at = NULL;
 }
 
 // Every rank holds the same weights (the initial ones, or a checkpoint's center): the center and the
-// workers' last pull.
+// workers' last pull (and, for compressed aeasgd, what the server knows of every worker's weights).
 static void async_restore(Strategy *s, const float *params) {
     if (s->base != NULL) {
         memcpy(s->base, params, sizeof(float) * (size_t)s->n);
+    }
+    const long len = s->shard_hi - s->shard_lo;
+    for (long w = 0; s->known != NULL && w < s->workers; w++) {
+        memcpy(s->known + w * len, params + s->shard_lo, sizeof(float) * (size_t)len);
     }
     s->updates = 0;
     if (s->pulled_at != NULL) {
@@ -130,18 +173,38 @@ static int async_next_batch(Strategy *s, long *batch_index) {
 // reply in (the center shard into params, or aeasgd's e into scratch), and the next block from server 0.
 static int exchange(Strategy *s, float *params) {
     Comm *c = &s->comm;
-    const int S = s->cfg.servers, elastic = s->cfg.kind == STRATEGY_AEASGD;
+    const int S = s->cfg.servers, elastic = s->cfg.kind == STRATEGY_AEASGD, compressed = s->payloads != NULL;
     const long n = s->n;
-    if (!elastic) {
+    // the update since the last pull; compressed aeasgd too sends a difference: from what the server
+    // knows of this worker's weights (base), which then learns what the payload holds
+    if (!elastic || compressed) {
         for (long i = 0; i < n; i++) s->scratch[i] = params[i] - s->base[i];
     }
-    const float *out = elastic ? params : s->scratch;
+    const float *out = elastic && !compressed ? params : s->scratch;
     float *in = elastic ? s->scratch : params;
+    int rc = 0;
+    for (int j = 0; j < S && compressed && rc == 0; j++) {
+        long lo = shard_lo(n, S, j), len = shard_lo(n, S, j + 1) - lo;
+        if (compress_encode(&s->z, lo, s->scratch + lo, len, s->payloads + s->payload_at[j]) < 0) {
+            rc = comm_fail(c, MPI_ERR_NO_MEM, "malloc (a compressed push)");
+        } else if (elastic) {
+            // base follows what the server knows, so the next difference holds what this one left out:
+            // that is aeasgd's error feedback, and a residual as well would send it twice
+            compress_decode_add(&s->z, lo, s->payloads + s->payload_at[j], len, 1.0f, s->base + lo);
+            memset(s->z.residual + lo, 0, sizeof(float) * (size_t)len);
+        }
+    }
+    if (rc < 0) {
+        return rc;
+    }
     for (int j = 0; j < 2 * S + 1; j++) s->reqs[j] = MPI_REQUEST_NULL;
-    int rc = grant_post(c, s->grants, s->workers, 0, &s->reqs[2 * S]);
+    rc = grant_post(c, s->grants, s->workers, 0, &s->reqs[2 * S]);
     for (int j = 0; j < S && rc == 0; j++) {
         long lo = shard_lo(n, S, j), len = shard_lo(n, S, j + 1) - lo;
-        if ((rc = comm_isend(c, out + lo, len, s->workers + j, TAG_EXCHANGE, &s->reqs[2 * j])) == 0) {
+        rc = compressed ? comm_isend_bytes(c, s->payloads + s->payload_at[j], s->payload_at[j + 1] - s->payload_at[j],
+                                           s->workers + j, TAG_EXCHANGE, &s->reqs[2 * j])
+                        : comm_isend(c, out + lo, len, s->workers + j, TAG_EXCHANGE, &s->reqs[2 * j]);
+        if (rc == 0) {
             rc = comm_irecv(c, in + lo, len, s->workers + j, TAG_REPLY, &s->reqs[2 * j + 1]);
         }
     }
@@ -153,6 +216,7 @@ static int exchange(Strategy *s, float *params) {
     s->block_end = s->grants[1];
     if (elastic) {
         for (long i = 0; i < n; i++) params[i] -= s->scratch[i];
+        for (long i = 0; i < n && compressed; i++) s->base[i] -= s->scratch[i];   // the server moved it too
     } else {
         memcpy(s->base, params, sizeof(float) * (size_t)n);
     }
@@ -187,8 +251,9 @@ static int async_end_call(Strategy *s) {
 // ---------------------------------------------------------------------------------------------------
 // The server
 
-// Apply worker w's message (in) to the center shard; the reply (the shard, or e) into out.
-static void apply(Strategy *s, float *center, const float *in, float *out, long len, long long staleness) {
+// Apply worker w's message (in) to the center shard; the reply (the shard, or e) into out. Compressed
+// aeasgd: `in` is what the server knows of the worker's weights, which moves by -e with the worker.
+static void apply(Strategy *s, float *center, float *in, float *out, long len, long long staleness) {
     switch (s->cfg.kind) {
         case STRATEGY_AEASGD: {
             const float alpha = s->cfg.beta / (float)s->workers;
@@ -196,6 +261,7 @@ static void apply(Strategy *s, float *center, const float *in, float *out, long 
                 out[i] = alpha * (in[i] - center[i]);
                 center[i] += out[i];
             }
+            for (long i = 0; i < len && s->known != NULL; i++) in[i] -= out[i];
             return;
         }
         case STRATEGY_ADAG: {
@@ -213,6 +279,16 @@ static void apply(Strategy *s, float *center, const float *in, float *out, long 
             break;
     }
     memcpy(out, center, sizeof(float) * (size_t)len);
+}
+
+// Post the receive of worker w's next message (an exchange, or DONE): its shard, or compressed its
+// payload.
+static int receive(Strategy *s, int w, long len, MPI_Request *req) {
+    if (s->payloads != NULL) {
+        return comm_irecv_bytes(&s->comm, s->payloads + (size_t)w * s->payload_bytes, s->payload_bytes, w,
+                                MPI_ANY_TAG, req);
+    }
+    return comm_irecv(&s->comm, s->scratch + (long)w * len, len, w, MPI_ANY_TAG, req);
 }
 
 // The next worker still running after w, round the ring (w itself when it is the only one).
@@ -241,8 +317,9 @@ static int async_serve_call(Strategy *s, float *params, int first, int last) {
     }
     int rc = 0, running = W, w = 0;
     const double since = comm_now();   // a worker that leaves mid-call is named 2 s later, however busy we are
+    const int compressed = s->payloads != NULL;
     for (int v = 0; v < W && rc == 0; v++) {
-        rc = comm_irecv(c, s->scratch + (long)v * len, len, v, MPI_ANY_TAG, &recvs[v]);
+        rc = receive(s, v, len, &recvs[v]);
     }
     while (rc == 0 && running > 0) {
         MPI_Status status;
@@ -262,6 +339,15 @@ static int async_serve_call(Strategy *s, float *params, int first, int last) {
             if ((rc = comm_wait(c, &sends[w])) < 0 || (rc = comm_wait(c, &grant_sends[w])) < 0) {
                 break;   // (the last reply to w has left: w has sent again)
             }
+            if (compressed) {   // the payload into what the server applies: the update, or aeasgd's weights
+                const char *payload = s->payloads + (size_t)w * s->payload_bytes;
+                if (s->known != NULL) {
+                    in = s->known + (long)w * len;
+                } else {
+                    memset(in, 0, sizeof(float) * (size_t)len);
+                }
+                compress_decode_add(&s->z, s->shard_lo, payload, len, 1.0f, in);
+            }
             long long staleness = s->updates - s->pulled_at[w];
             apply(s, center, in, out, len, staleness);
             s->updates++;
@@ -277,7 +363,7 @@ static int async_serve_call(Strategy *s, float *params, int first, int last) {
                 rc = grant_post(c, g, w, 1, &grant_sends[w]);
             }
             if (rc == 0 && (rc = comm_isend(c, out, len, w, TAG_REPLY, &sends[w])) == 0) {
-                rc = comm_irecv(c, in, len, w, MPI_ANY_TAG, &recvs[w]);
+                rc = receive(s, w, len, &recvs[w]);
             }
         }
         w = next_running(done, W, w);
@@ -310,7 +396,8 @@ static int async_state(Strategy *s, const float *momentum, float *momentum_out, 
 // ---------------------------------------------------------------------------------------------------
 // The table: downpour, adag, aeasgd and dynsgd alike (apply and exchange tell them apart)
 
-const StrategyHooks async_hooks = {.create = async_create, .free = async_free, .scratch_len = async_scratch,
+const StrategyHooks async_hooks = {.compresses = "pushed updates", .create = async_create,
+                                   .create_compressed = async_compressed_create, .free = async_free, .scratch_len = async_scratch,
                                    .step = async_step, .begin_call = async_begin_call,
                                    .next_batch = async_next_batch, .end_call = async_end_call,
                                    .serve_call = async_serve_call, .weights = async_weights, .state = async_state,

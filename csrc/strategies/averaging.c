@@ -8,7 +8,9 @@
  *            the workers' summed distance toward them, alpha = beta / workers. The exchange conserves
  *            the workers' weights plus the center; the center is kept, identical, on every rank.
  * The mean comes from one all-reduce of the weights, whose result MPI gives every rank alike, so after
- * an averaging step every rank holds the same bits.
+ * an averaging step every rank holds the same bits. Compressed, each rank sends its weights' difference
+ * from a point every rank holds alike (average: the last mean; easgd: the center), and its residual
+ * keeps what was not sent; the sum is still the same on every rank.
  * Each kind's hooks are its table at the end (hooks.h); the communication is comm.c's.
  */
 #include <stdio.h>
@@ -16,6 +18,7 @@
 #include <string.h>
 
 #include "comm.h"
+#include "compress/exchange.h"
 #include "engine/sgd.h"
 #include "hooks.h"
 
@@ -25,6 +28,18 @@ static int mean_in_place(Comm *c, float *buf, long n) {
         const float f = 1.0f / (float)c->size;
         for (long i = 0; i < n; i++) buf[i] *= f;
     }
+    return rc;
+}
+
+// Compressed (s->z), the weights' sum over the ranks as `anchor` x R plus the compressed sum of each
+// rank's difference from it: what goes is the difference, whose unsent part the residual keeps. The
+// anchor is the same on every rank (the last mean, or the center), so the sum is too. Into sum[n].
+static int compressed_weights_sum(Strategy *s, const float *params, const float *anchor, float *sum) {
+    const long n = s->n;
+    const float R = (float)s->comm.size;
+    for (long i = 0; i < n; i++) sum[i] = params[i] - anchor[i];
+    int rc = compress_allreduce_sum(&s->z, &s->comm, sum, n, 0);
+    for (long i = 0; i < n && rc == 0; i++) sum[i] += R * anchor[i];
     return rc;
 }
 
@@ -53,7 +68,19 @@ static int mean_state(Strategy *s, const float *momentum, float *momentum_out, i
 
 static int average_create(Strategy *s, const Model *m, const char *name, char *err, size_t errlen) {
     (void)m;
-    return check_period(s, name, err, errlen);
+    if (check_period(s, name, err, errlen) < 0) {
+        return -1;
+    }
+    // compressed: the last mean, from which each rank's difference goes (center: the anchor)
+    if (s->cfg.compression.kind != COMPRESS_NONE) {
+        s->center = malloc(sizeof(float) * (size_t)(s->n > 0 ? s->n : 1));
+        return s->center != NULL ? 0 : -2;
+    }
+    return 0;
+}
+
+static long average_scratch(const Strategy *s) {   // compressed: the differences' sum
+    return s->cfg.compression.kind != COMPRESS_NONE ? s->n : 0;
 }
 
 static int average_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
@@ -68,7 +95,13 @@ static int average_step(Strategy *s, float *params, float *grads, float *momentu
     if ((step - s->cfg.warmup + 1) % s->cfg.period != 0) {
         return 0;
     }
-    if ((rc = mean_in_place(&s->comm, params, n)) < 0) return rc;
+    if (s->center != NULL) {   // compressed: the mean of the differences from the last mean
+        if ((rc = compressed_weights_sum(s, params, s->center, s->scratch)) < 0) return rc;
+        const float f = 1.0f / (float)s->comm.size;
+        for (long i = 0; i < n; i++) s->center[i] = params[i] = s->scratch[i] * f;
+    } else if ((rc = mean_in_place(&s->comm, params, n)) < 0) {
+        return rc;
+    }
     if (s->cfg.placement == MOMENTUM_AVERAGE) {
         return mean_in_place(&s->comm, momentum, n);
     }
@@ -100,14 +133,16 @@ static long easgd_scratch(const Strategy *s) {   // the workers' weights, summed
     return s->n;
 }
 
-static void easgd_free(Strategy *s) {
+static void center_free(Strategy *s) {
     free(s->center);
     s->center = NULL;
 }
 
-// The center starts (and resumes) where every rank's weights are.
-static void easgd_restore(Strategy *s, const float *params) {
-    memcpy(s->center, params, sizeof(float) * (size_t)s->n);
+// The center (average's anchor) starts (and resumes) where every rank's weights are.
+static void center_restore(Strategy *s, const float *params) {
+    if (s->center != NULL) {
+        memcpy(s->center, params, sizeof(float) * (size_t)s->n);
+    }
 }
 
 static int easgd_weights(Strategy *s, const float *params, float *out) {
@@ -123,8 +158,13 @@ static int easgd_step(Strategy *s, float *params, float *grads, float *momentum,
         return 0;
     }
     float *sum = s->scratch;
-    memcpy(sum, params, sizeof(float) * (size_t)n);
-    int rc = comm_allreduce_sum(&s->comm, sum, n);
+    int rc;
+    if (s->z.spec.kind != COMPRESS_NONE) {   // each worker's difference from the center goes compressed
+        rc = compressed_weights_sum(s, params, s->center, sum);
+    } else {
+        memcpy(sum, params, sizeof(float) * (size_t)n);
+        rc = comm_allreduce_sum(&s->comm, sum, n);
+    }
     if (rc < 0) {
         return rc;
     }
@@ -140,8 +180,9 @@ static int easgd_step(Strategy *s, float *params, float *grads, float *momentum,
 // ---------------------------------------------------------------------------------------------------
 // The tables
 
-const StrategyHooks average_hooks = {.create = average_create, .step = average_step, .weights = average_weights,
-                                     .state = mean_state};
-const StrategyHooks easgd_hooks = {.create = easgd_create, .free = easgd_free, .scratch_len = easgd_scratch,
-                                   .step = easgd_step, .weights = easgd_weights, .state = mean_state,
-                                   .restore = easgd_restore};
+const StrategyHooks average_hooks = {.compresses = "weight differences", .create = average_create,
+                                     .free = center_free, .scratch_len = average_scratch, .step = average_step,
+                                     .weights = average_weights, .state = mean_state, .restore = center_restore};
+const StrategyHooks easgd_hooks = {.compresses = "weight differences", .create = easgd_create, .free = center_free,
+                                   .scratch_len = easgd_scratch, .step = easgd_step, .weights = easgd_weights,
+                                   .state = mean_state, .restore = center_restore};

@@ -93,6 +93,12 @@ typedef struct {
     // asynchronous: a worker's weights at its last pull (base); a server's replies in flight, one per
     // worker, its requests (W receives, then W reply sends) and its update count at each worker's pull
     float *base, *replies;
+    // asynchronous, compressed: a worker's payloads (one block, a shard's after another, at payload_at),
+    // a server's receive buffers (one worker's payload each) and, for aeasgd, each worker's weights as
+    // the server knows them (what its compressed differences have told it)
+    char *payloads;
+    size_t *payload_at, payload_bytes;
+    float *known;
     MPI_Request *reqs;
     long long *pulled_at, updates;
     // asynchronous: a worker's block of batches [block_pos, block_end) of this call; server 0 hands
@@ -120,6 +126,9 @@ typedef struct {
     // (name: the strategy's, as the command line spells it); -2 out of memory (the registry says so, in
     // one wording for every strategy). The registry calls free after a failure. NULL: nothing to check.
     int (*create)(Strategy *s, const Model *m, const char *name, char *err, size_t errlen);
+    // With compression, after the registry has made the compressor (s->z): what the kind keeps for it.
+    // 0, or -2 out of memory. NULL: nothing.
+    int (*create_compressed)(Strategy *s);
     void (*free)(Strategy *s);                            // NULL: nothing but scratch
     long (*scratch_len)(const Strategy *s);               // floats of scratch on this rank; NULL: none
     int (*worker_rank)(const Strategy *s);                // its data shard's index; NULL: the rank itself

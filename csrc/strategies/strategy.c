@@ -104,13 +104,16 @@ int strategy_create(Strategy *s, const StrategyConfig *cfg, const SgdConfig *sgd
     if (cfg->compression.kind != COMPRESS_NONE && h->compresses == NULL) {
         char what[64];
         compress_name(&cfg->compression, what, sizeof what);
-        snprintf(err, errlen, "strategy '%s' takes no compression (asked for '%s'); it is for allreduce, ring, "
-                 "central and ps", name, what);
+        snprintf(err, errlen, "strategy '%s' takes no compression (asked for '%s'); the data-parallel "
+                 "strategies do", name, what);
         return -1;
     }
     int rc = h->create != NULL ? h->create(s, model, name, err, errlen) : 0;
     if (rc == 0 && cfg->compression.kind != COMPRESS_NONE) {
         rc = create_compressor(s, model);
+        if (rc == 0 && h->create_compressed != NULL) {
+            rc = h->create_compressed(s);
+        }
     }
     s->cfg.split = NULL;   // the caller's: the pipeline has taken what it needs
     if (rc == 0) {
