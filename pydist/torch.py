@@ -40,6 +40,7 @@ import collections
 import datetime
 import os
 import socket
+import sys
 import threading
 import time
 
@@ -255,8 +256,8 @@ class _Worker:
         self.pending = 0   # queued or running
         self.most_pending = 0         # the most calls queued or running at once
         self.handed_out_running = 0   # futures handed out before their call had finished
-        self._thread = threading.Thread(target=self._loop, name=f"pydist-torch {name}", daemon=True)
-        self._thread.start()
+        self.thread = threading.Thread(target=self._loop, name=f"pydist-torch {name}", daemon=True)
+        self.thread.start()
         atexit.register(self.drain)   # before MPI_Finalize (registered earlier, so run later)
 
     def submit(self, what, run, result, arrays):
@@ -346,6 +347,12 @@ class ProcessGroupPydist(tdist.ProcessGroup):
             for a in arrays:
                 a.back()
             return _DONE
+        if self._worker is not None and threading.current_thread() is self._worker.thread:
+            # Issued from a future's callback, which runs on this worker as it completes a call (torch's
+            # PowerSGD hook all-reduces there and waits): queued, it would wait for the thread waiting
+            # for it. It runs here, right after the call whose callback issued it, on every rank alike.
+            run()
+            return _Work(None, result, arrays)
         if self._worker is None:
             self._worker = _Worker(self.getGroupName() or str(self._ranks))
         return self._worker.submit(what, run, result, arrays)
@@ -603,3 +610,6 @@ try:
 except RuntimeError:
     pass   # imported again (a reload): registered already
 _fill_env()
+
+from . import torch_hooks as hooks   # noqa: E402 (pydist.torch.hooks: the compressors as DDP comm hooks)
+sys.modules[__name__ + ".hooks"] = hooks
