@@ -116,9 +116,8 @@ static PyObject *compressor_encode(CompressorObject *self, PyObject *const *args
     PyObject *out = NULL;
     if (enter(self, fn) == 0) {
         out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)compress_payload_bytes(&self->z, 0, self->z.n));
-        if (out != NULL && compress_encode(&self->z, 0, x.data, self->z.n, PyBytes_AS_STRING(out)) < 0) {
-            Py_CLEAR(out);
-            PyErr_NoMemory();
+        if (out != NULL) {
+            compress_encode(&self->z, 0, x.data, self->z.n, PyBytes_AS_STRING(out));
         }
         self->busy = 0;
     }

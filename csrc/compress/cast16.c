@@ -20,7 +20,7 @@ void cast16_encode(int bf16, float *x, long len, uint16_t *out) {
         }
         uint16_t h = bf16 ? pd_float_to_bf16(v) : pd_float_to_half(v);
         out[i] = h;
-        x[i] = bf16 ? pd_bf16_to_float(h) : pd_half_to_float(h);
+        x[i] -= bf16 ? pd_bf16_to_float(h) : pd_half_to_float(h);
     }
 }
 

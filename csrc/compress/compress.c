@@ -69,35 +69,23 @@ void compress_name(const CompressSpec *spec, char *buf, size_t len) {
     }
 }
 
-// The matrices that lie wholly inside [lo, lo + len), in order: [*first, *last).
-static void matrices_in(const Compressor *z, long lo, long len, int *first, int *last) {
-    *first = z->num_matrices;
-    *last = z->num_matrices;
-    for (int i = 0; i < z->num_matrices; i++) {
-        const CompressMatrix *m = &z->matrices[i];
-        int inside = m->offset >= lo && m->offset + m->rows * m->cols <= lo + len;
-        if (inside && *first == z->num_matrices) {
-            *first = i;
-        }
-        if (!inside && *first < z->num_matrices && *last == z->num_matrices) {
-            *last = i;
-        }
+// The matrices that lie wholly inside [lo, lo + len): one run [*first, *last) (they are in buffer
+// order), and where the first one's Q starts in z->q.
+static void matrices_in(const Compressor *z, long lo, long len, int *first, int *last, long *q_first) {
+    int i = 0;
+    *q_first = 0;
+    for (; i < z->num_matrices && z->matrices[i].offset < lo; i++) *q_first += z->matrices[i].cols * z->spec.rank;
+    *first = i;
+    for (; i < z->num_matrices && z->matrices[i].offset + z->matrices[i].rows * z->matrices[i].cols <= lo + len; i++) {
     }
-    // matrices are in buffer order, so those inside form one run
-    for (int i = *first; i < *last; i++) {
-        const CompressMatrix *m = &z->matrices[i];
-        if (!(m->offset >= lo && m->offset + m->rows * m->cols <= lo + len)) {
-            *last = i;
-            break;
-        }
-    }
+    *last = i;
 }
 
-// powersgd: where matrix i's Q starts in z->q.
-static long q_at(const Compressor *z, int i) {
-    long at = 0;
-    for (int j = 0; j < i; j++) at += z->matrices[j].cols * z->spec.rank;
-    return at;
+// Floats of the factors (P then Q) of the matrices [first, last).
+static long factors_len(const Compressor *z, int first, int last) {
+    long floats = 0;
+    for (int i = first; i < last; i++) floats += (z->matrices[i].rows + z->matrices[i].cols) * z->spec.rank;
+    return floats;
 }
 
 int compressor_create(Compressor *z, const CompressSpec *spec, long n, const CompressMatrix *matrices,
@@ -110,7 +98,7 @@ int compressor_create(Compressor *z, const CompressSpec *spec, long n, const Com
     if (z->residual == NULL) {
         return -1;
     }
-    // scratch: topk's magnitudes (n), or powersgd's P and M of its largest matrix
+    // scratch: topk's magnitudes (n), or powersgd's P of its largest matrix
     z->work_len = spec->kind == COMPRESS_TOPK ? n : 0;
     if (spec->kind == COMPRESS_POWERSGD) {
         long kept = 0;
@@ -153,7 +141,20 @@ void compressor_free(Compressor *z) {
     free(z->matrices);
     free(z->q);
     free(z->work);
+    free(z->buffer);
     *z = (Compressor){0};
+}
+
+void *compress_buffer(Compressor *z, size_t bytes) {
+    if (bytes > z->buffer_bytes || z->buffer == NULL) {
+        void *grown = realloc(z->buffer, bytes > 0 ? bytes : 1);
+        if (grown == NULL) {
+            return NULL;
+        }
+        z->buffer = grown;
+        z->buffer_bytes = bytes;
+    }
+    return z->buffer;
 }
 
 size_t compress_payload_bytes(const Compressor *z, long lo, long len) {
@@ -163,67 +164,59 @@ size_t compress_payload_bytes(const Compressor *z, long lo, long len) {
     case COMPRESS_SIGN: return sign_bytes(len);
     case COMPRESS_POWERSGD: {
         int first, last;
-        matrices_in(z, lo, len, &first, &last);
-        long floats = len;
-        for (int i = first; i < last; i++) {
-            const CompressMatrix *m = &z->matrices[i];
-            floats += (m->rows + m->cols) * z->spec.rank - m->rows * m->cols;
-        }
-        return (size_t)floats * sizeof(float);
+        long q_first, floats = len;
+        matrices_in(z, lo, len, &first, &last, &q_first);
+        for (int i = first; i < last; i++) floats -= z->matrices[i].rows * z->matrices[i].cols;
+        return (size_t)(floats + factors_len(z, first, last)) * sizeof(float);
     }
     default: return (size_t)len * sizeof(float);
     }
 }
 
 // powersgd's payload: each matrix inside as P (rows x K) then Q (cols x K), then every other entry as
-// it is, in buffer order.
+// it is (its residual then nothing), in buffer order.
 static void powersgd_encode(Compressor *z, long lo, float *x, long len, float *out) {
     int first, last;
-    matrices_in(z, lo, len, &first, &last);
+    long q_at;
+    matrices_in(z, lo, len, &first, &last, &q_at);
     const int k = z->spec.rank;
-    long at = 0, pos = 0;   // pos: next entry of x not yet placed
-    float *raw_start = out;
-    for (int i = first; i < last; i++) at += (z->matrices[i].rows + z->matrices[i].cols) * k;
-    float *raw = raw_start + at;
-    at = 0;
-    for (int i = first; i < last; i++) {
-        const CompressMatrix *m = &z->matrices[i];
-        long off = m->offset - lo;
+    float *factors = out, *raw = out + factors_len(z, first, last);
+    long pos = 0;   // the next entry of x not yet placed
+    for (int i = first; i <= last; i++) {
+        long off = i < last ? z->matrices[i].offset - lo : len;   // up to the next matrix, or the end
         memcpy(raw, x + pos, sizeof(float) * (size_t)(off - pos));
+        memset(x + pos, 0, sizeof(float) * (size_t)(off - pos));
         raw += off - pos;
-        float *q = z->q + q_at(z, i);
+        if (i == last) {
+            break;
+        }
+        const CompressMatrix *m = &z->matrices[i];
+        float *q = z->q + q_at;
         powersgd_factor(x + off, m->rows, m->cols, k, q, z->work);
-        memcpy(out + at, z->work, sizeof(float) * (size_t)(m->rows * k));
-        memcpy(out + at + m->rows * k, q, sizeof(float) * (size_t)(m->cols * k));
+        memcpy(factors, z->work, sizeof(float) * (size_t)(m->rows * k));
+        memcpy(factors + m->rows * k, q, sizeof(float) * (size_t)(m->cols * k));
         powersgd_refresh_q(q, m->cols, k, &z->draws);
-        at += (m->rows + m->cols) * k;
+        factors += (m->rows + m->cols) * k;
+        q_at += m->cols * k;
         pos = off + m->rows * m->cols;
     }
-    memcpy(raw, x + pos, sizeof(float) * (size_t)(len - pos));
 }
 
-int compress_encode(Compressor *z, long lo, const float *in, long len, void *payload) {
+void compress_encode(Compressor *z, long lo, const float *in, long len, void *payload) {
     if (z->spec.kind == COMPRESS_NONE) {
         memcpy(payload, in, sizeof(float) * (size_t)len);
-        return 0;
+        return;
     }
-    float *e = z->residual + lo;
-    // x = in + residual, kept in the residual; the encoding leaves there what it sends, and the
-    // residual is then x minus that
-    float *x = malloc(sizeof(float) * (size_t)(len > 0 ? len : 1));
-    if (x == NULL) {
-        return -1;
-    }
-    for (long i = 0; i < len; i++) x[i] = in[i] + e[i];
-    memcpy(e, x, sizeof(float) * (size_t)len);
-    int rc = 0;
+    // x = in + residual, in the residual itself, which the encoding then leaves as x minus what it sends
+    float *x = z->residual + lo;
+    for (long i = 0; i < len; i++) x[i] += in[i];
     switch (z->spec.kind) {
     case COMPRESS_FP16: case COMPRESS_BF16:
         cast16_encode(z->spec.kind == COMPRESS_BF16, x, len, payload);
         break;
     case COMPRESS_TOPK: {
         long k = topk_count(z->spec.ratio, len);
-        rc = topk_encode(x, len, k, payload, (float *)payload + k);
+        topk_encode(x, len, k, z->work, payload, (float *)payload + k);
         break;
     }
     case COMPRESS_SIGN:
@@ -235,9 +228,6 @@ int compress_encode(Compressor *z, long lo, const float *in, long len, void *pay
     default:
         break;
     }
-    for (long i = 0; i < len; i++) e[i] -= x[i];
-    free(x);
-    return rc;
 }
 
 void compress_decode_add(const Compressor *z, long lo, const void *payload, long len, float scale, float *out) {
@@ -255,21 +245,18 @@ void compress_decode_add(const Compressor *z, long lo, const void *payload, long
         break;
     case COMPRESS_POWERSGD: {
         int first, last;
-        matrices_in(z, lo, len, &first, &last);
+        long q_first, pos = 0;
+        matrices_in(z, lo, len, &first, &last, &q_first);
         const int k = z->spec.rank;
-        const float *f = payload;
-        long at = 0, pos = 0;
-        for (int i = first; i < last; i++) at += (z->matrices[i].rows + z->matrices[i].cols) * k;
-        const float *raw = f + at;
-        at = 0;
+        const float *factors = payload, *raw = factors + factors_len(z, first, last);
         for (int i = first; i < last; i++) {
             const CompressMatrix *m = &z->matrices[i];
             long off = m->offset - lo;
             for (long j = pos; j < off; j++) out[j] += scale * *raw++;
-            const float *p = f + at, *q = f + at + m->rows * k;
+            const float *p = factors, *q = factors + m->rows * k;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m->rows, (int)m->cols, k, scale, p, k, q, k,
                         1.0f, out + off, (int)m->cols);
-            at += (m->rows + m->cols) * k;
+            factors += (m->rows + m->cols) * k;
             pos = off + m->rows * m->cols;
         }
         for (long j = pos; j < len; j++) out[j] += scale * *raw++;

@@ -47,15 +47,18 @@ typedef struct {
     CompressSpec spec;
     long n;                 // the buffer's entries
     float *residual;        // [n]: what was not sent yet (NULL for none)
-    // powersgd: the matrices (whole ones inside [0, n)), their warm-start Q (cols x K each, one block),
-    // and scratch for one matrix's P (rows x K) and M (rows x cols, the input with its residual)
+    // powersgd: the matrices (whole ones inside [0, n)), their warm-start Q (cols x K each, one block)
     int num_matrices;
     CompressMatrix *matrices;
     float *q;
     long q_len;
-    float *work;
+    float *work;            // topk: the magnitudes (n); powersgd: one matrix's P (rows x K)
     long work_len;
     uint64_t draws;         // powersgd: the generator of Q's draws (its first and any refresh)
+    // compress_buffer's block: what MPI sends from and receives into. It lives as long as the compressor
+    // (whose owner a request given up is parked with), so a failed wait never leaves MPI a freed block.
+    void *buffer;
+    size_t buffer_bytes;
 } Compressor;
 
 // Parse `text` ("fp16", "topk:0.01", ...). 0, or -1 with a message in err.
@@ -75,29 +78,33 @@ size_t compress_state_bytes(const Compressor *z);
 void compress_state_save(const Compressor *z, void *out);
 void compress_state_load(Compressor *z, const void *in);
 
+// A block of at least `bytes` for payloads and factors in flight, kept (and grown, never shrunk) with the
+// compressor. NULL: out of memory.
+void *compress_buffer(Compressor *z, size_t bytes);
+
 // Bytes of one rank's payload for the entries [lo, lo + len) of the buffer.
 size_t compress_payload_bytes(const Compressor *z, long lo, long len);
 
 // One rank's payload for x = in[0..len) (entries [lo, lo + len) of the buffer) plus their residual;
 // the residual becomes x minus what the payload decodes to. payload: compress_payload_bytes of it.
-// 0, or -1 out of memory.
-int compress_encode(Compressor *z, long lo, const float *in, long len, void *payload);
+void compress_encode(Compressor *z, long lo, const float *in, long len, void *payload);
 // out[0..len) += scale * what `payload` (from compress_encode with the same z's spec, lo and len) holds.
 void compress_decode_add(const Compressor *z, long lo, const void *payload, long len, float scale, float *out);
 
-// The encodings (cast16.c, topk.c, sign.c, powersgd.c), on x[0..len) in place: x becomes what the
-// payload decodes to, so the caller's residual is the input minus it.
+// The encodings (cast16.c, topk.c, sign.c, powersgd.c), on x[0..len) in place: x (the input plus the
+// residual) becomes the new residual, x minus what the payload decodes to.
 void cast16_encode(int bf16, float *x, long len, uint16_t *out);
 void cast16_decode_add(int bf16, const uint16_t *in, long len, float scale, float *out);
 long topk_count(double ratio, long len);
-int topk_encode(float *x, long len, long k, int32_t *index, float *value);
+// mag: len floats of scratch.
+void topk_encode(float *x, long len, long k, float *mag, int32_t *index, float *value);
 void topk_decode_add(const int32_t *index, const float *value, long k, float scale, float *out);
 size_t sign_bytes(long len);
 void sign_encode(float *x, long len, void *out);
 void sign_decode_add(const void *in, long len, float scale, float *out);
 // powersgd.c: orthonormalise the K columns of P (rows x K, row-major) in place (a column that comes
 // out (near) zero stays zero); and one rank's own rank-K factorisation of M (rows x cols), P then Q,
-// M becoming P Q^T (work: rows x K floats).
+// M becoming what P Q^T leaves of it (p: rows x K floats).
 void powersgd_orthonormalize(float *p, long rows, int k);
 void powersgd_factor(float *m, long rows, long cols, int k, float *q, float *p);
 // A column of the warm start Q that has gone (near) zero (a matrix that was zero: a dead layer) would

@@ -11,58 +11,51 @@
  */
 #include "exchange.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 #include "engine/blas.h"
 
-// Sum buf[0..n) over the Comm with our ring (ring != 0) or MPI's all-reduce.
-static int allreduce(Comm *c, float *buf, long n, int ring) {
-    if (!ring || c->size == 1) {
-        return comm_allreduce_sum(c, buf, n);
-    }
-    float *tmp = malloc(sizeof(float) * (size_t)(ring_scratch_elements(n, c->size) + 1));
-    if (tmp == NULL) {
-        return comm_fail(c, MPI_ERR_NO_MEM, "malloc (compressed ring's scratch)");
-    }
-    int rc = comm_ring_allreduce_sum(c, buf, n, tmp);
-    free(tmp);
-    return rc;
+// Sum buf[0..n) over the Comm with our ring (tmp: its ring_scratch_elements) or, tmp NULL, MPI's.
+static int allreduce(Comm *c, float *buf, long n, float *tmp) {
+    return tmp != NULL && c->size > 1 ? comm_ring_allreduce_sum(c, buf, n, tmp) : comm_allreduce_sum(c, buf, n);
+}
+
+// Floats of ring scratch for all-reduces of up to n floats (0 without the ring).
+static long ring_floats(const Comm *c, long n, int ring) {
+    return ring ? (long)ring_scratch_elements(n, c->size) : 0;
 }
 
 static int gathered_sum(Compressor *z, Comm *c, float *buf, long n) {
     const int R = c->size;
     const size_t bytes = compress_payload_bytes(z, 0, n);
-    char *mine = malloc(bytes > 0 ? bytes : 1), *all = malloc(bytes * (size_t)R + 1);
-    int rc = 0;
-    if (mine == NULL || all == NULL || compress_encode(z, 0, buf, n, mine) < 0) {
-        rc = comm_fail(c, MPI_ERR_NO_MEM, "malloc (compressed payloads)");
-    } else if ((rc = comm_allgather_bytes(c, mine, bytes, all)) == 0) {
+    char *all = compress_buffer(z, bytes * (size_t)R);
+    if (all == NULL) {
+        return comm_fail(c, MPI_ERR_NO_MEM, "malloc (compressed payloads)");
+    }
+    compress_encode(z, 0, buf, n, all + (size_t)c->rank * bytes);
+    int rc = comm_allgather_bytes(c, all, bytes);
+    if (rc == 0) {
         memset(buf, 0, sizeof(float) * (size_t)n);
         for (int r = 0; r < R; r++) compress_decode_add(z, 0, all + (size_t)r * bytes, n, 1.0f, buf);
     }
-    free(mine);
-    free(all);
     return rc;
 }
 
 static int powersgd_sum(Compressor *z, Comm *c, float *buf, long n, int ring) {
     const int R = c->size, k = z->spec.rank;
-    float *x = z->residual;   // becomes the input plus the residual, then the new residual
-    for (long i = 0; i < n; i++) x[i] += buf[i];
     long p_len = 0, q_len = z->q_len, inside = 0;
     for (int i = 0; i < z->num_matrices; i++) {
         p_len += z->matrices[i].rows * k;
         inside += z->matrices[i].rows * z->matrices[i].cols;
     }
-    const long raw_len = n - inside;
-    float *pk = malloc(sizeof(float) * (size_t)(p_len + raw_len + 1)), *qk = malloc(sizeof(float) * (size_t)(q_len + 1));
-    if (pk == NULL || qk == NULL) {
-        free(pk);
-        free(qk);
-        for (long i = 0; i < n; i++) x[i] -= buf[i];   // as it was
+    const long raw_len = n - inside, tmp_len = ring_floats(c, p_len + raw_len > q_len ? p_len + raw_len : q_len, ring);
+    float *pk = compress_buffer(z, sizeof(float) * (size_t)(p_len + raw_len + q_len + tmp_len));
+    if (pk == NULL) {
         return comm_fail(c, MPI_ERR_NO_MEM, "malloc (powersgd's factors)");
     }
+    float *qk = pk + p_len + raw_len, *tmp = ring ? qk + q_len : NULL;
+    float *x = z->residual;   // becomes the input plus the residual, then the new residual
+    for (long i = 0; i < n; i++) x[i] += buf[i];
     // P of every matrix, then the other entries, in buffer order
     long at = 0, raw = p_len, pos = 0, q_at = 0;
     for (int i = 0; i < z->num_matrices; i++) {
@@ -76,7 +69,7 @@ static int powersgd_sum(Compressor *z, Comm *c, float *buf, long n, int ring) {
         pos = m->offset + m->rows * m->cols;
     }
     memcpy(pk + raw, x + pos, sizeof(float) * (size_t)(n - pos));
-    int rc = allreduce(c, pk, p_len + raw_len, ring);
+    int rc = allreduce(c, pk, p_len + raw_len, tmp);
     if (rc == 0) {
         at = 0, q_at = 0;
         for (int i = 0; i < z->num_matrices; i++) {   // Q = M^T P, P orthonormalised alike everywhere
@@ -87,47 +80,47 @@ static int powersgd_sum(Compressor *z, Comm *c, float *buf, long n, int ring) {
             at += m->rows * k;
             q_at += m->cols * k;
         }
-        rc = allreduce(c, qk, q_len, ring);
+        rc = allreduce(c, qk, q_len, tmp);
     }
-    if (rc == 0) {
-        // the sum: P Q^T on the matrices, the summed entries elsewhere; each residual keeps the rest
-        at = 0, q_at = 0, raw = p_len, pos = 0;
-        const float share = 1.0f / (float)R;
-        for (int i = 0; i < z->num_matrices; i++) {
-            const CompressMatrix *m = &z->matrices[i];
-            for (long j = pos; j < m->offset; j++) {
-                buf[j] = pk[raw++];
-                x[j] = 0.0f;   // sent whole
-            }
-            float *out = buf + m->offset;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m->rows, (int)m->cols, k, 1.0f, pk + at, k,
-                        qk + q_at, k, 0.0f, out, (int)m->cols);
-            for (long j = 0; j < m->rows * m->cols; j++) x[m->offset + j] -= share * out[j];
-            at += m->rows * k;
-            q_at += m->cols * k;
-            pos = m->offset + m->rows * m->cols;
-        }
-        for (long j = pos; j < n; j++) {
-            buf[j] = pk[raw++];
-            x[j] = 0.0f;
-        }
-        memcpy(z->q, qk, sizeof(float) * (size_t)q_len);   // the next step's warm start, the same everywhere
-        q_at = 0;
-        for (int i = 0; i < z->num_matrices; i++) {
-            powersgd_refresh_q(z->q + q_at, z->matrices[i].cols, k, &z->draws);
-            q_at += z->matrices[i].cols * k;
-        }
-    } else {
+    if (rc < 0) {
         for (long i = 0; i < n; i++) x[i] -= buf[i];   // the residual as it was; the step failed anyway
+        return rc;
     }
-    free(pk);
-    free(qk);
-    return rc;
+    // the sum: P Q^T on the matrices, the summed entries elsewhere; each residual keeps the rest
+    at = 0, q_at = 0, raw = p_len, pos = 0;
+    const float share = 1.0f / (float)R;
+    for (int i = 0; i <= z->num_matrices; i++) {
+        long end = i < z->num_matrices ? z->matrices[i].offset : n;   // up to the next matrix, or the end
+        for (long j = pos; j < end; j++) {
+            buf[j] = pk[raw++];
+            x[j] = 0.0f;   // sent whole
+        }
+        if (i == z->num_matrices) {
+            break;
+        }
+        const CompressMatrix *m = &z->matrices[i];
+        float *out = buf + m->offset;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m->rows, (int)m->cols, k, 1.0f, pk + at, k,
+                    qk + q_at, k, 0.0f, out, (int)m->cols);
+        for (long j = 0; j < m->rows * m->cols; j++) x[m->offset + j] -= share * out[j];
+        memcpy(z->q + q_at, qk + q_at, sizeof(float) * (size_t)(m->cols * k));   // the next warm start, alike
+        powersgd_refresh_q(z->q + q_at, m->cols, k, &z->draws);
+        at += m->rows * k;
+        q_at += m->cols * k;
+        pos = m->offset + m->rows * m->cols;
+    }
+    return 0;
 }
 
 int compress_allreduce_sum(Compressor *z, Comm *c, float *buf, long n, int ring) {
     switch (z->spec.kind) {
-    case COMPRESS_NONE: return allreduce(c, buf, n, ring);
+    case COMPRESS_NONE: {
+        float *tmp = ring ? compress_buffer(z, sizeof(float) * (size_t)(ring_floats(c, n, 1) + 1)) : NULL;
+        if (ring && tmp == NULL) {
+            return comm_fail(c, MPI_ERR_NO_MEM, "malloc (the ring's scratch)");
+        }
+        return allreduce(c, buf, n, tmp);
+    }
     case COMPRESS_POWERSGD: return powersgd_sum(z, c, buf, n, ring);
     default: return gathered_sum(z, c, buf, n);
     }

@@ -58,7 +58,7 @@ void powersgd_factor(float *m, long rows, long cols, int k, float *q, float *p) 
     // Q (cols x K) = M^T P
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)cols, k, (int)rows, 1.0f, m, (int)cols, p, k, 0.0f, q,
                 k);
-    // M = P Q^T: what the payload decodes to (before Q is refreshed: the payload carries this Q)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)cols, k, 1.0f, p, k, q, k, 0.0f, m,
+    // M -= P Q^T: what the payload (which carries this Q, before any refresh) leaves of M
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)cols, k, -1.0f, p, k, q, k, 1.0f, m,
                 (int)cols);
 }

@@ -30,7 +30,7 @@ void sign_encode(float *x, long len, void *out) {
         for (long i = lo; i < hi; i++) {
             int negative = signbit(x[i]) != 0;
             bits[i >> 3] |= (unsigned char)(negative << (i & 7));
-            x[i] = negative ? -s : s;
+            x[i] -= negative ? -s : s;
         }
     }
 }

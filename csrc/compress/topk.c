@@ -6,8 +6,6 @@
 #include "compress.h"
 
 #include <math.h>
-#include <stdlib.h>
-#include <string.h>
 
 long topk_count(double ratio, long len) {
     if (len <= 0) {
@@ -51,14 +49,9 @@ static float kth_largest(float *a, long n, long k) {
     return a[want];
 }
 
-int topk_encode(float *x, long len, long k, int32_t *index, float *value) {
-    float *mag = malloc(sizeof(float) * (size_t)(len > 0 ? len : 1));
-    if (mag == NULL) {
-        return -1;
-    }
+void topk_encode(float *x, long len, long k, float *mag, int32_t *index, float *value) {
     for (long i = 0; i < len; i++) mag[i] = magnitude(x[i]);
     float threshold = k > 0 ? kth_largest(mag, len, k) : INFINITY;
-    free(mag);
     long above = 0;
     for (long i = 0; i < len; i++) above += magnitude(x[i]) > threshold;
     long ties = k - above, taken = 0;   // entries at the threshold to take, lowest indices first
@@ -68,15 +61,13 @@ int topk_encode(float *x, long len, long k, int32_t *index, float *value) {
         if (m == threshold && take) {
             ties--;
         }
-        if (take) {
+        if (take) {   // sent whole: nothing of it stays in the residual
             index[taken] = (int32_t)i;
             value[taken] = x[i];
+            x[i] = 0.0f;
             taken++;
-        } else {
-            x[i] = 0.0f;   // not sent: all of it stays in the residual
         }
     }
-    return 0;
 }
 
 void topk_decode_add(const int32_t *index, const float *value, long k, float scale, float *out) {

@@ -34,7 +34,6 @@
 
 enum { TAG_CENTER = 4, TAG_EXCHANGE = 5, TAG_REPLY = 6, TAG_DONE = 7, TAG_GRANT = 8 };
 
-// The registry has placed the servers (s->server, the shard); take what this rank keeps besides scratch.
 // Compressed: where each server's shard starts in a worker's payloads, and their total (payload_at[S]).
 // 0, or -2 out of memory.
 static int payload_layout(Strategy *s) {
@@ -50,6 +49,7 @@ static int payload_layout(Strategy *s) {
     return 0;
 }
 
+// The registry has placed the servers (s->server, the shard); take what this rank keeps besides scratch.
 static int async_create(Strategy *s, const Model *m, const char *name, char *err, size_t errlen) {
     (void)m;
     if (s->cfg.window < 1) {
@@ -175,30 +175,19 @@ static int exchange(Strategy *s, float *params) {
     Comm *c = &s->comm;
     const int S = s->cfg.servers, elastic = s->cfg.kind == STRATEGY_AEASGD, compressed = s->payloads != NULL;
     const long n = s->n;
-    // the update since the last pull; compressed aeasgd too sends a difference: from what the server
-    // knows of this worker's weights (base), which then learns what the payload holds
+    // the update since the last pull; compressed aeasgd too sends a difference: from its weights after
+    // the last exchange (base), what the server knows of them but for this worker's residual
     if (!elastic || compressed) {
         for (long i = 0; i < n; i++) s->scratch[i] = params[i] - s->base[i];
     }
     const float *out = elastic && !compressed ? params : s->scratch;
     float *in = elastic ? s->scratch : params;
-    int rc = 0;
-    for (int j = 0; j < S && compressed && rc == 0; j++) {
+    for (int j = 0; j < S && compressed; j++) {
         long lo = shard_lo(n, S, j), len = shard_lo(n, S, j + 1) - lo;
-        if (compress_encode(&s->z, lo, s->scratch + lo, len, s->payloads + s->payload_at[j]) < 0) {
-            rc = comm_fail(c, MPI_ERR_NO_MEM, "malloc (a compressed push)");
-        } else if (elastic) {
-            // base follows what the server knows, so the next difference holds what this one left out:
-            // that is aeasgd's error feedback, and a residual as well would send it twice
-            compress_decode_add(&s->z, lo, s->payloads + s->payload_at[j], len, 1.0f, s->base + lo);
-            memset(s->z.residual + lo, 0, sizeof(float) * (size_t)len);
-        }
-    }
-    if (rc < 0) {
-        return rc;
+        compress_encode(&s->z, lo, s->scratch + lo, len, s->payloads + s->payload_at[j]);
     }
     for (int j = 0; j < 2 * S + 1; j++) s->reqs[j] = MPI_REQUEST_NULL;
-    rc = grant_post(c, s->grants, s->workers, 0, &s->reqs[2 * S]);
+    int rc = grant_post(c, s->grants, s->workers, 0, &s->reqs[2 * S]);
     for (int j = 0; j < S && rc == 0; j++) {
         long lo = shard_lo(n, S, j), len = shard_lo(n, S, j + 1) - lo;
         rc = compressed ? comm_isend_bytes(c, s->payloads + s->payload_at[j], s->payload_at[j + 1] - s->payload_at[j],
@@ -216,8 +205,8 @@ static int exchange(Strategy *s, float *params) {
     s->block_end = s->grants[1];
     if (elastic) {
         for (long i = 0; i < n; i++) params[i] -= s->scratch[i];
-        for (long i = 0; i < n && compressed; i++) s->base[i] -= s->scratch[i];   // the server moved it too
-    } else {
+    }
+    if (!elastic || compressed) {   // the next difference is from here (the server moved its copy by -e too)
         memcpy(s->base, params, sizeof(float) * (size_t)n);
     }
     s->stats.exchanges++;

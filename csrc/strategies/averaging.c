@@ -95,7 +95,7 @@ static int average_step(Strategy *s, float *params, float *grads, float *momentu
     if ((step - s->cfg.warmup + 1) % s->cfg.period != 0) {
         return 0;
     }
-    if (s->center != NULL) {   // compressed: the mean of the differences from the last mean
+    if (s->z.spec.kind != COMPRESS_NONE) {   // the mean of the differences from the last mean
         if ((rc = compressed_weights_sum(s, params, s->center, s->scratch)) < 0) return rc;
         const float f = 1.0f / (float)s->comm.size;
         for (long i = 0; i < n; i++) s->center[i] = params[i] = s->scratch[i] * f;

@@ -69,10 +69,10 @@ int comm_ring_allreduce_sum(Comm *c, float *buf, long n, float *tmp);
 int comm_allreduce_max_int(Comm *c, int *value);
 // MPI's broadcast (counted as a flat tree: the root sends the buffer to each other rank).
 int comm_bcast(Comm *c, float *buf, long n, int root);
-// Bytes (a compressed payload) to one rank, and every rank's `bytes` into all[R x bytes] in rank order
-// (counted as a ring sends: R - 1 blocks in R - 1 messages).
+// Bytes (a compressed payload) to one rank, and every rank's `bytes` into all[R x bytes] in rank order,
+// this rank's already at all + rank x bytes (counted as a ring sends: R - 1 blocks in R - 1 messages).
 int comm_isend_bytes(Comm *c, const void *buf, size_t bytes, int dst, int tag, MPI_Request *req);
 int comm_irecv_bytes(Comm *c, void *buf, size_t bytes, int src, int tag, MPI_Request *req);
-int comm_allgather_bytes(Comm *c, const void *mine, size_t bytes, void *all);
+int comm_allgather_bytes(Comm *c, void *all, size_t bytes);
 
 #endif  // PYDIST_STRATEGIES_COMM_H

@@ -54,17 +54,16 @@ static int ring_step(Strategy *s, float *params, float *grads, float *momentum, 
 // ---------------------------------------------------------------------------------------------------
 // Compressed gradients to one rank (central, ps)
 
-// This rank's payloads of the shards [lo[j], lo[j + 1]) of grads, one after another in one block
-// (*bytes_at[j]: where shard j's starts; bytes_at[count]: the total). NULL: out of memory.
-static char *encode_shards(Strategy *s, const float *grads, const long *lo, int count, size_t *bytes_at) {
+// This rank's payloads of the shards [lo[j], lo[j + 1]) of grads, one after another in the compressor's
+// buffer (bytes_at[j]: where shard j's starts; bytes_at[count]: the end), which it returns: NULL out of
+// memory. `room`: bytes the buffer holds besides, from bytes_at[count] on.
+static char *encode_shards(Strategy *s, const float *grads, const long *lo, int count, size_t room,
+                           size_t *bytes_at) {
     bytes_at[0] = 0;
     for (int j = 0; j < count; j++) bytes_at[j + 1] = bytes_at[j] + compress_payload_bytes(&s->z, lo[j], lo[j + 1] - lo[j]);
-    char *out = malloc(bytes_at[count] + 1);
+    char *out = compress_buffer(&s->z, bytes_at[count] + room);
     for (int j = 0; j < count && out != NULL; j++) {
-        if (compress_encode(&s->z, lo[j], grads + lo[j], lo[j + 1] - lo[j], out + bytes_at[j]) < 0) {
-            free(out);
-            out = NULL;
-        }
+        compress_encode(&s->z, lo[j], grads + lo[j], lo[j + 1] - lo[j], out + bytes_at[j]);
     }
     return out;
 }
@@ -83,17 +82,18 @@ static int central_compressed_step(Strategy *s, float *params, float *grads, flo
     const long n = s->n;
     long lo[2] = {0, n};
     size_t at[2];
-    char *mine = encode_shards(s, grads, lo, 1, at), *all = NULL;
-    const size_t bytes = at[1];
+    const size_t bytes = compress_payload_bytes(&s->z, 0, n);
+    // rank 0: every rank's payload, its own first; another rank: its own
+    char *all = encode_shards(s, grads, lo, 1, c->rank == 0 ? bytes * (size_t)(R - 1) : 0, at);
     MPI_Request *reqs = malloc(sizeof(MPI_Request) * (size_t)(R + 1));
     int rc = 0;
-    if (mine == NULL || reqs == NULL || (c->rank == 0 && (all = malloc(bytes * (size_t)R + 1)) == NULL)) {
+    if (all == NULL || reqs == NULL) {
         rc = comm_fail(c, MPI_ERR_NO_MEM, "malloc (central's payloads)");
         goto done;
     }
     for (int r = 0; r <= R; r++) reqs[r] = MPI_REQUEST_NULL;
     if (c->rank != 0) {
-        if ((rc = comm_isend_bytes(c, mine, bytes, 0, TAG_GRADS, &reqs[0])) < 0 ||
+        if ((rc = comm_isend_bytes(c, all, bytes, 0, TAG_GRADS, &reqs[0])) < 0 ||
             (rc = comm_irecv(c, params, n, 0, TAG_WEIGHTS, &reqs[1])) < 0) {
             comm_park_all(c, 2, reqs);
             goto done;
@@ -101,7 +101,6 @@ static int central_compressed_step(Strategy *s, float *params, float *grads, flo
         rc = comm_waitall(c, 2, reqs);
         goto done;
     }
-    memcpy(all, mine, bytes);
     for (int r = 1; r < R && rc == 0; r++) {
         rc = comm_irecv_bytes(c, all + (size_t)r * bytes, bytes, r, TAG_GRADS, &reqs[r - 1]);
     }
@@ -115,8 +114,6 @@ static int central_compressed_step(Strategy *s, float *params, float *grads, flo
         rc = rc < 0 ? (comm_park_all(c, R - 1, reqs), rc) : comm_waitall(c, R - 1, reqs);
     }
 done:
-    free(mine);
-    free(all);
     free(reqs);
     return rc;
 }
@@ -208,7 +205,7 @@ static int ps_step(Strategy *s, float *params, float *grads, float *momentum, in
         goto done;
     }
     for (int j = 0; j <= S; j++) lo[j] = shard_lo(s->n, S, j);
-    if (s->z.spec.kind != COMPRESS_NONE && (payloads = encode_shards(s, grads, lo, S, at)) == NULL) {
+    if (s->z.spec.kind != COMPRESS_NONE && (payloads = encode_shards(s, grads, lo, S, 0, at)) == NULL) {
         rc = comm_fail(c, MPI_ERR_NO_MEM, "malloc (ps payloads)");
         goto done;
     }
@@ -224,7 +221,6 @@ static int ps_step(Strategy *s, float *params, float *grads, float *momentum, in
     }
     rc = rc < 0 ? (comm_park_all(c, 2 * S, reqs), rc) : comm_waitall(c, 2 * S, reqs);
 done:
-    free(payloads);
     free(at);
     free(lo);
     free(reqs);
@@ -245,7 +241,7 @@ static int ps_serve(Strategy *s, float *params, float *momentum, int *started, l
     int rc = 0;
     const int compressed = s->z.spec.kind != COMPRESS_NONE;
     const size_t bytes = compressed ? compress_payload_bytes(&s->z, lo, len) : 0;
-    char *payloads = compressed ? malloc(bytes * (size_t)W + 1) : NULL;
+    char *payloads = compressed ? compress_buffer(&s->z, bytes * (size_t)W) : NULL;
     if (compressed && payloads == NULL) {
         free(reqs);
         return comm_fail(c, MPI_ERR_NO_MEM, "malloc (ps server payloads)");
@@ -271,7 +267,6 @@ static int ps_serve(Strategy *s, float *params, float *momentum, int *started, l
         }
         rc = rc < 0 ? (comm_park_all(c, W, reqs), rc) : comm_waitall(c, W, reqs);
     }
-    free(payloads);
     free(reqs);
     return rc;
 }
