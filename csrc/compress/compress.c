@@ -12,6 +12,20 @@
 
 #include "engine/blas.h"
 
+int compress_vector_ok(void) {
+    static int known = -1;   // threads that race here all write the same answer
+    if (known < 0) {
+#if defined(__GNUC__) && defined(__x86_64__)
+        const char *off = getenv("PYDIST_COMPRESS_SCALAR");
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && !(off && *off && strcmp(off, "0"));
+#else
+        known = 0;
+#endif
+    }
+    return known;
+}
+
 int compress_parse(const char *text, CompressSpec *spec, char *err, size_t errlen) {
     *spec = (CompressSpec){COMPRESS_NONE, 1.0, 0};
     const char *colon = strchr(text, ':');
