@@ -6,7 +6,8 @@
  *
  * The mean's sum runs in float64 over four interleaved partial sums (entry i of a chunk into sum i mod
  * 4, then (s0 + s1) + (s2 + s3)): the order the AVX2 loop takes, so that it and the scalar loop give the
- * same bits (a NaN mean is the one quiet NaN). With AVX2 a byte of bits is one movemask of eight signs.
+ * same bits. A chunk with a NaN gets the one quiet NaN as its scale and residual. With AVX2 a byte of
+ * bits is one movemask of eight signs.
  */
 #include "compress.h"
 
@@ -101,8 +102,13 @@ void sign_encode(float *x, long len, void *out) {
 #endif
         sum_scalar(x + lo, done, n, sums);
         float s = (float)(((sums[0] + sums[1]) + (sums[2] + sums[3])) / (double)n);
-        if (isnan(s)) s = NAN;   // which NaN a sum of NaNs gives depends on the compiler's operand order
         scale[c] = s;
+        if (isnan(s)) {   // a NaN in the chunk: its bits as ever, the one quiet NaN as its scale and residual
+            scale[c] = NAN;   // (which NaN arithmetic on NaNs gives depends on the compiler's operand order)
+            signs_scalar(x + lo, 0, n, NAN, bits + lo / 8);
+            for (long i = lo; i < lo + n; i++) x[i] = NAN;
+            continue;
+        }
         done = 0;
 #ifdef VECTOR_SIGN
         if (vector) done = signs_vector(x + lo, n, s, bits + lo / 8);
