@@ -1,5 +1,6 @@
 """pydist.torch.hooks: the compressors as DDP comm hooks, at 1-3 ranks, against torch's own hooks where
-torch has the same math (fp16_compress_hook; powerSGD_hook where its answer does not depend on its
+torch has the same math (fp16_compress_hook; bf16_compress_hook's function, whose NCCL check refuses
+the CPU; powerSGD_hook where its answer does not depend on its
 random start: gradients whose sum has rank <= K, which PowerSGD reproduces exactly), and against DDP
 without a hook. torch's powerSGD_hook itself runs on pydist here too: its callbacks all-reduce and wait
 on the group's worker thread (that deadlocked before the worker ran such calls inline)."""
@@ -61,6 +62,23 @@ def test_fp16_equals_torchs_fp16_hook():
     parallel_assert(rel(ours, theirs) < 1e-4, f"fp16: {rel(ours, theirs):.3g} from torch's fp16_compress_hook")
     # torch sums in float16; we sum in float32, so we are at least as close to no compression
     parallel_assert(rel(ours, plain) <= rel(theirs, plain) * 1.5 + 1e-7, f"fp16: {rel(ours, plain):.3g} from "
+                    f"no hook, torch's {rel(theirs, plain):.3g}")
+    parallel_assert(all_same(ours), "replicas differ")
+
+
+def torch_bf16_hook(state, bucket):
+    """torch's bf16_compress_hook without its device check (it refuses anything but NCCL and XCCL): the
+    same function torch's fp16 hook is, with bfloat16."""
+    return default_hooks._compress_hook(torch.bfloat16, state, bucket)
+
+
+def test_bf16_equals_torchs_bf16_hook():
+    plain = train()
+    ours = train(hooks.bf16())
+    theirs = train(torch_bf16_hook)
+    # bfloat16 keeps 8 bits of mantissa where float16 keeps 11: 8x fp16's tolerance
+    parallel_assert(rel(ours, theirs) < 1e-3, f"bf16: {rel(ours, theirs):.3g} from torch's bf16 hook")
+    parallel_assert(rel(ours, plain) <= rel(theirs, plain) * 1.5 + 1e-7, f"bf16: {rel(ours, plain):.3g} from "
                     f"no hook, torch's {rel(theirs, plain):.3g}")
     parallel_assert(all_same(ours), "replicas differ")
 
