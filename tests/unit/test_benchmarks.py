@@ -1,10 +1,13 @@
 """The benchmarks still run and print their figures (no timing is asserted: the machine is shared)."""
+import json
 import os
 import re
 import subprocess
 import sys
 
 import pytest
+
+from unit_helpers import MPIEXEC
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
@@ -204,5 +207,51 @@ def test_cluster_model_quick(tmp_path):
     speedups = re.findall(r"^ *(100mbit|1gbit) +([\d.]+)/([\d.]+) +([\d.]+)/([\d.]+) ", proc.stdout, re.M)
     assert len(speedups) == 2, proc.stdout
     assert (tmp_path / "cluster.png").stat().st_size > 10000 and (tmp_path / "cluster.json").exists()
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not re.search(r"^pdh\d", listed, re.M), listed
+
+
+def test_compression_run_records_accuracy_against_time(tmp_path):
+    """benchmarks/compression_run.py at 3 ranks on this machine (downpour: one server, two workers, each
+    pushing topk payloads): an evaluation before training and after every chunk, the clock rising, the
+    bytes a step the compressed pushes' (fewer than the uncompressed model's per exchange)."""
+    out = tmp_path / "run.json"
+    proc = subprocess.run([MPIEXEC, "-n", "3", sys.executable, "benchmarks/compression_run.py", "--model", "lenet5",
+                           "--strategy", "downpour", "--compression", "topk:0.1", "--epochs", "0.05",
+                           "--eval-every", "8", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["world_size"] == 3 and r["workers"] == 2 and r["compression"] == "topk:0.1" and r["finished"]
+    steps = [p["step"] for p in r["points"]]
+    assert steps[0] == 0 and steps[-1] == round(0.05 * r["steps_per_epoch"]) and steps == sorted(set(steps)), steps
+    seconds = [p["seconds"] for p in r["points"]]
+    assert seconds[0] == 0 and all(b > a for a, b in zip(seconds, seconds[1:])), seconds
+    assert all(0 <= p["test_accuracy"] <= 1 for p in r["points"])
+    assert 0 < r["points"][-1]["bytes_per_step"] < r["grad_bytes"], r["points"][-1]
+
+
+def test_compression_cluster_quick(tmp_path):
+    """benchmarks/compression_cluster.py across 2 simulated hosts at two link rates (LeNet-5, a few steps,
+    a target every run reaches at once): the fast link's runs train all their steps, the slow link's stop
+    at the target and take their final accuracy from the fast link's run, whose evaluations they must
+    equal bit for bit; the table, compression.png; no cluster left up."""
+    from test_cluster import REASON
+    if REASON is not None:
+        pytest.skip(f"NOT RUN (several hosts): {REASON}")
+    env = dict(os.environ, PYDIST_CLUSTER_FINALIZE_GUARD="1")
+    proc = subprocess.run([sys.executable, "benchmarks/compression_cluster.py", "--hosts", "2", "--rates", "100mbit",
+                           "1gbit", "--models", "lenet5", "--strategies", "allreduce", "--compressors", "none",
+                           "powersgd:4", "--epochs", "0.1", "0.1", "--eval-every", "12", "--target", "0.2",
+                           "--out-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = re.findall(r"^ +2 +(1gbit|100mbit) +lenet5 +allreduce +(none|powersgd:4) +([\d.]+) +([\d.]+) .* "
+                      r"([\d.]+)(\*?) +([\d.]+) +([\d.]+)$", proc.stdout, re.M)
+    assert len(rows) == 4, proc.stdout
+    for rate, comp, ms, mib, final, mark, epochs, last in rows:
+        assert float(ms) > 0 and float(mib) > 0 and 0 < float(final) <= 1 and 0 < float(last) <= 1, (rate, comp)
+        assert (mark == "*") == (rate == "100mbit"), (rate, comp, mark)   # the slow link's runs stopped early
+    assert "every evaluation a stopped run shares with its full run is bitwise the same" in proc.stdout, proc.stdout
+    assert (tmp_path / "compression.png").stat().st_size > 10000 and (tmp_path / "compression.json").exists()
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not re.search(r"^pdh\d", listed, re.M), listed
