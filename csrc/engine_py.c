@@ -930,37 +930,41 @@ static PyObject *path_arg(PyObject *obj, const char *fn, const char *arg) {
     return bytes;
 }
 
-// save(path, step, epoch, seed): params + momentum, atomically (checkpoint.c). step and epoch are
-// counts (>= 0); seed is any C long, stored as its 64 bits and given back as it was by load().
-// With 7 arguments (..., params, momentum, momentum_started) it saves those instead of the engine's own:
-// what a strategy's state() gathered (the average, the center, the servers' momentum). With 10 (...,
-// state, compression, ranks) also every rank's compression state, `ranks` blocks of equal size one
-// after another in `state` (bytes), and the compressor's name.
+// save(path, step, epoch, seed, sample, world, global_batch): params + momentum, atomically
+// (checkpoint.c). step, epoch and sample (examples of the epoch's order consumed; -1: unknown, as in a
+// version 3 file) are counts (>= 0);
+// seed is any C long, stored as its 64 bits and given back as it was by load(); world and global_batch
+// record the layout that saved it. With 10 arguments (..., params, momentum, momentum_started) it saves
+// those instead of the engine's own: what a strategy's state() gathered (the average, the center, the
+// servers' momentum). With 13 (..., state, compression, ranks) also every rank's compression state,
+// `ranks` blocks of equal size one after another in `state` (bytes), and the compressor's name.
 static PyObject *engine_save(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
     const char *fn = "Engine.save";
-    long step, epoch, seed, ranks = 0;
+    long step, epoch, seed, sample, world, global_batch, ranks = 0;
     const float *params = e->model.params, *momentum = e->momentum;
     int started = e->momentum_started;
     const char *compression = "";
     Py_buffer state = {0};
-    if ((nargs != 10 && nargs_either(nargs, 4, 7, fn) < 0) || pd_arg_long(args[1], fn, "step", &step) < 0 ||
-        pd_arg_long(args[2], fn, "epoch", &epoch) < 0 || pd_arg_long(args[3], fn, "seed", &seed) < 0) {
+    if ((nargs != 13 && nargs_either(nargs, 7, 10, fn) < 0) || pd_arg_long(args[1], fn, "step", &step) < 0 ||
+        pd_arg_long(args[2], fn, "epoch", &epoch) < 0 || pd_arg_long(args[3], fn, "seed", &seed) < 0 ||
+        pd_arg_long(args[4], fn, "sample", &sample) < 0 || pd_arg_long(args[5], fn, "world", &world) < 0 ||
+        pd_arg_long(args[6], fn, "global_batch", &global_batch) < 0) {
         return NULL;
     }
-    if (nargs >= 7 && ((params = weights_arg(e, args[4], fn, "params")) == NULL ||
-                       (momentum = weights_arg(e, args[5], fn, "momentum")) == NULL ||
-                       (started = PyObject_IsTrue(args[6])) < 0)) {
+    if (nargs >= 10 && ((params = weights_arg(e, args[7], fn, "params")) == NULL ||
+                        (momentum = weights_arg(e, args[8], fn, "momentum")) == NULL ||
+                        (started = PyObject_IsTrue(args[9])) < 0)) {
         return NULL;
     }
-    if (nargs == 10) {
-        if (pd_arg_long(args[9], fn, "ranks", &ranks) < 0 ||
-            (compression = PyUnicode_Check(args[8]) ? PyUnicode_AsUTF8(args[8]) : NULL) == NULL) {
+    if (nargs == 13) {
+        if (pd_arg_long(args[12], fn, "ranks", &ranks) < 0 ||
+            (compression = PyUnicode_Check(args[11]) ? PyUnicode_AsUTF8(args[11]) : NULL) == NULL) {
             if (!PyErr_Occurred()) {
                 PyErr_Format(PyExc_TypeError, "%s(): `compression` must be a str", fn);
             }
             return NULL;
         }
-        if (PyObject_GetBuffer(args[7], &state, PyBUF_SIMPLE) < 0) {
+        if (PyObject_GetBuffer(args[10], &state, PyBUF_SIMPLE) < 0) {
             return NULL;
         }
         if (ranks < 1 || state.len % ranks != 0 || strlen(compression) >= sizeof ((CheckpointHeader *)0)->compression) {
@@ -971,8 +975,10 @@ static PyObject *engine_save(EngineObject *e, PyObject *const *args, Py_ssize_t 
         }
     }
     PyObject *path_bytes = NULL;
-    if (step < 0 || epoch < 0) {
-        PyErr_Format(PyExc_ValueError, "%s(): `step` and `epoch` must be >= 0; got %ld and %ld", fn, step, epoch);
+    if (step < 0 || epoch < 0 || sample < -1 || world < 1 || global_batch < 1) {
+        PyErr_Format(PyExc_ValueError, "%s(): need `step`, `epoch` >= 0, `sample` >= -1 (-1: unknown) and `world`, "
+                     "`global_batch` >= 1; "
+                     "got %ld, %ld, %ld, %ld, %ld", fn, step, epoch, sample, world, global_batch);
     } else if ((path_bytes = path_arg(args[0], fn, "path")) != NULL && engine_enter(e, fn) < 0) {
         Py_CLEAR(path_bytes);
     }
@@ -983,7 +989,8 @@ static PyObject *engine_save(EngineObject *e, PyObject *const *args, Py_ssize_t 
     const char *path = PyBytes_AS_STRING(path_bytes);
     CheckpointHeader h = {CHECKPOINT_MAGIC, CHECKPOINT_VERSION, (uint64_t)e->model.num_params, (uint64_t)step,
                           (uint64_t)epoch, (uint64_t)seed, model_hash(&e->model), (uint64_t)started,
-                          (uint64_t)ranks, ranks > 0 ? (uint64_t)(state.len / ranks) : 0, {0}};
+                          (uint64_t)ranks, ranks > 0 ? (uint64_t)(state.len / ranks) : 0, {0}, (uint64_t)sample,
+                          (uint64_t)world, (uint64_t)global_batch};
     snprintf(h.compression, sizeof h.compression, "%s", compression);
     char err[1024];
     int rc;
@@ -1000,8 +1007,9 @@ static PyObject *engine_save(EngineObject *e, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
-// load(path) -> (step, epoch, seed, compression): params, momentum and momentum_started from a
-// checkpoint; compression: None, or (name, ranks, state bytes) as save() was given them
+// load(path) -> (step, epoch, seed, compression, position): params, momentum and momentum_started from a
+// checkpoint; compression: None, or (name, ranks, state bytes) as save() was given them; position:
+// (sample, world, global_batch) as save() was given them, or None from a file of version 2 or 3
 static PyObject *engine_load(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
     const char *fn = "Engine.load";
     PyObject *path_bytes;
@@ -1014,7 +1022,7 @@ static PyObject *engine_load(EngineObject *e, PyObject *const *args, Py_ssize_t 
     }
     const char *path = PyBytes_AS_STRING(path_bytes);
     CheckpointHeader expect = {CHECKPOINT_MAGIC, CHECKPOINT_VERSION, (uint64_t)e->model.num_params, 0, 0, 0,
-                               model_hash(&e->model), 0, 0, 0, {0}};
+                               model_hash(&e->model), 0, 0, 0, {0}, 0, 0, 0};
     CheckpointHeader h;
     char err[1024];
     int rc = -1;
@@ -1030,8 +1038,10 @@ static PyObject *engine_load(EngineObject *e, PyObject *const *args, Py_ssize_t 
         rc = checkpoint_load(path, &h, params, momentum, &state, &expect, err, sizeof err);
         Py_END_ALLOW_THREADS
     }
-    if (rc == 0 && (h.step > INT64_MAX || h.epoch > INT64_MAX)) {  // save() writes counts >= 0 only
-        snprintf(err, sizeof err, "%s is damaged: its step or epoch is out of range", path);
+    if (rc == 0 && (h.step > INT64_MAX || h.epoch > INT64_MAX ||   // save() writes counts >= 0 only
+                    (h.sample != UINT64_MAX && (h.sample > INT64_MAX || h.world - 1 >= INT64_MAX ||
+                                                h.global_batch - 1 >= INT64_MAX)))) {
+        snprintf(err, sizeof err, "%s is damaged: its step, epoch or position is out of range", path);
         rc = -1;
     }
     if (rc == 0) {
@@ -1058,7 +1068,13 @@ static PyObject *engine_load(EngineObject *e, PyObject *const *args, Py_ssize_t 
     if (compression == NULL) {
         return NULL;
     }
-    return Py_BuildValue("(LLLN)", (long long)h.step, (long long)h.epoch, (long long)h.seed, compression);
+    PyObject *position = h.sample == UINT64_MAX ? Py_NewRef(Py_None)
+                         : Py_BuildValue("(LLL)", (long long)h.sample, (long long)h.world, (long long)h.global_batch);
+    if (position == NULL) {
+        Py_DECREF(compression);
+        return NULL;
+    }
+    return Py_BuildValue("(LLLNN)", (long long)h.step, (long long)h.epoch, (long long)h.seed, compression, position);
 }
 
 // compression_state() -> bytes: this rank's compression state (residual, powersgd's warm start) as a
@@ -1123,9 +1139,10 @@ static PyMethodDef engine_methods[] = {
     METHOD("evaluate", engine_evaluate,
            "evaluate(images, labels, start, end, batch[, weights]) -> (loss_sum, correct)"),
     METHOD("save", engine_save,
-           "save(path, step, epoch, seed[, params, momentum, momentum_started[, state, compression, ranks]]): "
+           "save(path, step, epoch, seed, sample, world, global_batch[, params, momentum, momentum_started[, state, "
+           "compression, ranks]]): "
            "atomic checkpoint"),
-    METHOD("load", engine_load, "load(path) -> (step, epoch, seed, compression)"),
+    METHOD("load", engine_load, "load(path) -> (step, epoch, seed, compression, position)"),
     {"compression_state", (PyCFunction)engine_compression_state, METH_NOARGS,
      "compression_state() -> this rank's compression state as a checkpoint keeps it (bytes), or None"},
     METHOD("set_compression_state", engine_set_compression_state,

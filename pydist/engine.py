@@ -422,6 +422,11 @@ class Trainer:
                                  self.compression)
         self.workers, self.is_server = self.engine.workers, self.engine.is_server
         self.epoch, self.step, self.history = 0, 0, []
+        # Where the current epoch's global sample order stands: at global step anchor[1] of epoch anchor[0]
+        # it had reached example anchor[2], and every step since took one global batch. An epoch's end
+        # and a loaded checkpoint set it; a checkpoint of format 3 or older (anchor None) derives it from
+        # the step count, as they were written. `resumed_from`: the loaded checkpoint's position and layout.
+        self._anchor, self._n, self.resumed_from = (0, 0, 0), None, None
 
     def _pipeline_layout(self, options, batch_size):
         """(stages, boundaries): the pipeline's stages and the layers each runs, checked on every rank alike."""
@@ -473,6 +478,21 @@ class Trainer:
     def steps_per_epoch(self, n):
         return n // (self.workers * self.batch_size)
 
+    @property
+    def global_batch(self):
+        """Examples per step, all workers together (batch_size x workers)."""
+        return self.workers * self.batch_size
+
+    def position(self, n=None):
+        """Examples of the current epoch's global order consumed so far (n: the training set's size, needed
+        only after loading a checkpoint of format 3 or older); -1 when that cannot be known."""
+        n = self._n if n is None else n
+        if self._anchor is not None and self._anchor[0] == self.epoch:
+            return self._anchor[2] + (self.step - self._anchor[1]) * self.global_batch
+        if n is None:
+            return -1
+        return (self.step - self.epoch * self.steps_per_epoch(n)) * self.global_batch
+
     def weights(self):
         """The weights that count, as a new array on every rank: the replica, the workers' average
         ("average") or the center ("easgd" and the asynchronous strategies). Collective."""
@@ -518,20 +538,33 @@ class Trainer:
         labels = np.ascontiguousarray(labels, dtype=np.int32)
         return images.reshape(len(images), math.prod(images.shape[1:])), labels
 
-    def train_steps(self, images, labels, epoch, first, last):
-        """Steps [first, last) of `epoch` (no progress, no evaluation); returns the C loop's stats."""
+    def train_steps(self, images, labels, epoch, first, last, sample=0, global_step=None):
+        """Steps [first, last) of `epoch` counted from example `sample` of its order (no progress, no
+        evaluation, and step/epoch are left as they are); `global_step`: the strategy's step count at
+        `first` (default: as if every step of the epoch had been at this layout). Returns the C loop's stats."""
         images, labels = self._check_data(images, labels)
-        perm = _C.epoch_permutation(len(labels), self.seed, epoch)
-        self.engine.global_step = epoch * self.steps_per_epoch(len(labels)) + first
+        perm = _C.epoch_permutation(len(labels), self.seed, epoch)[sample:]
+        self._n = len(labels)
+        self.engine.global_step = (epoch * self.steps_per_epoch(len(labels)) + first if global_step is None
+                                   else global_step)
         return self.engine.train_steps(images, labels, perm, first, last, self.batch_size, self._handle, *self.sgd)
 
     def fit(self, images, labels, epochs, test=None, checkpoint=None, metrics=None, progress=True,
-            chunk_steps=50, on_epoch=None):
+            chunk_steps=50, on_epoch=None, checkpoint_every=None):
         """Train until `epochs` epochs are complete (continuing from a loaded checkpoint). After each epoch:
         evaluation on `test` (images, labels), a line of metrics (also appended to the JSON-lines file
-        `metrics` on rank 0), and a checkpoint at `checkpoint` (rank 0 writes it atomically)."""
+        `metrics` on rank 0), and a checkpoint at `checkpoint` (rank 0 writes it atomically); with
+        `checkpoint_every` also after every that many steps (counted over the whole run). A checkpoint
+        records where the epoch's order stopped, so a run resumed from it at another world size or batch
+        goes on with the next unseen example."""
         if not isinstance(chunk_steps, int) or isinstance(chunk_steps, bool) or chunk_steps < 1:
             raise ValueError(f"Trainer.fit(): `chunk_steps` must be a positive int, got {chunk_steps!r}")
+        if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or
+                                             isinstance(checkpoint_every, bool) or checkpoint_every < 1):
+            raise ValueError(f"Trainer.fit(): `checkpoint_every` must be None or a positive int, got "
+                             f"{checkpoint_every!r}")
+        if checkpoint_every is not None and not checkpoint:
+            raise ValueError("Trainer.fit(): `checkpoint_every` needs `checkpoint` (the file to write)")
         if test is not None and (not isinstance(test, (tuple, list)) or len(test) != 2):
             raise ValueError(f"Trainer.fit(): `test` must be a pair (images, labels) or None, "
                              f"got {type(test).__name__}")
@@ -545,11 +578,19 @@ class Trainer:
         if steps < 1:
             raise ValueError(f"{len(labels)} examples are fewer than one global batch of "
                              f"{self.world} x {self.batch_size}")
-        perm = None
+        self._n = len(labels)
         stage_before = self.engine.pipeline_stats()
         while self.epoch < epochs:
-            perm = _C.epoch_permutation(len(labels), self.seed, self.epoch)
-            first = self.step - self.epoch * steps  # > 0 after resuming mid-epoch
+            sample = self.position(len(labels))   # > 0 after resuming mid-epoch
+            if not 0 <= sample <= len(labels):
+                raise ValueError(f"Trainer.fit(): the checkpoint stopped at example {sample} of epoch "
+                                 f"{self.epoch + 1}'s order, outside these {len(labels)} examples")
+            # The rest of the epoch's order, in whole global batches (a resume at another layout may
+            # leave a different remainder, dropped as DataLoader(drop_last) does)
+            perm = _C.epoch_permutation(len(labels), self.seed, self.epoch)[sample:]
+            first = sample // self.global_batch
+            steps = first + (len(labels) - sample) // self.global_batch
+            self._anchor = (self.epoch, self.step - first, sample - first * self.global_batch)
             bar = _Progress(steps, f"epoch {self.epoch + 1}/{epochs}", progress and self.rank == 0, first)
             # loss_sum, correct, steps, t_comp, t_sync, bytes_sent, messages, pushes, staleness_sum,
             # staleness_max, exchanges (Engine.train_steps)
@@ -558,17 +599,22 @@ class Trainer:
             at = first
             while at < steps:
                 end = min(steps, at + chunk_steps)
+                if checkpoint_every:   # chunks end at the checkpoints (an asynchronous chunk leaves nothing in flight)
+                    end = min(end, at + checkpoint_every - self.step % checkpoint_every)
                 self.engine.global_step = self.step
-                out = self.engine.train_steps(images, labels, perm, at, end, self.batch_size, self._handle,
-                                              *self.sgd)
+                out = self.engine.train_steps(images, labels, perm, at - first, end - first, self.batch_size,
+                                              self._handle, *self.sgd)
                 totals += out
                 totals[9] = max(totals[9] - out[9], out[9])   # a maximum, not a sum
                 self.step += end - at
                 bar.update(end - at, out[0] / max(out[2], 1))
                 at = end
+                if checkpoint_every and self.step % checkpoint_every == 0 and at < steps:
+                    self.save(checkpoint)
             seconds = time.perf_counter() - started
             bar.close()
             self.epoch += 1
+            self._anchor = (self.epoch, self.step, 0)
             if self.is_server:
                 totals[3:5] = 0   # Tcomp/Tsync are the workers' step times
             loss_sum, correct, nsteps, t_comp, t_sync, sent, messages, pushes, stale_sum, _, _ = self._sum(totals)
@@ -665,22 +711,27 @@ class Trainer:
                 every[0][:] = mine
             if self.rank == 0:
                 extra = (np.concatenate(every).tobytes(), self.compression, self.world)
-        self._on_root(lambda: self.engine.save(path, self.step, self.epoch, self.seed, *state, *extra),
+        where = (self.position(), self.world, self.global_batch)
+        self._on_root(lambda: self.engine.save(path, self.step, self.epoch, self.seed, *where, *state, *extra),
                       f"write the checkpoint {path}")
 
     def load(self, path):
         """Continue from a checkpoint: rank 0 reads it and every rank gets its state. A file that is
         truncated, damaged (CRC32), of another format version or of another model is a ValueError
-        and leaves the trainer as it was."""
+        and leaves the trainer as it was. The checkpoint may come from another world size or batch size:
+        training goes on from the next example of the epoch's order that it had not used
+        (`resumed_from` says where and from which layout)."""
         path = os.fspath(path)
-        # loaded, step, epoch, seed, momentum_started, bytes of each rank's compression state to take
-        state = np.zeros(6, dtype=np.int64)
+        # loaded, step, epoch, seed, momentum_started, bytes of each rank's compression state to take,
+        # and where the epoch's order stopped with the layout that saved it (-1: a file of format 3 or older)
+        state = np.zeros(9, dtype=np.int64)
         error, compression = None, None
         if self.rank == 0:
             try:
-                step, epoch, seed, compression = self.engine.load(path)
+                step, epoch, seed, compression, where = self.engine.load(path)
                 state[:5] = (1, step, epoch, seed, self.engine.momentum_started)
                 state[5] = self._compression_fits(compression, path)
+                state[6:] = where if where is not None else (-1, -1, -1)
             except Exception as e:  # any failure: the other ranks must hear of it (below)
                 error = e
         if self.world > 1:
@@ -693,6 +744,10 @@ class Trainer:
         self.engine.strategy_restore()
         self.engine.momentum_started = bool(state[4])
         self.step, self.epoch, self.seed = int(state[1]), int(state[2]), int(state[3])
+        sample, world, batch = (int(v) for v in state[6:])
+        self._anchor = (self.epoch, self.step, sample) if sample >= 0 else None
+        self.resumed_from = ({"epoch": self.epoch, "step": self.step, "sample": sample, "world_size": world,
+                              "global_batch": batch} if sample >= 0 else None)
         if state[5] > 0:   # each rank takes back its own residual: the run continues bit for bit
             mine = np.empty(int(state[5]), np.uint8)
             blocks = None

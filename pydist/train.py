@@ -16,7 +16,8 @@ names the first layer of stages 1 .. P-1) on R = P x replicas ranks; --batch-siz
 
 --batch-size is per rank (the global batch is R times it). Rank 0 prints a progress bar and one line
 per epoch, appends the metrics to --metrics (JSON lines) and, when matplotlib is installed, draws
-the loss and accuracy curves into --plot. --checkpoint is written atomically after every epoch.
+the loss and accuracy curves into --plot. --checkpoint is written atomically after every epoch (and
+every --checkpoint-every steps); --resume continues from it at any world size.
 """
 import argparse
 import json
@@ -42,7 +43,11 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0, help="initial weights and data order (default 0)")
     ap.add_argument("--data", default=None, help=f"folder of the IDX files (default {DEFAULT_DATA_DIR})")
     ap.add_argument("--checkpoint", default=None, help="checkpoint file, written after every epoch")
-    ap.add_argument("--resume", action="store_true", help="continue from --checkpoint if it exists")
+    ap.add_argument("--checkpoint-every", type=int, default=None, metavar="STEPS",
+                    help="also write --checkpoint after every STEPS steps (counted over the whole run)")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue from --checkpoint if it exists, at any world size: with the next example of "
+                         "the epoch's order that it had not used")
     ap.add_argument("--metrics", default="metrics.jsonl", help="JSON-lines file of per-epoch metrics ('' for none)")
     ap.add_argument("--plot", default="curves.png", help="PNG of the curves, if matplotlib is installed ('' for none)")
     ap.add_argument("--blas-threads", type=int, default=None, help="OpenBLAS threads per rank (default 1)")
@@ -83,6 +88,8 @@ def parse_args(argv=None):
         ap.error("--epochs must be >= 0 and --batch-size >= 1")
     if args.resume and not args.checkpoint:
         ap.error("--resume needs --checkpoint")
+    if args.checkpoint_every is not None and (args.checkpoint_every < 1 or not args.checkpoint):
+        ap.error("--checkpoint-every needs --checkpoint and a number of steps >= 1")
     return args
 
 
@@ -134,6 +141,18 @@ def read_metrics(path):
     return [by_epoch[e] for e in sorted(by_epoch)]
 
 
+def resumed_where(trainer):
+    """Where a loaded checkpoint left the epoch's order, and the layout it was saved at, if not this one."""
+    r = trainer.resumed_from
+    if r is None:
+        return ""
+    line = f" (example {r['sample']} of epoch {r['epoch'] + 1}'s order"
+    if (r["world_size"], r["global_batch"]) != (trainer.world, trainer.global_batch):
+        line += (f"; saved at {r['world_size']} rank(s), a global batch of {r['global_batch']}; now "
+                 f"{trainer.world}, {trainer.global_batch}")
+    return line + ")"
+
+
 def main(argv=None):
     args = parse_args(argv)
     dist.init_process_group(backend="mpi")
@@ -150,7 +169,8 @@ def main(argv=None):
     if args.resume and os.path.exists(args.checkpoint):
         trainer.load(args.checkpoint)
         if rank == 0:
-            print(f"resumed from {args.checkpoint} at epoch {trainer.epoch}, step {trainer.step}", flush=True)
+            print(f"resumed from {args.checkpoint} at epoch {trainer.epoch}, step {trainer.step}"
+                  + resumed_where(trainer), flush=True)
     elif rank == 0 and args.metrics and os.path.exists(args.metrics):
         os.remove(args.metrics)  # a fresh run starts a fresh file; a resumed one appends
     if rank == 0 and not args.no_progress:
@@ -168,7 +188,8 @@ def main(argv=None):
                   f"{o['schedule']}", flush=True)
     started = time.perf_counter()
     history = trainer.fit(images, labels, args.epochs, test=test, checkpoint=args.checkpoint,
-                          metrics=args.metrics or None, progress=not args.no_progress)
+                          metrics=args.metrics or None, progress=not args.no_progress,
+                          checkpoint_every=args.checkpoint_every)
     if rank == 0 and history:
         last = history[-1]
         summary = {"final_test_accuracy": last.get("test_accuracy"), "seconds": time.perf_counter() - started,

@@ -2,10 +2,10 @@
  * checkpoint.c: atomic, self-checking checkpoints (a temporary file, fsync, rename; a CRC32 inside).
  *
  * Layout: CheckpointHeader, then num_params float32 parameters, then num_params float32 momentum
- * values, then (version 3) state_ranks x state_bytes of the ranks' compression state, then the uint32
+ * values, then (version 3 on) state_ranks x state_bytes of the ranks' compression state, then the uint32
  * CRC32 of all those bytes; little-endian as in memory. Only rank 0 writes (every rank holds the same
  * weights; the ranks' compression states are gathered to it). Version 2 files (no state, a 56-byte
- * header) still load.
+ * header) and version 3 files (no position in the epoch, a 104-byte header) still load.
  *
  * Why no DONE marker file (llm.c writes one after the checkpoint): the rename already makes the new
  * file appear whole or not at all, and a marker written after it would open a window (killed between
@@ -69,7 +69,7 @@ static uint32_t crc_update(uint32_t crc, const void *buf, size_t len) {
 }
 
 static size_t header_bytes(const CheckpointHeader *h) {
-    return h->version == 2 ? CHECKPOINT_V2_HEADER : sizeof *h;
+    return h->version == 2 ? CHECKPOINT_V2_HEADER : h->version == 3 ? CHECKPOINT_V3_HEADER : sizeof *h;
 }
 
 static size_t state_total(const CheckpointHeader *h) {
@@ -153,12 +153,12 @@ int checkpoint_load(const char *path, CheckpointHeader *h, float *params, float 
     } else if (h->magic != CHECKPOINT_MAGIC) {
         snprintf(err, errlen, "%s is not a pydist checkpoint (magic 0x%08x, expected 0x%08x)", path, h->magic,
                  CHECKPOINT_MAGIC);
-    } else if (h->version != 2 && h->version != CHECKPOINT_VERSION) {
-        snprintf(err, errlen, "%s is a pydist checkpoint of format version %u; this pydist reads versions 2 and "
+    } else if (h->version < 2 || h->version > CHECKPOINT_VERSION) {
+        snprintf(err, errlen, "%s is a pydist checkpoint of format version %u; this pydist reads versions 2 to "
                  "%u (version 2 added a CRC32 of the contents): train again, or load it with the pydist that "
                  "wrote it", path, h->version, CHECKPOINT_VERSION);
-    } else if (h->version == 3 && read_all(fd, (char *)h + CHECKPOINT_V2_HEADER,
-                                           sizeof *h - CHECKPOINT_V2_HEADER) < 0) {
+    } else if (h->version >= 3 && read_all(fd, (char *)h + CHECKPOINT_V2_HEADER,
+                                           header_bytes(h) - CHECKPOINT_V2_HEADER) < 0) {
         snprintf(err, errlen, "%s is too short to be a pydist checkpoint", path);
     } else if (h->state_bytes > ((uint64_t)1 << 40) || h->state_ranks > ((uint64_t)1 << 24) ||
                h->compression[sizeof h->compression - 1] != 0) {
@@ -186,6 +186,9 @@ int checkpoint_load(const char *path, CheckpointHeader *h, float *params, float 
                      stored, crc);
         } else {
             rc = 0;
+            if (h->version < 4) {   // saved at epoch ends or from a step count: the caller derives it
+                h->sample = UINT64_MAX;
+            }
         }
         if (rc < 0) {
             free(*state);

@@ -9,7 +9,8 @@
 #include <stdint.h>
 
 #define CHECKPOINT_MAGIC 0x50444350u   // "PDCP"
-#define CHECKPOINT_VERSION 3u           // 2 added the CRC32 trailer, 3 the ranks' compression state; 1 is refused
+#define CHECKPOINT_VERSION 4u   // 2 added the CRC32 trailer, 3 the ranks' compression state, 4 the position in
+                                // the epoch's order and the layout; 1 is refused
 
 typedef struct {
     uint32_t magic, version;
@@ -23,9 +24,13 @@ typedef struct {
     // warm start), state_ranks blocks of state_bytes after the momentum; 0 ranks: none
     uint64_t state_ranks, state_bytes;
     char compression[32];   // the compressor that state belongs to, as the command line spells it
-} CheckpointHeader;       // 104 bytes (version 2: the first 56), no padding: every byte is in the CRC32
+    // version 4: where the epoch's global sample order stopped (examples of it consumed), so a run resumes
+    // with its next unseen example at any world size; and the layout that saved it, for the record
+    uint64_t sample, world, global_batch;
+} CheckpointHeader;       // 128 bytes (version 2: the first 56, 3: 104), no padding: every byte is in the CRC32
 
 #define CHECKPOINT_V2_HEADER 56
+#define CHECKPOINT_V3_HEADER 104
 
 // Write header + params + momentum + CRC32 to `path` atomically: a temporary file in the same folder,
 // fsync, rename over `path`, fsync the folder. A crash at any point leaves either the previous
@@ -35,7 +40,7 @@ typedef struct {
 int checkpoint_save(const char *path, const CheckpointHeader *h, const float *params, const float *momentum,
                     const void *state, char *err, size_t errlen);
 
-// Read a checkpoint written by checkpoint_save (version 2 or 3) into caller-allocated buffers of
+// Read a checkpoint written by checkpoint_save (version 2, 3 or 4; an older one's sample is UINT64_MAX: unknown) into caller-allocated buffers of
 // h->num_params floats, and the compression state into *state (malloc'd, the caller frees it; NULL when
 // the file has none). The header read must match `expect` in magic, num_params and model_hash, the file
 // must be exactly as long as its header says, and its CRC32 must match; otherwise -1 with `err` saying

@@ -330,7 +330,7 @@ def test_progress_lines_without_tqdm_start_at_a_resumed_step_and_show_real_losse
     assert done == [10, 13, 16, 19, 20], err
 
 
-HEADER = 104   # csrc/engine/checkpoint.h: CheckpointHeader; then params, momentum, a CRC32
+HEADER = 128   # csrc/engine/checkpoint.h: CheckpointHeader; then params, momentum, a CRC32
 
 
 def test_checkpoint_refuses_another_model_and_damaged_files(tmp_path):
@@ -355,7 +355,7 @@ def test_checkpoint_refuses_another_model_and_damaged_files(tmp_path):
         "momentum_byte": (flipped(HEADER + 4 * n + 4 * 7), "damaged"),
         "step_field": (flipped(16), "damaged"),      # the header is covered as well
         "crc_byte": (flipped(len(data) - 1), "damaged"),
-        "version_1": (data[:4] + (1).to_bytes(4, "little") + data[8:], "format version 1;.*reads versions 2 and 3"),
+        "version_1": (data[:4] + (1).to_bytes(4, "little") + data[8:], "format version 1;.*reads versions 2 to 4"),
         "not_ours": (b"\x89PNG" + data[4:], "not a pydist checkpoint"),
     }
     for name, (content, match) in damaged.items():
@@ -379,6 +379,12 @@ def test_checkpoint_refuses_another_model_and_damaged_files(tmp_path):
     (tmp_path / "v2.ckpt").write_bytes(v2 + zlib.crc32(v2).to_bytes(4, "little"))
     old = Trainer(lenet5(), batch_size=8, seed=4).load(tmp_path / "v2.ckpt")
     assert np.array_equal(old.params, t.params) and (old.step, old.epoch) == (t.step, t.epoch)
+    # and a version 3 file (a 104-byte header: no position in the epoch, derived from the step count)
+    v3 = data[:4] + (3).to_bytes(4, "little") + data[8:104] + body
+    (tmp_path / "v3.ckpt").write_bytes(v3 + zlib.crc32(v3).to_bytes(4, "little"))
+    old = Trainer(lenet5(), batch_size=8, seed=4).load(tmp_path / "v3.ckpt")
+    assert np.array_equal(old.params, t.params) and (old.step, old.epoch) == (t.step, t.epoch)
+    assert old.resumed_from is None and old.position(64) == 0
 
 
 def test_killed_run_keeps_its_last_checkpoint(tmp_path):

@@ -103,21 +103,21 @@ def test_checkpoint_keeps_a_negative_seed(tmp_path):
     t.save(tmp_path / "a.ckpt")
     assert tiny_trainer(seed=5).load(tmp_path / "a.ckpt").seed == -1
     with pytest.raises(ValueError, match="`step`"):
-        t.engine.save(str(tmp_path / "b.ckpt"), -1, 0, 0)
+        t.engine.save(str(tmp_path / "b.ckpt"), -1, 0, 0, 0, 1, 1)
 
 
 def test_paths_with_nul_are_value_errors_and_bytes_paths_work(tmp_path):
     # PyUnicode_AsUTF8 let "a\0b" through as the shorter name "a"
     t = tiny_trainer()
     with pytest.raises(ValueError, match="null"):
-        t.engine.save(str(tmp_path / "a\0b"), 0, 0, 0)
+        t.engine.save(str(tmp_path / "a\0b"), 0, 0, 0, 0, 1, 1)
     with pytest.raises(ValueError, match="null"):
         load_idx(str(tmp_path / "i\0"), str(tmp_path / "l"))
     assert not os.path.exists(tmp_path / "a")
     with pytest.raises(TypeError, match="`path`"):
         t.engine.load(3)
-    t.engine.save(os.fsencode(tmp_path / "c.ckpt"), 4, 1, 9)
-    assert t.engine.load(os.fsencode(tmp_path / "c.ckpt")) == (4, 1, 9, None)
+    t.engine.save(os.fsencode(tmp_path / "c.ckpt"), 4, 1, 9, 64, 2, 32)
+    assert t.engine.load(os.fsencode(tmp_path / "c.ckpt")) == (4, 1, 9, None, (64, 2, 32))
 
 
 def test_labels_are_checked_before_narrowing_to_int32():
@@ -558,7 +558,8 @@ def check_engine_method(tmp_path_factory, method, mode, data):
                         data.draw(st.integers(begin, steps)), B, data.draw(st.sampled_from([-1, 0]))] + sgd,
         "evaluate": [x, y, begin, data.draw(st.integers(begin, n)), B],
         "save": [path, data.draw(st.integers(0, 2**63 - 1)), data.draw(st.integers(0, 99)),
-                 data.draw(st.integers(-2**63, 2**63 - 1))],
+                 data.draw(st.integers(-2**63, 2**63 - 1)), data.draw(st.integers(-1, 2**63 - 1)),
+                 data.draw(st.integers(1, 2**63 - 1)), data.draw(st.integers(1, 2**63 - 1))],
         "load": [path], "init_params": [data.draw(st.integers(-2**63, 2**63 - 1))],
         "momentum_started": [data.draw(st.one_of(st.booleans(), junk))],
     }[method]
@@ -575,7 +576,7 @@ def check_engine_method(tmp_path_factory, method, mode, data):
         assert_group_works()
         return
     if method == "load" and mode == "valid":
-        e.save(path, 1, 2, 3)
+        e.save(path, 1, 2, 3, 0, 1, 1)
     result, error = call(getattr(e, method), *args, allowed=ALLOWED_WITH_FILES)
     if mode == "valid":
         assert error is None, f"valid {method}{tuple(args)!r} raised {error!r}"
@@ -596,9 +597,10 @@ def check_engine_result(e, method, args, result):
     elif method == "evaluate":
         assert 0 <= result[1] <= args[3] - args[2]
     elif method == "save":
-        assert e.load(args[0]) == (*args[1:4], None)   # no compression state
+        # no compression state; a position of -1 (unknown) comes back as None
+        assert e.load(args[0]) == (*args[1:4], None, tuple(args[4:7]) if args[4] >= 0 else None)
     elif method == "load":
-        assert len(result) == 4
+        assert len(result) == 5 and result[4] == (0, 1, 1)
 
 
 @seed(SEED)
