@@ -30,6 +30,7 @@ typedef struct {
     long strategy_group;   // the pydist group it runs on
     MPI_Comm strategy_comm;  // its private copy of that group's communicator (MPI_COMM_NULL alone)
     long global_step;      // the strategy's step count, so that periods run across epochs and resumes
+    const StepStats *running;  // during train_steps: its stats, which the step loop updates step by step
     int slow_ms;           // sleep per step on this rank (straggler experiments)
     float *gathered;       // [2 * num_params]: what strategy_weights/state gather (MPI writes it; the
                            // engine owns it, so a parked request can never write freed memory)
@@ -708,10 +709,12 @@ static PyObject *engine_train_steps(EngineObject *e, PyObject *const *args, Py_s
     AsyncStats async_before = st->stats;
     st->stats.staleness_max = 0;   // the call's own maximum
     st->comm.ctx = &sync;
+    e->running = &stats;
     sync.released = PyEval_SaveThread();
     int rc = train_steps(&e->model, &c, e->momentum, &e->momentum_started, &ds, (const int *)p, (int)begin,
                          (int)end, e->y, &stats);
     PyEval_RestoreThread(sync.released);
+    e->running = NULL;
     e->busy = 0;
     if (rc < 0) {
         strategy_error(st, rc);
@@ -839,6 +842,13 @@ static PyObject *get_workers(EngineObject *e, void *c) {
     return PyLong_FromLong(e->has_strategy ? e->strategy.workers : 1);
 }
 static PyObject *get_global_step(EngineObject *e, void *c) { (void)c; return PyLong_FromLong(e->global_step); }
+// global_step plus the steps this rank has computed so far in a train_steps call running now (another
+// thread reads it while the call, the GIL released, runs: one word, read whole)
+static PyObject *get_steps_done(EngineObject *e, void *c) {
+    (void)c;
+    const StepStats *r = e->running;
+    return PyLong_FromLong(e->global_step + (r != NULL ? (long)__atomic_load_n(&r->steps, __ATOMIC_RELAXED) : 0));
+}
 static int set_global_step(EngineObject *e, PyObject *v, void *c) {
     (void)c;
     long step;
@@ -1164,6 +1174,7 @@ static PyGetSetDef engine_getset[] = {
      "a copy of this rank's error-feedback residual (None without compression)", NULL},
     {"workers", (getter)get_workers, NULL, "ranks that compute gradients", NULL},
     {"global_step", (getter)get_global_step, (setter)set_global_step, "the strategy's step count", NULL},
+    {"steps_done", (getter)get_steps_done, NULL, "global_step and the steps of a train_steps call in progress", NULL},
     {"layout", (getter)get_layout, NULL, "(weight_offset, weights, bias_offset, biases) per layer", NULL},
     {"layer_flops", (getter)get_layer_flops, NULL, "forward FLOPs per example, per layer", NULL},
     {NULL, NULL, NULL, NULL, NULL},

@@ -42,7 +42,7 @@ def main():
             if not isinstance(e.code, int):
                 sys.stderr.write(f"{_rank_prefix()}: {e.code}\n")
             sys.stderr.write(f"{_rank_prefix()}: exited with status {code}, aborting the job (MPI_Abort)\n")
-            _abort(code)
+            _abort(code, f"sys.exit({e.code!r})")
         raise
     except BaseException:
         _excepthook(*sys.exc_info())

@@ -271,12 +271,16 @@ def _excepthook(exc_type, exc, tb):
             stream.write(f"{prefix}: unhandled exception, aborting the job (MPI_Abort)\n")
         stream.flush()
     if aborting:
-        _abort(1)
+        _abort(1, f"{exc_type.__name__}: {exc}")
 
 
-def _abort(code):
+def _abort(code, why=""):
     """MPI_Abort, after giving the launcher a moment to forward what this rank just printed (under
-    load, hydra could otherwise kill the job before the traceback reaches the terminal)."""
+    load, hydra could otherwise kill the job before the traceback reaches the terminal). Under
+    python -m pydist.run, the rank first records why (mpiexec kills its watcher before it could)."""
+    if os.environ.get("PYDIST_RUN_ATTEMPT_DIR"):
+        from . import run
+        run.record_end(code, why)
     sys.stdout.flush()
     sys.stderr.flush()
     time.sleep(0.2)

@@ -20,11 +20,15 @@ import os
 import sys
 import time
 import warnings
+from contextlib import nullcontext
 
 import numpy as np
 
 from . import _C
 from . import distributed as dist
+from . import run
+
+_LAUNCHED = bool(os.environ.get("PYDIST_RUN_DIR"))   # under python -m pydist.run: report steps and checkpoints
 
 __all__ = ["Linear", "Conv2d", "MaxPool2d", "ReLU", "Flatten", "Model", "lenet5", "mlp", "Trainer",
            "load_idx", "load_fashion_mnist", "DEFAULT_DATA_DIR", "STRATEGIES", "SCHEDULES", "layer_costs",
@@ -579,6 +583,15 @@ class Trainer:
             raise ValueError(f"{len(labels)} examples are fewer than one global batch of "
                              f"{self.world} x {self.batch_size}")
         self._n = len(labels)
+        # Under python -m pydist.run, rank 0 tells the launcher each step it reaches (the asynchronous
+        # strategies' steps are counted where their chunks end: a worker's own are not the job's)
+        live = self.strategy not in ASYNC
+        with run.Reporting(lambda: self.engine.steps_done if live else self.step) if self.rank == 0 else nullcontext():
+            return self._fit(images, labels, epochs, test, checkpoint, metrics, progress, chunk_steps, on_epoch,
+                             checkpoint_every, steps)
+
+    def _fit(self, images, labels, epochs, test, checkpoint, metrics, progress, chunk_steps, on_epoch,
+             checkpoint_every, steps):
         stage_before = self.engine.pipeline_stats()
         while self.epoch < epochs:
             sample = self.position(len(labels))   # > 0 after resuming mid-epoch
@@ -714,6 +727,8 @@ class Trainer:
         where = (self.position(), self.world, self.global_batch)
         self._on_root(lambda: self.engine.save(path, self.step, self.epoch, self.seed, *where, *state, *extra),
                       f"write the checkpoint {path}")
+        if self.rank == 0 and _LAUNCHED:
+            run.report(checkpoint=os.path.abspath(path), checkpoint_step=self.step)
 
     def load(self, path):
         """Continue from a checkpoint: rank 0 reads it and every rank gets its state. A file that is

@@ -1,0 +1,379 @@
+"""python -m pydist.run: start a job with MPICH's mpiexec, and when a rank dies, start it again from the
+newest checkpoint (an elastic launcher, as torchrun's agent is for torch, over MPI).
+
+    python -m pydist.run -n 3 --max-restarts 3 -- -m pydist.train --checkpoint run.ckpt --resume \\
+        --checkpoint-every 50
+    python -m pydist.run -n 4 --min-ranks 2 --hosts a:2,b:2 -- train.py --epochs 10
+
+After `--` comes the program each rank runs: `-m MODULE ARGS` or `SCRIPT.py ARGS` (with this Python), or
+any command. The program resumes from its checkpoint when it starts (pydist.train: --checkpoint with
+--resume; a script: Trainer.load when the file exists, or its own state: README "When a rank dies").
+
+When a rank dies (an exception, a non-zero exit, a signal, SIGKILL, or a host that stops answering,
+which its peers name), mpiexec ends the job and the launcher says which rank, on which host, why, and how
+many steps were lost since the newest checkpoint, then starts the job again, up to --max-restarts times.
+A rank that fails twice running on the same host is left out, and a host that no longer answers (with
+--hosts) is dropped: the job goes on at fewer ranks, down to --min-ranks. It exits with the job's status:
+0 once a run finishes, else the failed rank's (128 + N for a signal N).
+
+Each rank runs under a small watcher (this module, --watch), the process mpiexec starts: it runs the
+rank as its child, notes how the child ended (status, signal, its last line on stderr), and passes the
+status on. The watcher dies with its rank's job and the rank with its watcher. Ranks find the run's
+folder in PYDIST_RUN_DIR and the attempt in PYDIST_RESTART (0 the first time); Trainer.fit reports its
+step and checkpoints there (report() below, which a script of one's own may call too).
+"""
+import argparse
+import collections
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+PROGRESS = "progress.json"   # in PYDIST_RUN_DIR: the newest step and checkpoint (rank 0 writes it)
+
+
+def report(**fields):
+    """Tell the launcher how far the job is (rank 0: `step`, and after a checkpoint `checkpoint`, its
+    path, and `checkpoint_step`). Nothing when not started by python -m pydist.run."""
+    folder = os.environ.get("PYDIST_RUN_DIR")
+    if not folder:
+        return
+    path = os.path.join(folder, PROGRESS)
+    with _reporting:   # the training loop and Reporting's thread both report
+        try:
+            with open(path) as f:
+                state = json.load(f)
+        except (OSError, ValueError):
+            state = {}
+        step = max(fields.get("step", 0), fields.get("checkpoint_step", 0), state.get("step", 0))
+        if state.get("restart") != os.environ.get("PYDIST_RESTART"):   # a new attempt starts from its checkpoint
+            step = max(fields.get("step", 0), fields.get("checkpoint_step", 0))
+        state.update(fields, step=step, time=time.time(), restart=os.environ.get("PYDIST_RESTART"))
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(state, f)
+        os.replace(tmp, path)   # the launcher reads a whole file or the previous one
+
+
+_reporting = threading.Lock()
+
+
+class Reporting:
+    """While open, report(step=read()) whenever the step read moves, every `interval` seconds, from a
+    thread of its own (the training loop holds no GIL while it computes). Nothing when not launched."""
+    def __init__(self, read, interval=0.2):
+        self.read, self.interval = read, interval
+        self.stop, self.thread = threading.Event(), None
+
+    def _loop(self):
+        last = None
+        while not self.stop.wait(self.interval):
+            step = self.read()
+            if step != last:
+                report(step=step)
+                last = step
+
+    def __enter__(self):
+        if os.environ.get("PYDIST_RUN_DIR"):
+            self.thread = threading.Thread(target=self._loop, daemon=True, name="pydist.run progress")
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.thread is not None:
+            self.stop.set()
+            self.thread.join()
+
+
+def read_progress(folder):
+    try:
+        with open(os.path.join(folder, PROGRESS)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+# ---------------------------------------------------------------------------------------------------
+# The watcher: one per rank, started by mpiexec
+
+def _die_with_parent():
+    """In the child: receive SIGKILL when the watcher dies (Linux), so no rank outlives its job."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _write_record(folder, record):
+    tmp = os.path.join(folder, f".rank-{record['rank']}.{os.getpid()}.json")
+    with open(tmp, "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, os.path.join(folder, f"rank-{record['rank']}.json"))
+
+
+def record_end(status, why):
+    """In a rank that is about to end the job (MPI_Abort: mpiexec then kills every watcher at once):
+    write what its watcher would have."""
+    folder = os.environ["PYDIST_RUN_ATTEMPT_DIR"]
+    rank = int(os.environ.get("PMI_RANK", "0"))
+    try:
+        _write_record(folder, {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(),
+                               "started": float(os.environ.get("PYDIST_RUN_STARTED", time.time())),
+                               "ended": time.time(), "status": status, "signal": None, "last_line": why})
+    except OSError:
+        pass
+
+
+def watch(folder, command):
+    rank = int(os.environ.get("PMI_RANK", os.environ.get("PMIX_RANK", "0")))
+    started = time.time()
+    # The watcher never starts MPI: the launcher's connection (PMI_FD, inherited) is the child's to claim
+    env = {k: v for k, v in os.environ.items() if k != "PYDIST_MPI_OWNER"}
+    env.update(PYDIST_RUN_ATTEMPT_DIR=folder, PYDIST_RUN_STARTED=repr(started))
+    child = subprocess.Popen(command, close_fds=False, stderr=subprocess.PIPE, preexec_fn=_die_with_parent, env=env)
+    with open(os.path.join(folder, f"rank-{rank}.pid"), "w") as f:
+        f.write(f"{child.pid} {socket.gethostname()}\n")
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, lambda s, _frame: child.send_signal(s))
+    last = collections.deque(maxlen=1)
+
+    def copy_stderr():   # the rank's stderr goes on to mpiexec's; its last line says why it ended
+        err = sys.stderr.buffer
+        for line in child.stderr:
+            err.write(line)
+            err.flush()
+            if line.strip():
+                last.append(line.decode(errors="replace").strip())
+    copier = threading.Thread(target=copy_stderr, daemon=True)
+    copier.start()
+    status = child.wait()
+    copier.join(timeout=2)
+    record = {"rank": rank, "host": socket.gethostname(), "pid": child.pid, "started": started, "ended": time.time(),
+              "status": status if status >= 0 else 128 - status, "signal": -status if status < 0 else None,
+              "last_line": last[0] if last else ""}
+    if not os.path.exists(os.path.join(folder, f"rank-{rank}.json")):   # the rank's own (record_end) says more
+        _write_record(folder, record)
+    if status < 0:   # end as the rank did, so that mpiexec sees and says what it would have without us
+        try:
+            signal.signal(-status, signal.SIG_DFL)
+        except (OSError, ValueError):   # SIGKILL and SIGSTOP keep their default
+            pass
+        os.kill(os.getpid(), -status)
+    return record["status"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The launcher
+
+def parse_hosts(text, n):
+    """[(host, slots)] from "a:2,b,c:1" (a host without :K has 1 slot); None: this machine, n slots."""
+    if text is None:
+        return [("localhost", n)]
+    out = []
+    for item in text.split(","):
+        name, _, slots = item.strip().partition(":")
+        if not name or (slots and (not slots.isdigit() or int(slots) < 1)):
+            raise ValueError(f"--hosts: '{item}' is not HOST or HOST:SLOTS")
+        out.append((name, int(slots or 1)))
+    return out
+
+
+def describe(record):
+    if record.get("signal"):
+        try:
+            name = signal.Signals(record["signal"]).name
+        except ValueError:
+            name = f"signal {record['signal']}"
+        why = f"was killed by signal {record['signal']} ({name})"
+    else:
+        why = f"exited with status {record['status']}"
+    if record.get("last_line"):
+        why += f": {record['last_line'][-300:]}"
+    return why
+
+
+def first_failure(folder, ranks):
+    """The rank whose end came first among those that did not finish cleanly (its watcher's record),
+    or None when no watcher recorded a failure (mpiexec itself failed, or killed them all)."""
+    records = []
+    for r in range(ranks):
+        try:
+            with open(os.path.join(folder, f"rank-{r}.json")) as f:
+                records.append(json.load(f))
+        except (OSError, ValueError):
+            pass
+    failed = [rec for rec in records if rec["status"] != 0]
+    return min(failed, key=lambda rec: rec["ended"]) if failed else None
+
+
+def probe_host(mpiexec, host, timeout):
+    """Whether `host` still answers: mpiexec can start `true` on it within `timeout` seconds."""
+    try:
+        return subprocess.run([*mpiexec, "-hosts", host, "-n", "1", "true"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=timeout).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def rank_command(program):
+    if program[0] == "-m" or program[0].endswith(".py"):
+        return [sys.executable, *program]
+    return program
+
+
+def say(text):
+    print(f"pydist.run: {text}", flush=True)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--watch"]:   # inside mpiexec: one rank's watcher
+        folder, sep = argv[1], argv[2]
+        if sep != "--":
+            raise SystemExit("pydist.run --watch FOLDER -- COMMAND")
+        return watch(folder, argv[3:])
+    if "--" not in argv:
+        print(__doc__.strip(), file=sys.stderr)
+        print("\npython -m pydist.run: the program to run goes after `--`", file=sys.stderr)
+        return 2
+    at = argv.index("--")
+    ap = argparse.ArgumentParser(prog="python -m pydist.run", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, required=True, help="ranks to start")
+    ap.add_argument("--min-ranks", type=int, default=None, help="go on at no fewer ranks than this (default -n)")
+    ap.add_argument("--max-restarts", type=int, default=3, help="restarts after a failure (default 3)")
+    ap.add_argument("--hosts", default=None, help="HOST[:SLOTS],... for mpiexec (default: this machine)")
+    ap.add_argument("--mpiexec", default=None,
+                    help="the mpiexec command line to start each run with, options included (default: the "
+                         "mpiexec of the MPICH pydist runs on)")
+    ap.add_argument("--run-dir", default=None, help="folder for the ranks' reports (default: a temporary one)")
+    ap.add_argument("--probe-timeout", type=float, default=20.0,
+                    help="seconds a host gets to answer before a restart (with --hosts; default 20)")
+    args = ap.parse_args(argv[:at])
+    program = argv[at + 1:]
+    if not program:
+        ap.error("no program after `--`")
+    min_ranks = args.n if args.min_ranks is None else args.min_ranks
+    if args.n < 1 or not 1 <= min_ranks <= args.n or args.max_restarts < 0:
+        ap.error("need -n >= 1, 1 <= --min-ranks <= -n and --max-restarts >= 0")
+    try:
+        hosts = parse_hosts(args.hosts, args.n)
+    except ValueError as e:
+        ap.error(str(e))
+    if sum(s for _, s in hosts) < args.n:
+        ap.error(f"--hosts has {sum(s for _, s in hosts)} slots for {args.n} ranks")
+    if args.mpiexec:
+        mpiexec = shlex.split(args.mpiexec)
+    else:
+        from . import _libraries
+        mpiexec = [_libraries.mpiexec()]
+    return Launcher(args, hosts, mpiexec, rank_command(program), min_ranks).run()
+
+
+class Launcher:
+    def __init__(self, args, hosts, mpiexec, command, min_ranks):
+        self.args, self.hosts, self.mpiexec, self.command, self.min_ranks = args, hosts, mpiexec, command, min_ranks
+        self.world = args.n
+        self.folder = args.run_dir or tempfile.mkdtemp(prefix="pydist-run-")
+        os.makedirs(self.folder, exist_ok=True)
+
+    def placement(self):
+        """mpiexec's -hosts for self.world ranks over the hosts left, in order ([] on this machine)."""
+        if self.args.hosts is None:
+            return []
+        used, left = [], self.world
+        for name, slots in self.hosts:
+            if left > 0:
+                used.append(f"{name}:{min(slots, left)}")
+                left -= min(slots, left)
+        return ["-hosts", ",".join(used)]
+
+    def start(self, attempt):
+        folder = os.path.join(self.folder, f"attempt-{attempt}")
+        os.makedirs(folder, exist_ok=True)
+        env = dict(os.environ, PYDIST_RUN_DIR=self.folder, PYDIST_RESTART=str(attempt))
+        cmd = [*self.mpiexec, *self.placement(), "-n", str(self.world), sys.executable, "-m", "pydist.run",
+               "--watch", folder, "--", *self.command]
+        where = "this machine" if self.args.hosts is None else self.placement()[1]
+        say(f"{'starting' if attempt == 0 else 'restarting'} {self.world} rank(s) on {where}" +
+            (f" (attempt {attempt + 1})" if attempt else ""))
+        began = time.monotonic()
+        rc = subprocess.call(cmd, env=env)
+        return rc, folder, time.monotonic() - began
+
+    def leave_out(self, host):
+        """One slot fewer on `host` (a rank kept failing there): the job goes on at one rank fewer."""
+        self.hosts = [(h, s - 1 if h == host else s) for h, s in self.hosts]
+        self.hosts = [(h, s) for h, s in self.hosts if s > 0]
+
+    def run(self):
+        failures = collections.Counter()   # (host, rank) -> failures in a row
+        restarts, lost_total = 0, 0
+        attempt = 0
+        while True:
+            rc, folder, seconds = self.start(attempt)
+            if rc == 0:
+                say(f"finished: {self.world} rank(s), {restarts} restart(s)" +
+                    (f", {lost_total} step(s) recomputed" if restarts else ""))
+                return 0
+            failure = first_failure(folder, self.world)
+            progress = read_progress(self.folder)
+            if failure is None:
+                say(f"mpiexec exited with status {rc} and no rank recorded why (mpiexec itself, or a host "
+                    f"that stopped answering)")
+                status = rc
+            else:
+                say(f"rank {failure['rank']} (host {failure['host']}, pid {failure['pid']}) {describe(failure)}, "
+                    f"{failure['ended'] - failure['started']:.1f} s into the run")
+                status = failure["status"]
+            lost = None
+            if "step" in progress:
+                ckpt = progress.get("checkpoint_step")
+                lost = progress["step"] - (ckpt if ckpt is not None else 0)
+                lost_total += lost
+                say(f"the job had reached step {progress['step']}; its newest checkpoint is " +
+                    (f"step {ckpt} ({progress.get('checkpoint')}): {lost} step(s) lost" if ckpt is not None
+                     else f"none: {lost} step(s) lost"))
+            if restarts >= self.args.max_restarts:
+                say(f"giving up after {restarts} restart(s) (--max-restarts {self.args.max_restarts}); exit status "
+                    f"{status}")
+                return status
+            # Who takes part next: a rank that failed twice running on one host is left out, and a host
+            # that does not answer is dropped.
+            if failure is not None:
+                key = (failure["host"], failure["rank"])
+                failures = collections.Counter({key: failures[key] + 1})
+                if failures[key] >= 2:
+                    self.leave_out(failure["host"] if self.args.hosts is not None else "localhost")
+                    failures.clear()
+                    say(f"rank {failure['rank']} failed twice running on host {failure['host']}: leaving it out")
+            if self.args.hosts is not None:
+                for host, _ in list(self.hosts):
+                    if not probe_host(self.mpiexec, host, self.args.probe_timeout):
+                        self.hosts = [(h, s) for h, s in self.hosts if h != host]
+                        say(f"host {host} does not answer: dropping it")
+            slots = sum(s for _, s in self.hosts)
+            new_world = min(self.world, slots)
+            if new_world < self.min_ranks:
+                say(f"only {slots} rank(s) left, fewer than --min-ranks {self.min_ranks}: giving up; exit status "
+                    f"{status}")
+                return status
+            if new_world != self.world:
+                say(f"going on at {new_world} rank(s) (was {self.world})")
+            self.world = new_world
+            restarts += 1
+            attempt += 1
+            say(f"restart {restarts} of at most {self.args.max_restarts}" +
+                (f", from {progress['checkpoint']} (step {progress['checkpoint_step']})"
+                 if progress.get("checkpoint_step") is not None else ", from the start (no checkpoint yet)"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""python -m pydist.run, the elastic launcher, as a user runs it (issue 27, part 2): a rank SIGKILLed in
+the middle of an epoch costs at most --checkpoint-every steps and the run ends with the weights of an
+uninterrupted run, bit for bit; a rank that keeps failing is left out and the job goes on at fewer
+ranks, down to --min-ranks; the failed rank's exit status comes through when the launcher gives up."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from unit_helpers import subprocess_env
+
+TRAIN = ["-m", "pydist.train", "--model", "mlp", "--hidden", "64", "--epochs", "2", "--batch-size", "32",
+         "--checkpoint", "run.ckpt", "--resume", "--checkpoint-every", "20", "--no-progress", "--metrics", "",
+         "--plot", ""]
+ENV = subprocess_env(MPIEXEC_TIMEOUT="240")
+
+
+def launch(args, cwd, program, **popen):
+    cmd = [sys.executable, "-m", "pydist.run", *args, "--run-dir", str(cwd / "run"), "--", *program]
+    return subprocess.Popen(cmd, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            **popen)
+
+
+def step_reached(cwd):
+    try:
+        return json.loads((cwd / "run" / "progress.json").read_text()).get("step", 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def test_sigkill_mid_epoch_restarts_from_the_checkpoint_and_ends_as_an_uninterrupted_run(tmp_path):
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    straight.mkdir(), killed.mkdir()
+    proc = launch(["-n", "3"], straight, TRAIN)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    assert "finished: 3 rank(s), 0 restart(s)" in out, out
+
+    proc = launch(["-n", "3", "--max-restarts", "2"], killed, TRAIN)
+    steps_per_epoch = 60000 // (3 * 32)                  # 625: kill between steps 200 and 625 of epoch 1
+    deadline = time.monotonic() + 120
+    while step_reached(killed) < 200 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    reached = step_reached(killed)
+    assert 200 <= reached < steps_per_epoch, f"step {reached}"
+    pid = int((killed / "run" / "attempt-0" / "rank-1.pid").read_text().split()[0])
+    os.kill(pid, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    assert re.search(r"rank 1 \(host \S+, pid \d+\) was killed by signal 9 \(SIGKILL\)", out), out
+    lost = re.search(r"reached step (\d+); its newest checkpoint is step (\d+) .*: (\d+) step\(s\) lost", out)
+    assert lost, out
+    at, ckpt, n = (int(g) for g in lost.groups())
+    assert ckpt % 20 == 0 and ckpt >= 200 and 0 <= n == at - ckpt < 20, out   # at most --checkpoint-every
+    assert f"resumed from run.ckpt at epoch 0, step {ckpt} (example {ckpt * 96} of epoch 1's order)" in out, out
+    assert "finished: 3 rank(s), 1 restart(s)" in out, out
+    # Same ranks, same order, the same steps recomputed from the same state: the same bits
+    assert (killed / "run.ckpt").read_bytes() == (straight / "run.ckpt").read_bytes()
+
+
+FLAKY = textwrap.dedent("""
+    # Trainer.fit with its own checkpoint; rank 2 fails at the first two starts, as a bad node would.
+    import os, sys
+    import pydist as dist
+    from pydist.engine import Trainer, mlp, load_fashion_mnist
+
+    dist.init_process_group()
+    if dist.get_rank() == 2 and int(os.environ["PYDIST_RESTART"]) < 2:
+        raise RuntimeError("the GPU fell off the bus")
+    (x, y), test = load_fashion_mnist()
+    t = Trainer(mlp((32,)), batch_size=64, seed=1)
+    if os.path.exists("flaky.ckpt"):
+        t.load("flaky.ckpt")
+    t.fit(x[:6000], y[:6000], epochs=2, checkpoint="flaky.ckpt", checkpoint_every=10, progress=False)
+    if dist.get_rank() == 0:
+        print(f"done at {dist.get_world_size()} ranks, step {t.step}", flush=True)
+    dist.destroy_process_group()
+""")
+
+
+def test_a_rank_that_keeps_failing_is_left_out_down_to_min_ranks(tmp_path):
+    (tmp_path / "flaky.py").write_text(FLAKY)
+    proc = launch(["-n", "3", "--min-ranks", "2", "--max-restarts", "3"], tmp_path, ["flaky.py"])
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    assert out.count("rank 2 (host") == 2 and "the GPU fell off the bus" in out, out
+    assert "rank 2 failed twice running on host" in out and "going on at 2 rank(s) (was 3)" in out, out
+    assert "done at 2 ranks" in out and "finished: 2 rank(s), 2 restart(s)" in out, out
+
+
+def test_the_failed_ranks_status_comes_through_when_the_launcher_gives_up(tmp_path):
+    (tmp_path / "fails.py").write_text(textwrap.dedent("""
+        import sys
+        import pydist as dist
+        dist.init_process_group()
+        dist.barrier()
+        if dist.get_rank() == 1:
+            sys.exit(7)
+        dist.barrier()
+    """))
+    proc = launch(["-n", "2", "--max-restarts", "1"], tmp_path, ["-m", "pydist", "fails.py"])
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 7, out
+    assert out.count("rank 1 (host") == 2 and "exited with status 7" in out, out
+    assert "giving up after 1 restart(s) (--max-restarts 1); exit status 7" in out, out
+
+
+def test_arguments_are_checked(tmp_path):
+    for args, message in ((["-n", "2", "--min-ranks", "3"], "--min-ranks"), (["-n", "2", "--hosts", "a:0"], "a:0"),
+                          (["-n", "3", "--hosts", "a:1,b:1"], "2 slots for 3 ranks")):
+        proc = launch(args, tmp_path, ["x.py"])
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 2 and message in out, out
