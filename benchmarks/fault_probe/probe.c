@@ -3,7 +3,7 @@
  * usage: mpiexec -disable-auto-cleanup -n N ./probe <exit|kill|none> [steps]
  *   The last rank (N-1) dies with _exit(1) or raise(SIGKILL) at an agreed
  *   wall-clock time T_die (all ranks on one host share CLOCK_REALTIME).
- *   steps (default "basxcf", letters run in this order as given):
+ *   steps (default "bsacf", letters run in this order as given):
  *     b  survivors pre-post MPI_Irecv from the dying rank BEFORE it dies;
  *        the request is polled in every later wait loop and up to T_die+5 s
  *     a  ping-pong between ranks 0 and 1 after the death:
@@ -78,14 +78,23 @@ static void on_sig(int sig) {
                      t - T0, T_die < 1e299 ? t - T_die : 0.0, rank, sig, strsignal(sig));
     if (n > 0) { (void)!write(1, m, n); if (logf) (void)!write(fileno(logf), m, n); }
     if (sig < 65) got_sig[sig]++;
+    if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP || sig == SIGQUIT) {
+        /* log, then die the default way (so timeout/mpiexec can still stop us) */
+        signal(sig, SIG_DFL);
+        raise(sig);
+    }
 }
 static void install_sig(void) {
     int sigs[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGPIPE, SIGQUIT, SIGCONT, SIGALRM};
+    const char *nosig = getenv("PROBE_NOSIG"); /* "1": leave SIGUSR1/SIGUSR2/SIGPIPE at default */
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_sig;
     sa.sa_flags = SA_RESTART;
-    for (unsigned i = 0; i < sizeof sigs / sizeof *sigs; i++) sigaction(sigs[i], &sa, NULL);
+    for (unsigned i = 0; i < sizeof sigs / sizeof *sigs; i++) {
+        if (nosig && *nosig == '1' && (sigs[i] == SIGUSR1 || sigs[i] == SIGUSR2 || sigs[i] == SIGPIPE)) continue;
+        sigaction(sigs[i], &sa, NULL);
+    }
 }
 
 /* ---------- watchdog for blocking calls ---------- */
@@ -199,14 +208,14 @@ static void step_a(void) {
         snprintf(w, sizeof w, "A small iter %d", i);
         if (rank == 0) {
             MPI_Isend(small, 8, MPI_BYTE, peer, 100, MPI_COMM_WORLD, &r);
-            if ((res = wait_req(&r, 5, w, 1))) break;
+            if ((res = wait_req(&r, 3, w, 1))) break;
             MPI_Irecv(small, 8, MPI_BYTE, peer, 101, MPI_COMM_WORLD, &r);
-            if ((res = wait_req(&r, 5, w, 1))) break;
+            if ((res = wait_req(&r, 3, w, 1))) break;
         } else {
             MPI_Irecv(small, 8, MPI_BYTE, peer, 100, MPI_COMM_WORLD, &r);
-            if ((res = wait_req(&r, 5, w, 1))) break;
+            if ((res = wait_req(&r, 3, w, 1))) break;
             MPI_Isend(small, 8, MPI_BYTE, peer, 101, MPI_COMM_WORLD, &r);
-            if ((res = wait_req(&r, 5, w, 1))) break;
+            if ((res = wait_req(&r, 3, w, 1))) break;
         }
         ok++;
     }
@@ -224,8 +233,8 @@ static void step_a(void) {
         char *rb = malloc(MB);
         MPI_Irecv(rb, MB, MPI_BYTE, peer, 102, MPI_COMM_WORLD, &r[0]);
         MPI_Isend(big, MB, MPI_BYTE, peer, 102, MPI_COMM_WORLD, &r[1]);
-        res = wait_req(&r[0], 5, w, 1);
-        if (!res) res = wait_req(&r[1], 5, w, 1);
+        res = wait_req(&r[0], 3, w, 1);
+        if (!res) res = wait_req(&r[1], 3, w, 1);
         if (!res && rb[MB - 1] != (char)peer) { say("A 1MiB iter %d: DATA MISMATCH", i); res = 1; }
         free(rb);
         if (!res) okb++;
@@ -240,13 +249,13 @@ static void step_s(void) {
     static char sm[8], rsm[8];
     char *big = calloc(1, 1 << 20);
     MPI_Request r;
-    say("S_START ops addressed to the dead rank %d (each Test-looped 5 s)", dead);
+    say("S_START ops addressed to the dead rank %d (each Test-looped 3 s)", dead);
     MPI_Isend(sm, 8, MPI_BYTE, dead, 200, MPI_COMM_WORLD, &r);
-    wait_req(&r, 5, "S Isend 8 B to dead", 0);
+    wait_req(&r, 3, "S Isend 8 B to dead", 0);
     MPI_Isend(big, 1 << 20, MPI_BYTE, dead, 201, MPI_COMM_WORLD, &r);
-    wait_req(&r, 5, "S Isend 1 MiB to dead", 0);
+    wait_req(&r, 3, "S Isend 1 MiB to dead", 0);
     MPI_Irecv(rsm, 8, MPI_BYTE, dead, 202, MPI_COMM_WORLD, &r);
-    wait_req(&r, 5, "S Irecv posted after death from dead", 0);
+    wait_req(&r, 3, "S Irecv posted after death from dead", 0);
     /* do not free big: an incomplete send may still reference it */
 }
 
@@ -273,9 +282,9 @@ static void step_c(void) {
     int ex[1] = {dead};
     MPI_Group_excl(wg, 1, ex, &sg);
     MPI_Comm nc = MPI_COMM_NULL;
-    say("C_START MPI_Comm_create_group(WORLD, group without r%d) [blocking; watchdog 8 s]", dead);
+    say("C_START MPI_Comm_create_group(WORLD, group without r%d) [blocking; watchdog 6 s]", dead);
     double t0 = now();
-    wd_arm("MPI_Comm_create_group", 8);
+    wd_arm("MPI_Comm_create_group", 6);
     int rc = MPI_Comm_create_group(MPI_COMM_WORLD, sg, 77, &nc);
     wd_disarm();
     if (rc != MPI_SUCCESS || nc == MPI_COMM_NULL) {
@@ -291,20 +300,20 @@ static void step_c(void) {
     MPI_Request r;
     rc = MPI_Iallreduce(&in, &out, 1, MPI_INT, MPI_SUM, nc, &r);
     if (rc != MPI_SUCCESS) say("C_ALLREDUCE start ERROR %s", errstr(rc));
-    else if (wait_req(&r, 5, "C_ALLREDUCE", 0) == 0) {
+    else if (wait_req(&r, 3, "C_ALLREDUCE", 0) == 0) {
         int expect = 0;
         for (int p = 0; p < size; p++) if (p != dead) expect += p + 1;
         say("C_ALLREDUCE result %d (expected %d) %s", out, expect, out == expect ? "OK" : "WRONG");
     }
     rc = MPI_Ibarrier(nc, &r);
     if (rc != MPI_SUCCESS) say("C_BARRIER start ERROR %s", errstr(rc));
-    else wait_req(&r, 5, "C_BARRIER", 0);
+    else wait_req(&r, 3, "C_BARRIER", 0);
     /* blocking versions too, under the watchdog */
-    wd_arm("blocking MPI_Allreduce on new comm", 5);
+    wd_arm("blocking MPI_Allreduce on new comm", 3);
     rc = MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_SUM, nc);
     wd_disarm();
     say("C_ALLREDUCE_BLOCKING rc=%s result %d", rc == MPI_SUCCESS ? "MPI_SUCCESS" : errstr(rc), out);
-    wd_arm("blocking MPI_Barrier on new comm", 5);
+    wd_arm("blocking MPI_Barrier on new comm", 3);
     rc = MPI_Barrier(nc);
     wd_disarm();
     say("C_BARRIER_BLOCKING rc=%s", rc == MPI_SUCCESS ? "MPI_SUCCESS" : errstr(rc));
@@ -313,7 +322,7 @@ static void step_c(void) {
 
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "exit";
-    const char *steps = argc > 2 ? argv[2] : "basxcf";
+    const char *steps = argc > 2 ? argv[2] : "bsacf";
     setvbuf(stdout, NULL, _IOLBF, 0);
     install_sig();
     pthread_t th;
@@ -345,6 +354,17 @@ int main(int argc, char **argv) {
     if (nl) *nl = 0;
     say("INIT rank %d of %d pid %d mode=%s steps=%s lib=\"%s\"", rank, size, (int)getpid(), mode, steps, ver);
     if (size < 3) say("WARNING size < 3: wrong mpiexec for this libmpi?");
+    {
+        struct sigaction old;
+        const char *d[3] = {"SIG_DFL (terminate)", "SIG_IGN", "a handler"};
+        for (int sg = SIGUSR1; sg <= SIGUSR2; sg += SIGUSR2 - SIGUSR1) {
+            sigaction(sg, NULL, &old);
+            int k = old.sa_handler == SIG_DFL ? 0 : old.sa_handler == SIG_IGN ? 1 : 2;
+            if (rank == 0)
+                say("SIGDISP after MPI_Init: %s -> %s%s", sg == SIGUSR1 ? "SIGUSR1" : "SIGUSR2", d[k],
+                    k == 2 ? (old.sa_handler == on_sig ? " (the probe's logger)" : " (NOT the probe's: installed by MPI)") : "");
+        }
+    }
 
     /* pre-death: all pairs, small and 1 MiB, so every connection exists */
     int bad = all_pairs(8, 1) + all_pairs(1 << 20, 2);
@@ -369,7 +389,7 @@ int main(int argc, char **argv) {
         sleep_until(T_die);
         if (!strcmp(mode, "exit")) { say("DYING now via _exit(1)"); _exit(1); }
         if (!strcmp(mode, "kill")) { say("DYING now via raise(SIGKILL)"); raise(SIGKILL); }
-        say("mode none: not dying, idling until survivors finish");
+        say("mode none: control run, not dying");
         /* 'none' = control run: stay alive, join finalize */
         if (strchr(steps, 'f')) {
             double t0 = now();
