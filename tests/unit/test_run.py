@@ -55,7 +55,9 @@ def test_sigkill_mid_epoch_restarts_from_the_checkpoint_and_ends_as_an_uninterru
     lost = re.search(r"reached step (\d+); its newest checkpoint is step (\d+) .*: (\d+) step\(s\) lost", out)
     assert lost, out
     at, ckpt, n = (int(g) for g in lost.groups())
-    assert ckpt % 20 == 0 and ckpt >= 200 and 0 <= n == at - ckpt < 20, out   # at most --checkpoint-every
+    # rank 0 reports each step as it reaches it, the checkpoint once written: it may still have been
+    # writing step 200's when step 200 was seen
+    assert ckpt % 20 == 0 and ckpt >= 180 and 0 <= n == at - ckpt <= 20, out   # at most --checkpoint-every
     assert f"resumed from run.ckpt at epoch 0, step {ckpt} (example {ckpt * 96} of epoch 1's order)" in out, out
     assert "finished: 3 rank(s), 1 restart(s)" in out, out
     # Same ranks, same order, the same steps recomputed from the same state: the same bits
