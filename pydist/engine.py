@@ -588,10 +588,10 @@ class Trainer:
         live = self.strategy not in ASYNC
         with run.Reporting(lambda: self.engine.steps_done if live else self.step) if self.rank == 0 else nullcontext():
             return self._fit(images, labels, epochs, test, checkpoint, metrics, progress, chunk_steps, on_epoch,
-                             checkpoint_every, steps)
+                             checkpoint_every)
 
     def _fit(self, images, labels, epochs, test, checkpoint, metrics, progress, chunk_steps, on_epoch,
-             checkpoint_every, steps):
+             checkpoint_every):
         stage_before = self.engine.pipeline_stats()
         while self.epoch < epochs:
             sample = self.position(len(labels))   # > 0 after resuming mid-epoch
