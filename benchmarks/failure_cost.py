@@ -16,16 +16,14 @@ import sys
 import tempfile
 import time
 
+from pydist.run import read_progress
+
 CASES = [("lenet5", [], "allreduce"), ("lenet5", [], "downpour"),
          ("mlp", ["--hidden", "1024", "1024"], "allreduce"), ("mlp", ["--hidden", "1024", "1024"], "downpour")]
 
 
 def step_reached(folder):
-    try:
-        with open(os.path.join(folder, "run", "progress.json")) as f:
-            return json.load(f).get("step", 0)
-    except (OSError, ValueError):
-        return 0
+    return read_progress(os.path.join(folder, "run")).get("step", 0)
 
 
 def one(model, extra, strategy, args, kill_at):

@@ -941,10 +941,9 @@ static PyObject *path_arg(PyObject *obj, const char *fn, const char *arg) {
 }
 
 // save(path, step, epoch, seed, sample, world, global_batch): params + momentum, atomically
-// (checkpoint.c). step, epoch and sample (examples of the epoch's order consumed; -1: unknown, as in a
-// version 3 file) are counts (>= 0);
-// seed is any C long, stored as its 64 bits and given back as it was by load(); world and global_batch
-// record the layout that saved it. With 10 arguments (..., params, momentum, momentum_started) it saves
+// (checkpoint.c). step and epoch are counts (>= 0); sample is the examples of the epoch's order
+// consumed (-1: unknown, as in a version 3 file); seed is any C long, stored as its 64 bits and given
+// back as it was by load(); world and global_batch record the layout that saved it. With 10 arguments (..., params, momentum, momentum_started) it saves
 // those instead of the engine's own: what a strategy's state() gathered (the average, the center, the
 // servers' momentum). With 13 (..., state, compression, ranks) also every rank's compression state,
 // `ranks` blocks of equal size one after another in `state` (bytes), and the compressor's name.
@@ -987,8 +986,7 @@ static PyObject *engine_save(EngineObject *e, PyObject *const *args, Py_ssize_t 
     PyObject *path_bytes = NULL;
     if (step < 0 || epoch < 0 || sample < -1 || world < 1 || global_batch < 1) {
         PyErr_Format(PyExc_ValueError, "%s(): need `step`, `epoch` >= 0, `sample` >= -1 (-1: unknown) and `world`, "
-                     "`global_batch` >= 1; "
-                     "got %ld, %ld, %ld, %ld, %ld", fn, step, epoch, sample, world, global_batch);
+                     "`global_batch` >= 1; got %ld, %ld, %ld, %ld, %ld", fn, step, epoch, sample, world, global_batch);
     } else if ((path_bytes = path_arg(args[0], fn, "path")) != NULL && engine_enter(e, fn) < 0) {
         Py_CLEAR(path_bytes);
     }

@@ -28,8 +28,6 @@ from . import _C
 from . import distributed as dist
 from . import run
 
-_LAUNCHED = bool(os.environ.get("PYDIST_RUN_DIR"))   # under python -m pydist.run: report steps and checkpoints
-
 __all__ = ["Linear", "Conv2d", "MaxPool2d", "ReLU", "Flatten", "Model", "lenet5", "mlp", "Trainer",
            "load_idx", "load_fashion_mnist", "DEFAULT_DATA_DIR", "STRATEGIES", "SCHEDULES", "layer_costs",
            "balanced_split", "step_flops"]
@@ -727,7 +725,7 @@ class Trainer:
         where = (self.position(), self.world, self.global_batch)
         self._on_root(lambda: self.engine.save(path, self.step, self.epoch, self.seed, *where, *state, *extra),
                       f"write the checkpoint {path}")
-        if self.rank == 0 and _LAUNCHED:
+        if self.rank == 0:   # to python -m pydist.run, if it started the job
             run.report(checkpoint=os.path.abspath(path), checkpoint_step=self.step)
 
     def load(self, path):

@@ -51,9 +51,9 @@ def report(**fields):
                 state = json.load(f)
         except (OSError, ValueError):
             state = {}
-        step = max(fields.get("step", 0), fields.get("checkpoint_step", 0), state.get("step", 0))
-        if state.get("restart") != os.environ.get("PYDIST_RESTART"):   # a new attempt starts from its checkpoint
-            step = max(fields.get("step", 0), fields.get("checkpoint_step", 0))
+        # the furthest step of this attempt (a new one starts again from its checkpoint)
+        same_attempt = state.get("restart") == os.environ.get("PYDIST_RESTART")
+        step = max(fields.get("step", 0), fields.get("checkpoint_step", 0), state.get("step", 0) if same_attempt else 0)
         state.update(fields, step=step, time=time.time(), restart=os.environ.get("PYDIST_RESTART"))
         tmp = f"{path}.{os.getpid()}"
         with open(tmp, "w") as f:
@@ -118,13 +118,16 @@ def _write_record(folder, record):
     os.replace(tmp, os.path.join(folder, f"rank-{record['rank']}.json"))
 
 
+def _pmi_rank():
+    return int(os.environ.get("PMI_RANK", os.environ.get("PMIX_RANK", "0")))
+
+
 def record_end(status, why):
     """In a rank that is about to end the job (MPI_Abort: mpiexec then kills every watcher at once):
     write what its watcher would have."""
     folder = os.environ["PYDIST_RUN_ATTEMPT_DIR"]
-    rank = int(os.environ.get("PMI_RANK", "0"))
     try:
-        _write_record(folder, {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(),
+        _write_record(folder, {"rank": _pmi_rank(), "host": socket.gethostname(), "pid": os.getpid(),
                                "started": float(os.environ.get("PYDIST_RUN_STARTED", time.time())),
                                "ended": time.time(), "status": status, "signal": None, "last_line": why})
     except OSError:
@@ -132,7 +135,7 @@ def record_end(status, why):
 
 
 def watch(folder, command):
-    rank = int(os.environ.get("PMI_RANK", os.environ.get("PMIX_RANK", "0")))
+    rank = _pmi_rank()
     started = time.time()
     # The watcher never starts MPI: the launcher's connection (PMI_FD, inherited) is the child's to claim
     env = {k: v for k, v in os.environ.items() if k != "PYDIST_MPI_OWNER"}
@@ -314,7 +317,7 @@ class Launcher:
         self.hosts = [(h, s) for h, s in self.hosts if s > 0]
 
     def run(self):
-        failures = collections.Counter()   # (host, rank) -> failures in a row
+        failed_before = None   # (host, rank) that failed the attempt before, if one did
         restarts, lost_total = 0, 0
         attempt = 0
         while True:
@@ -347,13 +350,12 @@ class Launcher:
                 return status
             # Who takes part next: a rank that failed twice running on one host is left out, and a host
             # that does not answer is dropped.
-            if failure is not None:
-                key = (failure["host"], failure["rank"])
-                failures = collections.Counter({key: failures[key] + 1})
-                if failures[key] >= 2:
-                    self.leave_out(failure["host"] if self.args.hosts is not None else "localhost")
-                    failures.clear()
-                    say(f"rank {failure['rank']} failed twice running on host {failure['host']}: leaving it out")
+            key = (failure["host"], failure["rank"]) if failure is not None else None
+            if key is not None and key == failed_before:
+                self.leave_out(failure["host"] if self.args.hosts is not None else "localhost")
+                say(f"rank {failure['rank']} failed twice running on host {failure['host']}: leaving it out")
+                key = None
+            failed_before = key
             if self.args.hosts is not None:
                 for host, _ in list(self.hosts):
                     if not probe_host(self.mpiexec, host, self.args.probe_timeout):

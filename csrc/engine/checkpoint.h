@@ -40,8 +40,8 @@ typedef struct {
 int checkpoint_save(const char *path, const CheckpointHeader *h, const float *params, const float *momentum,
                     const void *state, char *err, size_t errlen);
 
-// Read a checkpoint written by checkpoint_save (version 2, 3 or 4; an older one's sample is UINT64_MAX: unknown) into caller-allocated buffers of
-// h->num_params floats, and the compression state into *state (malloc'd, the caller frees it; NULL when
+// Read a checkpoint written by checkpoint_save (version 2, 3 or 4; before 4, h->sample is UINT64_MAX:
+// unknown) into caller-allocated buffers of h->num_params floats, and the compression state into *state (malloc'd, the caller frees it; NULL when
 // the file has none). The header read must match `expect` in magic, num_params and model_hash, the file
 // must be exactly as long as its header says, and its CRC32 must match; otherwise -1 with `err` saying
 // why (the buffers may then hold part of the file: the caller keeps its own state until 0 comes back).

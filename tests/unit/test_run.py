@@ -2,7 +2,6 @@
 the middle of an epoch costs at most --checkpoint-every steps and the run ends with the weights of an
 uninterrupted run, bit for bit; a rank that keeps failing is left out and the job goes on at fewer
 ranks, down to --min-ranks; the failed rank's exit status comes through when the launcher gives up."""
-import json
 import os
 import re
 import signal
@@ -11,6 +10,7 @@ import sys
 import textwrap
 import time
 
+from pydist.run import read_progress
 from unit_helpers import subprocess_env
 
 TRAIN = ["-m", "pydist.train", "--model", "mlp", "--hidden", "64", "--epochs", "2", "--batch-size", "32",
@@ -26,10 +26,7 @@ def launch(args, cwd, program, **popen):
 
 
 def step_reached(cwd):
-    try:
-        return json.loads((cwd / "run" / "progress.json").read_text()).get("step", 0)
-    except (OSError, ValueError):
-        return 0
+    return read_progress(cwd / "run").get("step", 0)
 
 
 def test_sigkill_mid_epoch_restarts_from_the_checkpoint_and_ends_as_an_uninterrupted_run(tmp_path):
