@@ -1,10 +1,12 @@
 """What a lost rank costs under python -m pydist.run (issue 27, part 5): for the main job (LeNet-5) and the
 communication-heavy MLP (1024 x 1024), with a synchronous (allreduce) and an asynchronous (downpour)
 strategy, one run straight through and one whose rank 1 is SIGKILLed half-way through an epoch; the
-launcher restarts it from the newest checkpoint (--checkpoint-every). Printed: wall seconds of each, the
-seconds the failure cost, the steps recomputed, and the final test accuracy of each.
+launcher restarts it from the newest checkpoint (--checkpoint-every), or under --survive (downpour+survive)
+the job carries on without the dead worker. Printed: wall seconds of each, the seconds the failure cost,
+the steps recomputed, and the final test accuracy of each.
 
-    python benchmarks/failure_cost.py [--ranks 3] [--epochs 2] [--every 50] [--json results/failure_cost.json]
+    python benchmarks/failure_cost.py [--ranks 3] [--epochs 2] [--every 50] [--only NAME ...]
+                                      [--json results/failure_cost.json]
 """
 import argparse
 import json
@@ -18,21 +20,23 @@ import time
 
 from pydist.run import read_progress
 
-CASES = [("lenet5", [], "allreduce"), ("lenet5", [], "downpour"),
-         ("mlp", ["--hidden", "1024", "1024"], "allreduce"), ("mlp", ["--hidden", "1024", "1024"], "downpour")]
+CASES = [("lenet5", [], "allreduce"), ("lenet5", [], "downpour"), ("lenet5", [], "downpour+survive"),
+         ("mlp", ["--hidden", "1024", "1024"], "allreduce"), ("mlp", ["--hidden", "1024", "1024"], "downpour"),
+         ("mlp", ["--hidden", "1024", "1024"], "downpour+survive")]
 
 
 def step_reached(folder):
     return read_progress(os.path.join(folder, "run")).get("step", 0)
 
 
-def one(model, extra, strategy, args, kill_at):
+def one(model, extra, case, args, kill_at):
     folder = tempfile.mkdtemp(prefix="pydist-failure-")
+    strategy, survive = case.split("+")[0], ["--survive"] if case.endswith("+survive") else []
     train = ["-m", "pydist.train", "--model", model, *extra, "--strategy", strategy, "--epochs", str(args.epochs),
              "--checkpoint", "run.ckpt", "--resume", "--checkpoint-every", str(args.every), "--no-progress",
              "--metrics", "", "--plot", ""]
-    cmd = [sys.executable, "-m", "pydist.run", "-n", str(args.ranks), "--run-dir", os.path.join(folder, "run"), "--",
-           *train]
+    cmd = [sys.executable, "-m", "pydist.run", "-n", str(args.ranks), *survive, "--run-dir", os.path.join(folder, "run"),
+           "--", *train]
     began = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if kill_at is not None:
@@ -54,6 +58,7 @@ def main():
     ap.add_argument("--ranks", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--every", type=int, default=50, help="--checkpoint-every (default 50)")
+    ap.add_argument("--only", nargs="+", default=None, help="these strategies alone (e.g. downpour+survive)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f}; {args.ranks} ranks, {args.epochs} epochs, a checkpoint every "
@@ -62,7 +67,9 @@ def main():
           "accuracy with the failure |\n|---|---|---|---|---|---|---|---|", flush=True)
     rows = []
     for model, extra, strategy in CASES:
-        workers = args.ranks - 1 if strategy == "downpour" else args.ranks
+        if args.only and strategy not in args.only:
+            continue
+        workers = args.ranks - 1 if strategy.startswith("downpour") else args.ranks
         half = 60000 // (workers * 64) // 2 + args.every // 2   # mid-way between two checkpoints
         straight = one(model, extra, strategy, args, None)
         failed = one(model, extra, strategy, args, half)

@@ -19,6 +19,7 @@ static void sync_unlock(void *ctx) {
 static int sync_wait(MPI_Request *req, void *ctx) {
     PdSyncContext *s = ctx;
     PdOp op = pd_op("the training step's communication", s->group, PD_PEER_ALL);
+    op.survivable = s->survivable;
     return pd_op_wait_or_park(req, MPI_STATUS_IGNORE, &op, s->owner, 0);
 }
 
@@ -26,7 +27,21 @@ static int sync_waitany(int n, MPI_Request *reqs, int first, int *index, MPI_Sta
                         void *ctx) {
     PdSyncContext *s = ctx;
     PdOp op = pd_op("the training step's communication", s->group, PD_PEER_ALL);
+    op.survivable = s->survivable;
     return pd_op_wait_any(n, reqs, first, index, status, &op, since);
+}
+
+static int sync_waitany_or_departure(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status,
+                                     double since, int handled, void *ctx) {
+    PdSyncContext *s = ctx;
+    PdOp op = pd_op("the training step's communication", s->group, PD_PEER_ALL);
+    op.survivable = s->survivable;
+    return pd_op_wait_any_or_departure(n, reqs, first, index, status, &op, since, handled);
+}
+
+static int sync_left(int rank, void *ctx) {
+    PdSyncContext *s = ctx;
+    return pd_group_rank_left(s->group, rank);
 }
 
 // The shared-memory all-reduce of the gradients (1 done, 0 MPI's instead, -1 failed). GIL held.
@@ -43,6 +58,6 @@ static void sync_park(MPI_Request *req, void *ctx) {
 
 Comm pd_comm_for(MPI_Comm comm, int rank, int size) {
     Comm c = {comm, rank, size, sync_wait, sync_lock, sync_unlock, sync_park, NULL, {0, 0}, 0.0, MPI_SUCCESS, NULL,
-              sync_waitany, sync_shm_allreduce};
+              sync_waitany, sync_shm_allreduce, sync_waitany_or_departure, sync_left};
     return c;
 }

@@ -14,6 +14,8 @@ typedef struct {
     PyObject *owner;          // whose buffers MPI reads and writes: kept alive with a request given up
     long group;               // for the wait: which ranks must be alive
     PyThreadState *released;  // the thread state saved while the GIL is released
+    int survivable;           // group ranks below this may die without ending a wait (async workers under
+                              // PYDIST_SURVIVE, during a train_steps call); 0: none
 } PdSyncContext;
 
 // A Comm over `comm` (rank of size) whose callbacks are these; set its ctx to a PdSyncContext.

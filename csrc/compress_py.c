@@ -171,7 +171,7 @@ static PyObject *compressor_allreduce_sum(CompressorObject *self, PyObject *cons
     PyObject *owner = PyTuple_Pack(2, (PyObject *)self, (PyObject *)x.arr), *ret = NULL;
     if (owner != NULL && enter(self, fn) == 0) {
         Comm c = pd_comm_for(*comm, pd_group_rank(group), pd_group_size(group));
-        PdSyncContext sync = {owner, group, NULL};
+        PdSyncContext sync = {owner, group, NULL, 0};
         c.ctx = &sync;
         sync.released = PyEval_SaveThread();
         int rc = compress_allreduce_sum(&self->z, &c, x.data, self->z.n, ring);

@@ -592,7 +592,7 @@ static PyObject *engine_set_strategy(EngineObject *e, PyObject *const *args, Py_
     }
     StrategyConfig cfg = {(StrategyKind)kind, (int)servers, (int)period, (int)warmup, (MomentumPlacement)placement,
                           (float)beta, (int)window, (int)deterministic, (int)stages, (int)micro_batches,
-                          (PipelineSchedule)schedule, split, compression};
+                          (PipelineSchedule)schedule, split, compression, 0};
     char err[512];
     int created = strategy_create(&e->strategy, &cfg, &sgd, pd_comm_for(e->strategy_comm, rank, size), &e->model, err,
                                   sizeof err);
@@ -651,7 +651,7 @@ static PyObject *engine_train_steps(EngineObject *e, PyObject *const *args, Py_s
             return NULL;
         }
         StrategyConfig cfg = {STRATEGY_ALLREDUCE, 0, 0, 0, MOMENTUM_LOCAL, 0.0f, 0, 0, 0, 0, SCHEDULE_GPIPE, NULL,
-                              {COMPRESS_NONE, 1.0, 0}};
+                              {COMPRESS_NONE, 1.0, 0}, 0};
         char err[256];
         if (strategy_create(&once, &cfg, &sgd, pd_comm_for(*comm, pd_group_rank(group), pd_group_size(group)),
                             &e->model, err, sizeof err) < 0) {
@@ -704,7 +704,9 @@ static PyObject *engine_train_steps(EngineObject *e, PyObject *const *args, Py_s
         goto done;
     }
     StepStats stats = {0};
-    PdSyncContext sync = {(PyObject *)e, group, NULL};
+    // under survive, an asynchronous worker may die during the call without ending anyone's wait
+    PdSyncContext sync = {(PyObject *)e, group, NULL,
+                          own && strategy_is_async(st->cfg.kind) && st->cfg.survive ? st->workers : 0};
     CommCount before = st->comm.count;
     AsyncStats async_before = st->stats;
     st->stats.staleness_max = 0;   // the call's own maximum
@@ -744,7 +746,7 @@ static PyObject *engine_strategy_weights(EngineObject *e, PyObject *unused) {
     if (engine_enter(e, fn) < 0) {
         return NULL;
     }
-    PdSyncContext sync = {(PyObject *)e, e->strategy_group, NULL};
+    PdSyncContext sync = {(PyObject *)e, e->strategy_group, NULL, 0};
     int rc;
     WITH_STRATEGY(e, sync, rc = strategy_weights(&e->strategy, e->model.params, e->gathered));
     e->busy = 0;
@@ -765,7 +767,7 @@ static PyObject *engine_strategy_state(EngineObject *e, PyObject *unused) {
     if (engine_enter(e, fn) < 0) {
         return NULL;
     }
-    PdSyncContext sync = {(PyObject *)e, e->strategy_group, NULL};
+    PdSyncContext sync = {(PyObject *)e, e->strategy_group, NULL, 0};
     const long n = e->model.num_params;
     int rc, started = 0;
     WITH_STRATEGY(e, sync, rc = strategy_state(&e->strategy, e->model.params, e->momentum, e->momentum_started,
@@ -789,6 +791,54 @@ static PyObject *engine_strategy_restore(EngineObject *e, PyObject *unused) {
         strategy_restore(&e->strategy, e->model.params);
     }
     Py_RETURN_NONE;
+}
+
+// strategy_survive(on): an asynchronous strategy carries on without a worker that dies (async.c);
+// every rank of the group sets the same. Returns whether the strategy can (the asynchronous ones).
+static PyObject *engine_strategy_survive(EngineObject *e, PyObject *arg) {
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) {
+        return NULL;
+    }
+    if (!e->has_strategy || !strategy_is_async(e->strategy.cfg.kind)) {
+        Py_RETURN_FALSE;
+    }
+    e->strategy.cfg.survive = on;
+    Py_RETURN_TRUE;
+}
+
+// strategy_departed() -> {"dead": [group ranks], "noticed": {rank: unix time}, "batches": n, "regranted": n,
+// "call_batches": n}:
+// the workers the last train_steps call went on without (server 0's word, the same on every rank), when
+// this server noticed each, and on server 0 the batches of the blocks finished and those handed out again.
+static PyObject *engine_strategy_departed(EngineObject *e, PyObject *unused) {
+    (void)unused;
+    const Strategy *s = &e->strategy;
+    PyObject *dead = PyList_New(0), *noticed = PyDict_New();
+    for (int v = 0; dead != NULL && noticed != NULL && e->has_strategy && s->dead != NULL && v < s->workers; v++) {
+        if (!s->dead[v]) {
+            continue;
+        }
+        PyObject *r = PyLong_FromLong(v);
+        int bad = r == NULL || PyList_Append(dead, r) < 0;
+        if (!bad && s->noticed != NULL && s->noticed[v] > 0) {
+            PyObject *t = PyFloat_FromDouble(s->noticed[v]);
+            bad = t == NULL || PyDict_SetItem(noticed, r, t) < 0;
+            Py_XDECREF(t);
+        }
+        Py_XDECREF(r);
+        if (bad) {
+            Py_CLEAR(dead);
+        }
+    }
+    if (dead == NULL || noticed == NULL) {
+        Py_XDECREF(dead);
+        Py_XDECREF(noticed);
+        return NULL;
+    }
+    return Py_BuildValue("{sNsNsLsLsL}", "dead", dead, "noticed", noticed, "batches", e->has_strategy ? s->batches_done : 0LL,
+                         "regranted", e->has_strategy ? s->regranted : 0LL, "call_batches",
+                         e->has_strategy ? s->call_batches : 0LL);
 }
 
 // pipeline_stats() -> dict of this stage's measurements (PipelineStats), or None when the strategy is
@@ -1142,6 +1192,10 @@ static PyMethodDef engine_methods[] = {
      "pipeline_stats() -> this stage's busy, idle and sync seconds, activation memory (None: no pipeline)"},
     {"pipeline_trace", (PyCFunction)engine_pipeline_trace, METH_NOARGS,
      "pipeline_trace() -> [(kind, micro, start, end)] of the last step (kind 0 forward, 1 backward, 2 update)"},
+    {"strategy_survive", (PyCFunction)engine_strategy_survive, METH_O,
+     "strategy_survive(on) -> bool: carry on without a worker that dies (the asynchronous strategies)"},
+    {"strategy_departed", (PyCFunction)engine_strategy_departed, METH_NOARGS,
+     "strategy_departed() -> dict: the workers the last call went on without, and its blocks"},
     {"strategy_restore", (PyCFunction)engine_strategy_restore, METH_NOARGS,
      "strategy_restore(): take up loaded params (easgd's center)"},
     METHOD("evaluate", engine_evaluate,

@@ -364,7 +364,7 @@ static void free_groups(void) {
 
 PdOp pd_op(const char *what, long group, int peer) {
     unsigned generation = group >= 0 && group < PD_MAX_GROUPS ? groups[group].generation : 0;
-    return (PdOp){what, group, generation, peer};
+    return (PdOp){what, group, generation, peer, 0};
 }
 
 // The slot `op` was started on, or NULL if that group has since been destroyed (the slot freed, and
@@ -384,8 +384,8 @@ static int op_needs(const PdOp *op, int w) {
         return 1;
     }
     int r = pd_group_from_global(op->group, w);
-    if (r == MPI_UNDEFINED) {
-        return 0;   // not a member: no message of this group can come from it
+    if (r == MPI_UNDEFINED || r < op->survivable) {
+        return 0;   // not a member (no message of this group can come from it), or one it can do without
     }
     return op->peer == PD_PEER_ALL || op->peer == MPI_ANY_SOURCE || op->peer == r;
 }
@@ -409,9 +409,53 @@ static int departed_check(void *ctx, double wait_started) {
     if (first < 0) {
         return 0;
     }
-    PyErr_Format(pd_DistError, "%s cannot complete: rank %d has exited (its script ended or called sys.exit) "
-                 "while this rank was waiting for it", op->what, first);
+    PyErr_Format(pd_DistError, "%s cannot complete: rank %d has exited (%s) while this rank was waiting for it",
+                 op->what, first, pd_liveness_cause(first));
     return -1;
+}
+
+// How many of the group's ranks below op->survivable have left.
+static int survivable_departures(const PdOp *op) {
+    int n = 0;
+    for (int r = 0; r < op->survivable; r++) {
+        n += pd_liveness_left(pd_group_to_global(op->group, r)) != 0.0;
+    }
+    return n;
+}
+
+typedef struct {
+    const PdOp *op;
+    int handled;
+} DepartureWatch;
+
+// pd_op_wait_any_or_departure's check: end the wait (1) on a new departure the caller can do without;
+// the others' departures as departed_check.
+static int departure_check(void *ctx, double wait_started) {
+    const DepartureWatch *d = ctx;
+    if (departed_check((void *)d->op, wait_started) < 0) {
+        return -1;
+    }
+    return pd_liveness_departures() > 0 && op_group(d->op) != NULL && survivable_departures(d->op) > d->handled;
+}
+
+int pd_op_wait_any_or_departure(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status,
+                                const PdOp *op, double since, int handled) {
+    DepartureWatch d = {op, handled};
+    PdWaitSpec spec = {op->what, default_timeout, departure_check, &d, since};
+    if (departure_check(&d, since > 0 ? since : MPI_Wtime()) > 0) {
+        *index = -1;   // already known: no need to wait a slice
+        return 0;
+    }
+    return pd_wait_any(n, reqs, first, index, status, &spec);
+}
+
+int pd_group_rank_left(long handle, int r) {
+    pd_liveness_poll();
+    if (handle < 0 || handle >= PD_MAX_GROUPS || !groups[handle].in_use) {
+        return 0;
+    }
+    int w = pd_group_to_global(handle, r);
+    return w != MPI_UNDEFINED && pd_liveness_left(w) != 0.0;
 }
 
 int pd_op_check(const PdOp *op, double since) {
@@ -752,6 +796,11 @@ PyObject *pd_finalize(PyObject *self, PyObject *unused) {
         pd_shm_session_stop();
         pd_initialized = 0;
         pd_ops_free();
+        if (pd_liveness_forgotten() > 0) {
+            // MPI_Finalize waits for every rank, the dead included, on MPICH 4.0.2 and 5.0.2 alike
+            // (benchmarks/fault_probe/); the survivors have all reached exit (the barrier above).
+            return Py_NewRef(Py_None);
+        }
         int rc;
         if (pd_wait_serialized) {
             rc = MPI_Finalize();   // serialised MPI: no other thread may be inside MPI meanwhile
@@ -765,6 +814,42 @@ PyObject *pd_finalize(PyObject *self, PyObject *unused) {
         }
     }
     Py_RETURN_NONE;
+}
+
+// _C.forget_ranks(world_ranks): see pd_liveness_forget. Collective over the survivors.
+PyObject *pd_forget_ranks(PyObject *self, PyObject *arg) {
+    (void)self;
+    if (!pd_initialized) {
+        PyErr_SetString(PyExc_ValueError, "forget_ranks(): the default process group has not been initialized");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(arg, "forget_ranks(): `world_ranks` must be a sequence of ints");
+    if (seq == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int *ranks = PyMem_RawMalloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+    if (ranks == NULL) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long r;
+        if (pd_arg_long(PySequence_Fast_GET_ITEM(seq, i), "forget_ranks", "world_ranks", &r) < 0 || r < 0 ||
+            r >= groups[0].size || r == groups[0].rank) {
+            if (!PyErr_Occurred()) {
+                PyErr_Format(PyExc_ValueError, "forget_ranks(): %ld is not another rank of the world", r);
+            }
+            PyMem_RawFree(ranks);
+            Py_DECREF(seq);
+            return NULL;
+        }
+        ranks[i] = (int)r;
+    }
+    Py_DECREF(seq);
+    int rc = pd_liveness_forget(ranks, (int)n);
+    PyMem_RawFree(ranks);
+    return rc < 0 ? NULL : Py_NewRef(Py_None);
 }
 
 // _C.abort(code): end the whole job. Used by the exception hook: MPI_Finalize here would leave the

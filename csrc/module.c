@@ -16,6 +16,8 @@ static PyMethodDef module_methods[] = {
     {"destroy", pd_destroy, METH_NOARGS, "destroy() -> None: free every group's communicator"},
     {"finalize", pd_finalize, METH_NOARGS, "finalize() -> None: MPI_Finalize, at interpreter exit"},
     FAST("abort", pd_abort, "abort(code): MPI_Abort(MPI_COMM_WORLD, code)"),
+    {"forget_ranks", pd_forget_ranks, METH_O, "forget_ranks(world_ranks): the survivors go on without them "
+                                             "(called by every survivor alike; exit skips MPI_Finalize)"},
     {"is_initialized", pd_is_initialized, METH_NOARGS, "is_initialized() -> bool"},
     FAST("set_timeout", pd_set_timeout, "set_timeout(seconds) -> old: the session's timeout (<= 0: none)"),
     {"mpi_info", pd_mpi_info, METH_NOARGS, "mpi_info() -> dict"},

@@ -133,7 +133,8 @@ typedef struct {
     const char *what;      // operation name, for messages
     double timeout;        // seconds; < 0: forever
     // Called with the GIL held every slice (about 2 ms) with the wait's start time (MPI_Wtime);
-    // returns -1 with an exception set to give the wait up. NULL: none.
+    // returns -1 with an exception set to give the wait up, 1 to end it without an error (nothing
+    // completed: *index -1), 0 to go on. NULL: none.
     int (*check)(void *ctx, double wait_started);
     void *check_ctx;
     double check_since;    // > 0: the check's start instead of the wait's (a loop of many short waits)
@@ -190,6 +191,13 @@ void pd_liveness_poll(void);             // receive the notices that have arrive
 int pd_liveness_departures(void);        // how many ranks have left
 double pd_liveness_left(int world_rank); // MPI_Wtime() when that rank's notice arrived; 0: still here
 int pd_liveness_announce(void);          // at exit, before MPI_Finalize
+const char *pd_liveness_cause(int world_rank);  // how that rank's departure was learnt, for messages
+// The survivors of a job that goes on without some ranks (the asynchronous strategies under
+// PYDIST_SURVIVE, issue 27): every survivor calls it with the same world ranks, which are then left
+// out of the exit (its notices and barrier); MPI_Finalize, which hangs with a dead rank, is skipped.
+// 0, or -1 with an exception.
+int pd_liveness_forget(const int *world_ranks, int n);
+int pd_liveness_forgotten(void);          // how many ranks were forgotten
 
 // ---------------------------------------------------------------------------------------------------
 // A process forked from a rank (child.c)
@@ -231,6 +239,7 @@ typedef struct {
     long group;
     unsigned generation;  // the group slot's generation when the operation started
     int peer;
+    int survivable;       // group ranks below this may leave without ending the operation (0: none)
 } PdOp;
 PdOp pd_op(const char *what, long group, int peer);
 
@@ -246,6 +255,13 @@ int pd_op_wait_or_park(MPI_Request *req, MPI_Status *status, const PdOp *op, PyO
 // requests and parks what it gives up).
 int pd_op_wait_any(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, const PdOp *op,
                    double since);
+// The same, but ended (returning 0 with *index = -1, nothing raised) as soon as more than `handled` of
+// the group's ranks below op->survivable have left: the caller (an asynchronous server) carries on
+// without them. Departures of the other ranks end it with DistError, as pd_op_wait_any's do.
+int pd_op_wait_any_or_departure(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status,
+                                const PdOp *op, double since, int handled);
+// Has group rank `r` of `handle` left (its exit notice, or its watcher's record under pydist.run)?
+int pd_group_rank_left(long handle, int r);
 
 // The communicator of pydist's own algorithms on a group pd_group_comm accepted (a private dup, made
 // on the first call and waited for here), and the tag of this call's messages (the group's sequence
@@ -481,6 +497,7 @@ PyObject *pd_sgemm_seconds(PyObject *self, PyObject *const *args, Py_ssize_t nar
 PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs);          // group.c
 PyObject *pd_destroy(PyObject *self, PyObject *unused);                               // group.c
 PyObject *pd_finalize(PyObject *self, PyObject *unused);                              // group.c
+PyObject *pd_forget_ranks(PyObject *self, PyObject *ranks);                           // group.c
 PyObject *pd_abort(PyObject *self, PyObject *const *args, Py_ssize_t nargs);          // group.c
 PyObject *pd_get_rank(PyObject *self, PyObject *const *args, Py_ssize_t nargs);       // group.c
 PyObject *pd_get_world_size(PyObject *self, PyObject *const *args, Py_ssize_t nargs); // group.c

@@ -137,8 +137,13 @@ int pd_wait_any(int n, MPI_Request *reqs, int first, int *index, MPI_Status *sta
             return 0;
         }
         pd_progress_all();   // never raises: what it moves along records its own errors
-        if (PyErr_CheckSignals() < 0 || (spec->check != NULL && spec->check(spec->check_ctx, spec->check_since > 0 ? spec->check_since : start) < 0)) {
+        if (PyErr_CheckSignals() < 0) {
             return -1;
+        }
+        int checked = spec->check != NULL ? spec->check(spec->check_ctx, spec->check_since > 0 ? spec->check_since : start) : 0;
+        if (checked != 0) {
+            *index = -1;
+            return checked < 0 ? -1 : 0;
         }
         double waited = MPI_Wtime() - start;
         if (spec->timeout >= 0 && waited >= spec->timeout) {

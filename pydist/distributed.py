@@ -284,6 +284,10 @@ def _abort(code, why=""):
     sys.stdout.flush()
     sys.stderr.flush()
     time.sleep(0.2)
+    if os.environ.get("PYDIST_RUN_ATTEMPT_DIR") and os.environ.get("PYDIST_SURVIVE") == "1":
+        # python -m pydist.run --survive: MPI_Abort would end every rank. The record just written tells
+        # the others: the asynchronous strategies carry on without a worker, the rest end in turn.
+        os._exit(code)
     _C.abort(code)
 
 
@@ -757,6 +761,15 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
     if timeout is not None:
         _seconds(timeout, fn)
     group = ProcessGroup(_C.new_group(ranks), ranks)
+    _subgroups.add(group)
+    return group
+
+
+def _survivors_group(ranks):
+    """A group of global `ranks` made by those ranks alone, the others having died (Trainer under
+    PYDIST_SURVIVE, issue 27). Collective over `ranks`."""
+    ranks = sorted(ranks)
+    group = ProcessGroup(_C.new_group(ranks, True), ranks)
     _subgroups.add(group)
     return group
 

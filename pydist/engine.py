@@ -358,13 +358,18 @@ class Trainer:
     largest in magnitude), "sign" (one bit per entry and a scale per 256), "powersgd:K" (each weight
     matrix as a rank-K product; biases whole). None: no compression. The bytes each step sends are in
     the step's figures (`bytes_sent`); checkpoints keep every rank's residual.
+
+    `survive` (the asynchronous strategies; default: PYDIST_SURVIVE=1, which `python -m pydist.run
+    --survive` sets): a worker that dies during training ends nothing. Its servers hand its unfinished
+    block to the others, and at the end of the chunk fit() goes on with the ranks left (a new group, every
+    worker from the center, the smaller global batch): README "When a rank dies".
     """
 
     def __init__(self, model, lr=0.02, momentum=0.9, weight_decay=0.0, dampening=0.0, nesterov=False,
                  batch_size=64, seed=0, group=None, blas_threads=None, strategy="allreduce", servers=None,
                  period=None, warmup=None, momentum_placement=None, beta=None, window=None, deterministic=None,
                  stages=None, micro_batches=None, schedule=None, split=None, slow_rank=None, slow_ms=None,
-                 compression=None):
+                 compression=None, survive=None):
         if not isinstance(model, Model):
             raise TypeError(f"Trainer: `model` must be a pydist.engine.Model, got {type(model).__name__}")
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
@@ -414,21 +419,68 @@ class Trainer:
         self.engine = _C.Engine(model.specs(), model.input_shape, batch_size)
         self.engine.init_params(self.seed)
         self._broadcast_state()
-        self.engine.set_strategy(self._handle, strategy, options.get("servers", 0), options.get("period", 0),
-                                 options.get("warmup", 0),
-                                 _PLACEMENTS.index(options.get("momentum_placement", "local")),
-                                 options.get("beta", 0.0), int(slow_ms) if slow_rank == self.rank else 0,
-                                 options.get("window", 0), int(options.get("deterministic", False)),
-                                 self.stages if strategy == "pipeline" else 0, options.get("micro_batches", 0),
-                                 SCHEDULES.index(options.get("schedule", "gpipe")), self.split, *self.sgd,
-                                 self.compression)
-        self.workers, self.is_server = self.engine.workers, self.engine.is_server
+        self._slow_ms = int(slow_ms) if slow_rank == self.rank else 0
+        if survive is None:
+            survive = os.environ.get("PYDIST_SURVIVE") == "1" and strategy in ASYNC
+        if survive and strategy not in ASYNC:
+            raise ValueError(f"Trainer: `survive` is for the asynchronous strategies ({', '.join(ASYNC)}); "
+                             f"{strategy!r} is restarted from its checkpoint by python -m pydist.run instead")
+        if survive and self.world != (dist.get_world_size() if dist.is_initialized() else 1):
+            raise ValueError("Trainer: `survive` needs the Trainer's group to be the whole world")
+        self.survive = bool(survive)
+        self._set_strategy()
         self.epoch, self.step, self.history = 0, 0, []
         # Where the current epoch's global sample order stands: at global step anchor[1] of epoch anchor[0]
         # it had reached example anchor[2], and every step since took one global batch. An epoch's end
         # and a loaded checkpoint set it; a checkpoint of format 3 or older (anchor None) derives it from
         # the step count, as they were written. `resumed_from`: the loaded checkpoint's position and layout.
         self._anchor, self._n, self.resumed_from = (0, 0, 0), None, None
+
+    def _set_strategy(self):
+        options, strategy = self.options, self.strategy
+        self.engine.set_strategy(self._handle, strategy, options.get("servers", 0), options.get("period", 0),
+                                 options.get("warmup", 0),
+                                 _PLACEMENTS.index(options.get("momentum_placement", "local")),
+                                 options.get("beta", 0.0), self._slow_ms,
+                                 options.get("window", 0), int(options.get("deterministic", False)),
+                                 self.stages if strategy == "pipeline" else 0, options.get("micro_batches", 0),
+                                 SCHEDULES.index(options.get("schedule", "gpipe")), self.split, *self.sgd,
+                                 self.compression)
+        self.engine.strategy_survive(self.survive)
+        self.workers, self.is_server = self.engine.workers, self.engine.is_server
+
+    def _carry_on(self, n):
+        """After a chunk under `survive`: if workers died during it, go on with the ranks left, from the
+        center (every worker restarts from it, as after a resume), with the epoch's order re-anchored
+        where it stands. Returns whether any died. Collective over the survivors."""
+        info = self.engine.strategy_departed()
+        if not info["dead"]:
+            return False
+        ranks = dist.get_process_group_ranks(self.group) if self.group is not None else list(range(self.world))
+        dead = [ranks[r] for r in info["dead"]]
+        if self.is_server and self.rank == self.workers:   # server 0: what it saw
+            for r, at in sorted(info["noticed"].items()):
+                ended = run.ended_at(ranks[r])
+                late = f", {at - ended:.2f} s after it ended" if ended else ""
+                print(f"pydist: worker rank {ranks[r]} died; its server noticed{late}", file=sys.stderr, flush=True)
+            print(f"pydist: {info['regranted']} batches of unfinished blocks went to the workers left; "
+                  f"{info['batches']} of the chunk's {info['call_batches']} batches were trained", file=sys.stderr,
+                  flush=True)
+        sample = self.position(n)
+        _C.forget_ranks(dead)
+        survivors = [r for r in ranks if r not in dead]
+        self.group = dist._survivors_group(survivors)
+        self._handle = dist._group_handle(self.group, "Trainer")
+        self.rank, self.world = dist.get_rank(self.group), len(survivors)
+        self._root = survivors[0]
+        self._set_strategy()
+        self.engine.params[:] = self.engine.strategy_weights()   # the center, from the servers
+        self.engine.strategy_restore()
+        self._anchor = (self.epoch, self.step, sample)
+        if self.rank == 0:
+            print(f"pydist: training goes on with {self.workers} worker{'s' if self.workers != 1 else ''} (ranks {', '.join(map(str, survivors))}) "
+                  f"from example {sample} of epoch {self.epoch + 1}", file=sys.stderr, flush=True)
+        return True
 
     def _pipeline_layout(self, options, batch_size):
         """(stages, boundaries): the pipeline's stages and the layers each runs, checked on every rank alike."""
@@ -585,8 +637,11 @@ class Trainer:
         # strategies' steps are counted where their chunks end: a worker's own are not the job's)
         live = self.strategy not in ASYNC
         with run.Reporting(lambda: self.engine.steps_done if live else self.step) if self.rank == 0 else nullcontext():
-            return self._fit(images, labels, epochs, test, checkpoint, metrics, progress, chunk_steps, on_epoch,
-                             checkpoint_every)
+            history = self._fit(images, labels, epochs, test, checkpoint, metrics, progress, chunk_steps, on_epoch,
+                                checkpoint_every)
+        if self.rank == 0:   # (after carrying on without a dead worker, the launcher judges the job by this)
+            run.report(step=self.step, finished=True)
+        return history
 
     def _fit(self, images, labels, epochs, test, checkpoint, metrics, progress, chunk_steps, on_epoch,
              checkpoint_every):
@@ -598,10 +653,8 @@ class Trainer:
                                  f"{self.epoch + 1}'s order, outside these {len(labels)} examples")
             # The rest of the epoch's order, in whole global batches (a resume at another layout may
             # leave a different remainder, dropped as DataLoader(drop_last) does)
-            perm = _C.epoch_permutation(len(labels), self.seed, self.epoch)[sample:]
-            first = sample // self.global_batch
-            steps = first + (len(labels) - sample) // self.global_batch
-            self._anchor = (self.epoch, self.step - first, sample - first * self.global_batch)
+            perm, first, steps = self._order(len(labels), sample)
+            epoch_started_at = sample
             bar = _Progress(steps, f"epoch {self.epoch + 1}/{epochs}", progress and self.rank == 0, first)
             # loss_sum, correct, steps, t_comp, t_sync, bytes_sent, messages, pushes, staleness_sum,
             # staleness_max, exchanges (Engine.train_steps)
@@ -620,9 +673,13 @@ class Trainer:
                 self.step += end - at
                 bar.update(end - at, out[0] / max(out[2], 1))
                 at = end
+                if self.survive and self._carry_on(len(labels)):   # the rest of the epoch in the new layout
+                    perm, first, steps = self._order(len(labels), self.position(len(labels)))
+                    at = first
                 if checkpoint_every and self.step % checkpoint_every == 0 and at < steps:
                     self.save(checkpoint)
             seconds = time.perf_counter() - started
+            used = self.position(len(labels)) - epoch_started_at
             bar.close()
             self.epoch += 1
             self._anchor = (self.epoch, self.step, 0)
@@ -641,7 +698,7 @@ class Trainer:
                 "workers": self.workers, "batch_per_rank": self.batch_size,
                 "train_loss": loss_sum / max(scored, 1),
                 "train_accuracy": correct / max(scored * self.batch_size, 1),
-                "samples_per_s": (steps - first) * self.workers * self.batch_size / seconds,
+                "samples_per_s": used / seconds,
                 "t_comp_ms": t_comp / max(nsteps, 1) * 1e3, "t_sync_ms": t_sync / max(nsteps, 1) * 1e3,
                 "bytes_per_step": sent / self.world / ran, "max_bytes_per_step": float(most[0]) / ran,
                 "messages_per_step": messages / self.world / ran,
@@ -672,6 +729,16 @@ class Trainer:
             if on_epoch is not None:
                 on_epoch(record)
         return self.history
+
+    def _order(self, n, sample):
+        """The rest of the current epoch's order from example `sample`, in whole global batches (a resume
+        at another layout may leave a different remainder, dropped as DataLoader(drop_last) does), with
+        the epoch's first and last step in this layout; anchors the position there."""
+        perm = _C.epoch_permutation(n, self.seed, self.epoch)[sample:]
+        first = sample // self.global_batch
+        steps = first + (n - sample) // self.global_batch
+        self._anchor = (self.epoch, self.step - first, sample - first * self.global_batch)
+        return perm, first, steps
 
     def _bubble(self, before):
         """The epoch's pipeline bubble (the stages' idle share of their busy + idle time, averaged over

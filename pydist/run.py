@@ -16,6 +16,12 @@ A rank that fails twice running on the same host is left out, and a host that no
 --hosts) is dropped: the job goes on at fewer ranks, down to --min-ranks. It exits with the job's status:
 0 once a run finishes, else the failed rank's (128 + N for a signal N).
 
+--survive (for the asynchronous strategies: downpour, adag, aeasgd, dynsgd): mpiexec runs with
+-disable-auto-cleanup, so a worker's end does not end the job; the watcher records it and exits with a
+status rather than the signal, the servers learn of it from that record within a second, hand its
+unfinished block to the other workers, and the job finishes without it (exit status 0). A server's
+death, or any rank's in another strategy, still ends the job and restarts it.
+
 Each rank runs under a small watcher (this module, --watch), the process mpiexec starts: it runs the
 rank as its child, notes how the child ended (status, signal, its last line on stderr), and passes the
 status on. The watcher dies with its rank's job and the rank with its watcher. Ranks find the run's
@@ -102,6 +108,17 @@ def read_progress(folder):
 # ---------------------------------------------------------------------------------------------------
 # The watcher: one per rank, started by mpiexec
 
+def ended_at(rank):
+    """When world rank `rank` of this attempt ended, as its watcher recorded it (time.time()); None when
+    there is no record (not under python -m pydist.run, or not yet written)."""
+    folder = os.environ.get("PYDIST_RUN_ATTEMPT_DIR")
+    try:
+        with open(os.path.join(folder, f"rank-{rank}.json")) as f:
+            return json.load(f)["ended"]
+    except (TypeError, OSError, ValueError, KeyError):
+        return None
+
+
 def _die_with_parent():
     """In the child: receive SIGKILL when the watcher dies (Linux), so no rank outlives its job."""
     try:
@@ -109,6 +126,13 @@ def _die_with_parent():
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+def _ignore_usr1_and_die_with_parent():
+    """--survive: hydra (-disable-auto-cleanup) sends SIGUSR1 to the ranks left when one dies; the
+    watchers' records are how they learn it, and Python's default for SIGUSR1 would end them."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    _die_with_parent()
 
 
 def _write_record(folder, record):
@@ -140,11 +164,16 @@ def watch(folder, command):
     # The watcher never starts MPI: the launcher's connection (PMI_FD, inherited) is the child's to claim
     env = {k: v for k, v in os.environ.items() if k != "PYDIST_MPI_OWNER"}
     env.update(PYDIST_RUN_ATTEMPT_DIR=folder, PYDIST_RUN_STARTED=repr(started))
-    child = subprocess.Popen(command, close_fds=False, stderr=subprocess.PIPE, preexec_fn=_die_with_parent, env=env)
+    survive = os.environ.get("PYDIST_SURVIVE") == "1"
+    child = subprocess.Popen(command, close_fds=False, stderr=subprocess.PIPE, env=env,
+                             preexec_fn=_ignore_usr1_and_die_with_parent if survive else _die_with_parent)
     with open(os.path.join(folder, f"rank-{rank}.pid"), "w") as f:
         f.write(f"{child.pid} {socket.gethostname()}\n")
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, lambda s, _frame: child.send_signal(s))
+        if sig == signal.SIGUSR1 and survive:   # hydra's word that a rank died, which the records carry
+            signal.signal(sig, signal.SIG_IGN)
+        else:
+            signal.signal(sig, lambda s, _frame: child.send_signal(s))
     last = collections.deque(maxlen=1)
 
     def copy_stderr():   # the rank's stderr goes on to mpiexec's; its last line says why it ended
@@ -157,12 +186,19 @@ def watch(folder, command):
     copier = threading.Thread(target=copy_stderr, daemon=True)
     copier.start()
     status = child.wait()
-    copier.join(timeout=2)
-    record = {"rank": rank, "host": socket.gethostname(), "pid": child.pid, "started": started, "ended": time.time(),
+    ended = time.time()   # (before the wait for its last line: the launcher blames the earliest end)
+    copier.join(timeout=0.5)
+    record = {"rank": rank, "host": socket.gethostname(), "pid": child.pid, "started": started, "ended": ended,
               "status": status if status >= 0 else 128 - status, "signal": -status if status < 0 else None,
               "last_line": last[0] if last else ""}
     if not os.path.exists(os.path.join(folder, f"rank-{rank}.json")):   # the rank's own (record_end) says more
         _write_record(folder, record)
+    if status != 0:
+        # A rank that died because another did (a message from the dead one) must not end the job
+        # before the first one's watcher has written its record: mpiexec then kills every watcher.
+        time.sleep(0.5)
+    if status < 0 and os.environ.get("PYDIST_SURVIVE") == "1":
+        return record["status"]   # a status, not a signal: hydra -disable-auto-cleanup leaves the others running
     if status < 0:   # end as the rank did, so that mpiexec sees and says what it would have without us
         try:
             signal.signal(-status, signal.SIG_DFL)
@@ -205,15 +241,22 @@ def describe(record):
 def first_failure(folder, ranks):
     """The rank whose end came first among those that did not finish cleanly (its watcher's record),
     or None when no watcher recorded a failure (mpiexec itself failed, or killed them all)."""
-    records = []
+    failed = failed_ranks(folder, ranks)
+    return min(failed, key=lambda rec: rec["ended"]) if failed else None
+
+
+def failed_ranks(folder, ranks):
+    """The records of the ranks that did not end cleanly, in rank order."""
+    failed = []
     for r in range(ranks):
         try:
             with open(os.path.join(folder, f"rank-{r}.json")) as f:
-                records.append(json.load(f))
+                rec = json.load(f)
         except (OSError, ValueError):
-            pass
-    failed = [rec for rec in records if rec["status"] != 0]
-    return min(failed, key=lambda rec: rec["ended"]) if failed else None
+            continue
+        if rec["status"] != 0:
+            failed.append(rec)
+    return failed
 
 
 def probe_host(mpiexec, host, timeout):
@@ -257,6 +300,9 @@ def main(argv=None):
                     help="the mpiexec command line to start each run with, options included (default: the "
                          "mpiexec of the MPICH pydist runs on)")
     ap.add_argument("--run-dir", default=None, help="folder for the ranks' reports (default: a temporary one)")
+    ap.add_argument("--survive", action="store_true",
+                    help="the asynchronous strategies carry on without a worker that dies (mpiexec "
+                         "-disable-auto-cleanup; PYDIST_SURVIVE=1 for the ranks); anything else still restarts")
     ap.add_argument("--probe-timeout", type=float, default=20.0,
                     help="seconds a host gets to answer before a restart (with --hosts; default 20)")
     args = ap.parse_args(argv[:at])
@@ -302,7 +348,15 @@ class Launcher:
         folder = os.path.join(self.folder, f"attempt-{attempt}")
         os.makedirs(folder, exist_ok=True)
         env = dict(os.environ, PYDIST_RUN_DIR=self.folder, PYDIST_RESTART=str(attempt))
-        cmd = [*self.mpiexec, *self.placement(), "-n", str(self.world), sys.executable, "-m", "pydist.run",
+        survive = []
+        if self.args.survive:
+            env["PYDIST_SURVIVE"] = "1"
+            survive = ["-disable-auto-cleanup"]   # hydra: a rank's end does not end the others
+            # UCX's cross-memory attach (cma: a large message between ranks of one host, read from the
+            # sender's memory by process_vm_readv) is a fatal error once that sender has died, which ends
+            # the reader too; UCX's shared-memory copy is not
+            env.setdefault("UCX_TLS", "^cma")
+        cmd = [*self.mpiexec, *survive, *self.placement(), "-n", str(self.world), sys.executable, "-m", "pydist.run",
                "--watch", folder, "--", *self.command]
         where = "this machine" if self.args.hosts is None else self.placement()[1]
         say(f"{'starting' if attempt == 0 else 'restarting'} {self.world} rank(s) on {where}" +
@@ -328,6 +382,13 @@ class Launcher:
                 return 0
             failure = first_failure(folder, self.world)
             progress = read_progress(self.folder)
+            if self.args.survive and progress.get("finished") and progress.get("restart") == str(attempt):
+                gone = failed_ranks(folder, self.world)
+                for rec in gone:
+                    say(f"rank {rec['rank']} (host {rec['host']}, pid {rec['pid']}) {describe(rec)}, "
+                        f"{rec['ended'] - rec['started']:.1f} s into the run; the job carried on without it")
+                say(f"finished: {self.world - len(gone)} of {self.world} rank(s) to the end, {restarts} restart(s)")
+                return 0
             if failure is None:
                 say(f"mpiexec exited with status {rc} and no rank recorded why (mpiexec itself, or a host "
                     f"that stopped answering)")

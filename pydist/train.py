@@ -190,7 +190,7 @@ def main(argv=None):
     history = trainer.fit(images, labels, args.epochs, test=test, checkpoint=args.checkpoint,
                           metrics=args.metrics or None, progress=not args.no_progress,
                           checkpoint_every=args.checkpoint_every)
-    if rank == 0 and history:
+    if trainer.rank == 0 and history:   # (the first rank left, if rank 0 died under --survive)
         last = history[-1]
         summary = {"final_test_accuracy": last.get("test_accuracy"), "seconds": time.perf_counter() - started,
                    "mean_samples_per_s": sum(r["samples_per_s"] for r in history) / len(history)}

@@ -21,18 +21,25 @@
  * A server pre-posts one receive per worker and serves whichever completes first, looking from the
  * worker after the last one it served (fair: no worker starves another, unlike MPI_ANY_SOURCE), or,
  * deterministic, in a fixed round-robin over the workers still running (a run is bitwise repeatable).
+ * Under cfg.survive (PYDIST_SURVIVE, issue 27) a worker may die mid-call: its servers learn it from
+ * liveness.c within a second (comm_waitany_or_departure), stop serving it, and server 0 hands the block
+ * it had not finished to the next worker that asks. So that a block freed late still finds a taker,
+ * server 0 then holds back a worker's empty grant until no live worker holds a block. At the end of
+ * the call server 0 tells every rank which workers it went on without (the one word all agree on);
+ * the Trainer then carries on with a communicator of the survivors (engine.py).
  * Every kind's hooks are the one table at the end (hooks.h); the communication is comm.c's.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "comm.h"
 #include "compress/compress.h"
 #include "engine/sgd.h"
 #include "hooks.h"
 
-enum { TAG_CENTER = 4, TAG_EXCHANGE = 5, TAG_REPLY = 6, TAG_DONE = 7, TAG_GRANT = 8 };
+enum { TAG_CENTER = 4, TAG_EXCHANGE = 5, TAG_REPLY = 6, TAG_DONE = 7, TAG_GRANT = 8, TAG_DEAD = 9 };
 
 // Compressed: where each server's shard starts in a worker's payloads, and their total (payload_at[S]).
 // 0, or -2 out of memory.
@@ -60,18 +67,25 @@ static int async_create(Strategy *s, const Model *m, const char *name, char *err
     if (s->server) {
         const long W = s->workers, len = s->shard_hi - s->shard_lo;
         s->replies = malloc(sizeof(float) * (size_t)(W * len > 0 ? W * len : 1));
-        s->reqs = malloc(sizeof(MPI_Request) * (size_t)(3 * W));   // receives, replies, grants
+        s->reqs = malloc(sizeof(MPI_Request) * (size_t)(3 * W + s->cfg.servers));   // receives, replies, grants, words
         s->grants = malloc(sizeof(long long) * (size_t)(2 * W));
         s->pulled_at = calloc((size_t)W, sizeof(long long));
+        s->held = malloc(sizeof(long long) * (size_t)(4 * W));   // held, then orphans
+        s->waiting = calloc((size_t)W, sizeof(int));
+        s->dead = calloc((size_t)W, sizeof(int));
+        s->noticed = calloc((size_t)W, sizeof(double));
+        s->orphans = s->held != NULL ? s->held + 2 * W : NULL;
         if (s->reqs != NULL) {
-            for (long i = 0; i < 3 * W; i++) s->reqs[i] = MPI_REQUEST_NULL;
+            for (long i = 0; i < 3 * W + s->cfg.servers; i++) s->reqs[i] = MPI_REQUEST_NULL;
         }
-        return s->replies && s->reqs && s->grants && s->pulled_at ? 0 : -2;
+        return s->replies && s->reqs && s->grants && s->pulled_at && s->held && s->waiting && s->dead && s->noticed
+                   ? 0 : -2;
     }
     s->base = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
     s->reqs = malloc(sizeof(MPI_Request) * (size_t)(2 * s->cfg.servers + 1));   // + server 0's grant
     s->grants = malloc(sizeof(long long) * 2);
-    return s->base && s->reqs && s->grants ? 0 : -2;
+    s->dead = calloc((size_t)s->workers, sizeof(int));
+    return s->base && s->reqs && s->grants && s->dead ? 0 : -2;
 }
 
 // Compressed (after the registry has made the compressor, which payload sizes need): a worker's payload
@@ -107,9 +121,15 @@ static void async_free(Strategy *s) {
     free(s->payloads);
     free(s->payload_at);
     free(s->known);
+    free(s->held);
+    free(s->waiting);
+    free(s->dead);
+    free(s->noticed);
     s->base = s->replies = s->known = NULL;
     s->reqs = NULL;
-    s->pulled_at = s->grants = NULL;
+    s->pulled_at = s->grants = s->held = s->orphans = NULL;
+    s->waiting = s->dead = NULL;
+    s->noticed = NULL;
     s->payloads = NULL;
     s->payload_at = NULL;
 }
@@ -144,6 +164,18 @@ static int grant_post(Comm *c, long long *grant, int peer, int send, MPI_Request
         c->count.messages++;
     }
     return 0;
+}
+
+// Server 0's word on which workers a call went on without: s->dead, W ints, to `peer` or from server 0
+// (not counted: it is not the training's traffic).
+static int dead_post(Strategy *s, int peer, int send, MPI_Request *req) {
+    Comm *c = &s->comm;
+    c->lock(c->ctx);
+    int rc = send ? MPI_Isend(s->dead, s->workers, MPI_INT, peer, TAG_DEAD, c->comm, req)
+                  : MPI_Irecv(s->dead, s->workers, MPI_INT, peer, TAG_DEAD, c->comm, req);
+    c->unlock(c->ctx);
+    return rc != MPI_SUCCESS ? comm_fail(c, rc, send ? "MPI_Isend (the dead workers)" : "MPI_Irecv (the dead workers)")
+                             : 0;
 }
 
 // The first block of worker w in a call of batches [first, end): the w-th block of `window`.
@@ -234,7 +266,11 @@ static int async_end_call(Strategy *s) {
         rc = comm_isend(c, s->scratch, 0, s->workers + j, TAG_DONE, &s->reqs[j]);
         c->count.messages--;   // not an exchange: counted apart from the training's messages
     }
-    return rc < 0 ? (comm_park_all(c, S, s->reqs), rc) : comm_waitall(c, S, s->reqs);
+    rc = rc < 0 ? (comm_park_all(c, S, s->reqs), rc) : comm_waitall(c, S, s->reqs);
+    if (rc == 0 && s->cfg.survive && (rc = dead_post(s, s->workers, 0, &s->reqs[0])) == 0) {
+        rc = comm_waitall(c, 1, s->reqs);   // after every worker's DONE: server 0's word on the dead
+    }
+    return rc;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -280,31 +316,112 @@ static int receive(Strategy *s, int w, long len, MPI_Request *req) {
     return comm_irecv(&s->comm, s->scratch + (long)w * len, len, w, MPI_ANY_TAG, req);
 }
 
-// The next worker still running after w, round the ring (w itself when it is the only one).
-static int next_running(const int *done, int W, int w) {
+// The next worker still to be served after w, round the ring (w itself when it is the only one): not
+// done (DONE, or dead) and not waiting for a grant held back.
+static int next_running(const int *done, const int *waiting, int W, int w) {
     for (int k = 1; k <= W; k++) {
         int v = (w + k) % W;
-        if (!done[v]) return v;
+        if (!done[v] && !waiting[v]) return v;
     }
     return w;
+}
+
+// Server 0: the next block to hand out, a dead worker's first; 0 when none is left ([end, end)).
+static int take_block(Strategy *s, long long *lo, long long *hi) {
+    if (s->orphan_count > 0) {
+        s->orphan_count--;
+        *lo = s->orphans[2 * s->orphan_count], *hi = s->orphans[2 * s->orphan_count + 1];
+        s->regranted += *hi - *lo;
+        return 1;
+    }
+    *lo = s->next_block;
+    *hi = s->next_block + s->cfg.window < s->call_end ? s->next_block + s->cfg.window : s->call_end;
+    s->next_block = *hi;
+    return *hi > *lo;
+}
+
+// Server 0: grant [lo, hi) to worker w (the block it now holds).
+static int grant(Strategy *s, int w, long long lo, long long hi) {
+    long long *g = s->grants + 2 * w;
+    g[0] = lo, g[1] = hi;
+    s->held[2 * w] = lo, s->held[2 * w + 1] = hi;
+    s->waiting[w] = 0;
+    return grant_post(&s->comm, g, w, 1, &s->reqs[2 * s->workers + w]);
+}
+
+// Server 0 under cfg.survive: blocks come free (a worker died) or run out: hand the dead workers' blocks
+// to the workers waiting, and once no live worker holds a block, release the waiting with empty grants.
+static int hand_out(Strategy *s, const int *done) {
+    const int W = s->workers;
+    int rc = 0;
+    for (int v = 0; v < W && rc == 0; v++) {
+        long long lo, hi;
+        if (s->waiting[v] && s->orphan_count > 0 && take_block(s, &lo, &hi)) {
+            rc = grant(s, v, lo, hi);
+        }
+    }
+    int holding = 0;
+    for (int v = 0; v < W; v++) holding |= !done[v] && !s->waiting[v] && s->held[2 * v + 1] > s->held[2 * v];
+    for (int v = 0; v < W && rc == 0 && !holding; v++) {
+        if (s->waiting[v]) rc = grant(s, v, s->call_end, s->call_end);
+    }
+    return rc;
+}
+
+// Under cfg.survive: the workers that have left since the last look. Their requests are given up, and
+// server 0 takes back the block each held. Returns how many departures are now handled.
+static int bury(Strategy *s, int *done, int *running, int handled) {
+    Comm *c = &s->comm;
+    const int W = s->workers, granting = c->rank == W;
+    for (int v = 0; v < W; v++) {
+        if (s->dead[v] || !comm_left(c, v)) {
+            continue;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        s->noticed[v] = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+        s->dead[v] = 1;
+        handled++;
+        if (!done[v]) {
+            done[v] = 1;
+            (*running)--;
+        }
+        for (int k = 0; k < 3; k++) comm_abandon(c, &s->reqs[k * W + v]);   // its receive, reply, grant
+        if (granting && s->held[2 * v + 1] > s->held[2 * v]) {   // the block it had not finished
+            s->orphans[2 * s->orphan_count] = s->held[2 * v];
+            s->orphans[2 * s->orphan_count + 1] = s->held[2 * v + 1];
+            s->orphan_count++;
+            s->held[2 * v] = s->held[2 * v + 1] = 0;
+        }
+        s->waiting[v] = 0;
+    }
+    return handled;
 }
 
 // Serve one train_steps call of steps [first, last): every worker's exchanges until every worker's
 // DONE; server 0 also grants the next block with each reply.
 static int async_serve_call(Strategy *s, float *params, int first, int last) {
     Comm *c = &s->comm;
-    const int W = s->workers, granting = c->rank == W;
+    const int W = s->workers, granting = c->rank == W, survive = s->cfg.survive;
     const long len = s->shard_hi - s->shard_lo;
     float *center = params + s->shard_lo;
     MPI_Request *recvs = s->reqs, *sends = s->reqs + W, *grant_sends = s->reqs + 2 * W;
-    long long unused;
     s->call_end = (long long)last * W;   // the first blocks are fixed: the hand-out starts after them
-    first_block((long long)first * W, s->call_end, s->cfg.window, W, &s->next_block, &unused);
+    s->next_block = (long long)first * W + (long long)W * s->cfg.window;
+    if (s->next_block > s->call_end) s->next_block = s->call_end;
+    for (int v = 0; v < W; v++) {
+        first_block((long long)first * W, s->call_end, s->cfg.window, v, &s->held[2 * v], &s->held[2 * v + 1]);
+        s->waiting[v] = s->dead[v] = 0;
+        s->noticed[v] = 0.0;
+    }
+    s->orphan_count = 0;
+    s->batches_done = s->regranted = 0;
+    s->call_batches = s->call_end - (long long)first * W;
     int *done = calloc((size_t)W, sizeof(int));
     if (done == NULL) {
         return comm_fail(c, MPI_ERR_NO_MEM, "malloc (the server's workers)");
     }
-    int rc = 0, running = W, w = 0;
+    int rc = 0, running = W, w = 0, handled = 0;
     const double since = comm_now();   // a worker that leaves mid-call is named 2 s later, however busy we are
     const int compressed = s->payloads != NULL;
     for (int v = 0; v < W && rc == 0; v++) {
@@ -314,10 +431,21 @@ static int async_serve_call(Strategy *s, float *params, int first, int last) {
         MPI_Status status;
         int got = -1;
         // deterministic: wait for worker w itself; otherwise whichever arrives first, looking from w
-        rc = s->cfg.deterministic ? comm_waitany(c, 1, &recvs[w], 0, &got, &status, since)
-                                  : comm_waitany(c, W, recvs, w, &got, &status, since);
+        int n = s->cfg.deterministic ? 1 : W, from = s->cfg.deterministic ? 0 : w;
+        MPI_Request *watched = s->cfg.deterministic ? &recvs[w] : recvs;
+        rc = survive ? comm_waitany_or_departure(c, n, watched, from, &got, &status, since, handled)
+                     : comm_waitany(c, n, watched, from, &got, &status, since);
         if (rc < 0) {
             break;
+        }
+        if (got < 0 && !survive) {
+            break;   // (every request null: not reached while a worker runs)
+        }
+        if (got < 0) {   // a worker has left: carry on without it
+            handled = bury(s, done, &running, handled);
+            if (granting) rc = hand_out(s, done);
+            w = done[w] || s->waiting[w] ? next_running(done, s->waiting, W, w) : w;
+            continue;
         }
         if (!s->cfg.deterministic) w = got;
         if (status.MPI_TAG == TAG_DONE) {
@@ -344,20 +472,43 @@ static int async_serve_call(Strategy *s, float *params, int first, int last) {
             s->stats.pushes++;
             s->stats.staleness_sum += staleness;
             if (staleness > s->stats.staleness_max) s->stats.staleness_max = staleness;
-            if (granting) {   // the next block: empty once the call's batches are all handed out
-                long long *g = s->grants + 2 * w;
-                g[0] = s->next_block;
-                g[1] = s->next_block + s->cfg.window < s->call_end ? s->next_block + s->cfg.window : s->call_end;
-                s->next_block = g[1];
-                rc = grant_post(c, g, w, 1, &grant_sends[w]);
+            if (granting) {   // w finished its block; the next one (empty once the call's are all handed out)
+                long long lo, hi;
+                s->batches_done += s->held[2 * w + 1] - s->held[2 * w];
+                s->held[2 * w] = s->held[2 * w + 1] = 0;
+                if (take_block(s, &lo, &hi) || !survive) {
+                    rc = grant(s, w, lo, hi);
+                } else {
+                    s->waiting[w] = 1;   // held back while another worker's block may come free
+                    rc = hand_out(s, done);
+                }
             }
             if (rc == 0 && (rc = comm_isend(c, out, len, w, TAG_REPLY, &sends[w])) == 0) {
                 rc = receive(s, w, len, &recvs[w]);
             }
         }
-        w = next_running(done, W, w);
+        w = next_running(done, s->waiting, W, w);
     }
-    rc = rc < 0 ? (comm_park_all(c, 3 * W, s->reqs), rc) : comm_waitall(c, 2 * W, sends);
+    if (rc < 0) {
+        comm_park_all(c, 3 * W, s->reqs);
+    } else {
+        rc = comm_waitall(c, 2 * W, sends);   // (a dead worker's were given up: null)
+    }
+    for (int v = 0; v < W && rc == 0 && survive; v++) {   // server 0's word on the dead, to every rank
+        if (granting && !s->dead[v]) {
+            rc = dead_post(s, v, 1, &sends[v]);
+        }
+    }
+    MPI_Request *words = s->reqs + 3 * W;   // server 0's to the other servers
+    for (int j = 1; j < s->cfg.servers && rc == 0 && survive; j++) {
+        rc = granting ? dead_post(s, W + j, 1, &words[j]) : 0;
+    }
+    if (rc == 0 && survive && !granting) {
+        rc = dead_post(s, W, 0, &words[0]);
+    }
+    if (rc == 0 && survive && (rc = comm_waitall(c, 2 * W, sends)) == 0) {
+        rc = comm_waitall(c, s->cfg.servers, words);
+    }
     free(done);
     return rc;
 }

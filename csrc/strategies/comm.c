@@ -57,6 +57,34 @@ int comm_waitany(Comm *c, int n, MPI_Request *reqs, int first, int *index, MPI_S
     return rc;
 }
 
+int comm_waitany_or_departure(Comm *c, int n, MPI_Request *reqs, int first, int *index, MPI_Status *status,
+                              double since, int handled) {
+    double t0 = now();
+    c->lock(c->ctx);
+    int rc = c->waitany_or_departure(n, reqs, first, index, status, since, handled, c->ctx);
+    c->unlock(c->ctx);
+    c->seconds += now() - t0;
+    return rc;
+}
+
+int comm_left(Comm *c, int rank) {
+    c->lock(c->ctx);
+    int left = c->left(rank, c->ctx);
+    c->unlock(c->ctx);
+    return left;
+}
+
+void comm_abandon(Comm *c, MPI_Request *req) {
+    if (*req == MPI_REQUEST_NULL) {
+        return;
+    }
+    c->lock(c->ctx);
+    MPI_Cancel(req);
+    MPI_Request_free(req);   // a receive's cancel completes at once; a send to the dead is left to MPI
+    c->unlock(c->ctx);
+    *req = MPI_REQUEST_NULL;
+}
+
 void comm_park_all(Comm *c, int n, MPI_Request *reqs) {
     c->lock(c->ctx);
     for (int i = 0; i < n; i++) {

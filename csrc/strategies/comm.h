@@ -35,6 +35,12 @@ typedef struct {
     // 0 not usable for this buffer on this group (the same answer on every rank: MPI's is used), -1 failed
     // (the caller's error is set). NULL: none.
     int (*shm_allreduce)(float *buf, long n, void *ctx);
+    // waitany, ended early (0 with *index -1) once more than `handled` of the ranks the caller may lose
+    // (asynchronous workers under PYDIST_SURVIVE) have left; and whether rank `rank` has left. Both
+    // called between lock() and unlock().
+    int (*waitany_or_departure)(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, double since,
+                                int handled, void *ctx);
+    int (*left)(int rank, void *ctx);
 } Comm;
 
 // Each returns 0, or -1 when a wait failed (the caller's error is set) or -2 when an MPI call failed
@@ -46,6 +52,11 @@ int comm_wait(Comm *c, MPI_Request *req);
 // Wait for reqs[0..n) in order; after a failed wait the rest are parked.
 int comm_waitall(Comm *c, int n, MPI_Request *reqs);
 int comm_waitany(Comm *c, int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, double since);
+int comm_waitany_or_departure(Comm *c, int n, MPI_Request *reqs, int first, int *index, MPI_Status *status,
+                              double since, int handled);
+int comm_left(Comm *c, int rank);
+// A request whose peer has died: cancelled and freed (it can never complete).
+void comm_abandon(Comm *c, MPI_Request *req);
 double comm_now(void);   // MPI_Wtime's clock
 // Requests that will not be waited for (a post before them failed): parked, so they free nothing early.
 void comm_park_all(Comm *c, int n, MPI_Request *reqs);

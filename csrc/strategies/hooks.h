@@ -49,6 +49,7 @@ typedef struct {
     PipelineSchedule schedule;
     const int *split;              // pipeline: stage q runs layers [split[q], split[q + 1]); read at create
     CompressSpec compression;      // what the strategy sends, compressed (compress/compress.h); 0: none
+    int survive;                   // asynchronous: a worker that dies is carried on without (async.c)
 } StrategyConfig;
 
 // What the asynchronous servers saw (summed over this rank's calls; a worker's stay 0 but exchanges).
@@ -104,6 +105,16 @@ typedef struct {
     // asynchronous: a worker's block of batches [block_pos, block_end) of this call; server 0 hands
     // the blocks out (grants: [start, end) per worker, in flight) from next_block up to call_end
     long long block_pos, block_end, *grants, next_block, call_end;
+    // asynchronous, server 0: the block each worker holds ([lo, hi) per worker) and the batches of
+    // every block a worker finished (an exchange) in the last call; under cfg.survive also the blocks
+    // of dead workers waiting for another (orphans) and the workers whose empty grant is held back
+    // while a block may still come free
+    long long *held, *orphans, batches_done, regranted, call_batches;
+    int orphan_count, *waiting;
+    // asynchronous under cfg.survive: the workers the last call went on without (server 0's word,
+    // sent to every rank at the end of the call), and when this server noticed (CLOCK_REALTIME)
+    int *dead;
+    double *noticed;
     AsyncStats stats;
     Pipeline *pipe;           // pipeline: the stage (pipeline.c)
     Compressor z;             // cfg.compression's state: this rank's residual (and powersgd's warm start)
