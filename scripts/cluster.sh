@@ -6,6 +6,10 @@
 #   scripts/cluster.sh rate RATE|none          re-shape every link of the running cluster
 #   scripts/cluster.sh run -n R [--ppn K] [--timeout S] -- CMD ARGS...
 #                                              mpiexec.mpich across the hosts (round robin, or K per host)
+#   scripts/cluster.sh mpiexec [--timeout S]   print the mpiexec command `run` uses, without hosts and ranks:
+#                                              python -m pydist.run --mpiexec "$(scripts/cluster.sh mpiexec)"
+#                                              --hosts pdh1,pdh2,pdh3 -n 3 -- ...
+#   scripts/cluster.sh link HOST down|up       unplug HOST's cable (or plug it back): it stops answering
 #   scripts/cluster.sh status                  hosts, addresses, rate, and each link's byte counters
 #   scripts/cluster.sh down                    remove everything `up` made (idempotent)
 #
@@ -45,6 +49,21 @@
 #         PYDIST_CLUSTER_FINALIZE_GUARD=S sets the seconds, 0 turns it off.
 #   MPIEXEC_TIMEOUT=S (--timeout, default 300)
 #         hydra kills the whole job after S seconds: a hang becomes a failure, exit status non-zero.
+#
+# `mpiexec` prints the same as one line for another program to start jobs with (python -m pydist.run,
+# whose --mpiexec takes it and adds -hosts, -n, the program and its environment to each job it starts):
+#   env MPIEXEC_TIMEOUT=S UCX_ERROR_SIGNALS= UCX_NET_DEVICES=eth0 mpiexec.mpich -launcher ssh
+#       -launcher-exec $STATE/launch -iface pdbr0 -genv LD_PRELOAD $STATE/finalize_guard.so
+# MPIEXEC_TIMEOUT then bounds each job that program starts (pydist.run: each attempt and each host probe).
+# Without `run`'s outer `timeout`: a program that gives up on a job kills mpiexec itself, not a wrapper.
+#
+# `link HOST down` sets the bridge's end of HOST's cable (pdv<i>) down; HOST's eth0 then has no carrier
+# and every packet to or from it is lost, as when a machine drops off the network; its processes go on.
+# Seen with MPICH 4.0.2's hydra: mpiexec never learns that a host has dropped off. A job started on it
+# waits until MPIEXEC_TIMEOUT (the host's proxy cannot connect back, "No route to host", and exits
+# unheard), and so does a running job whose ranks there die as its link goes down (the proxy's report is
+# lost with the link; the other ranks wait in their collective). Ranks that die while the link is up end
+# the job within a second.
 set -euo pipefail
 
 STATE=/run/pydist-cluster
@@ -200,8 +219,49 @@ cmd_status() {
   for ((i = 1; i <= n; i++)); do
     local stats
     stats=$(ip -n "$PREFIX$i" -s link show eth0 2>/dev/null | awk 'f == 1 { rx = $1 } f == 2 { tx = $1 } { f = 0 } /RX:/ { f = 1 } /TX:/ { f = 2 } END { printf "rx %s B, tx %s B", rx, tx }')
+    # a cable unplugged by `link HOST down` (the bridge's end of it is down)
+    ip link show "$VETH$i" 2>/dev/null | grep -q "state DOWN" && stats+=", link down"
     printf '  %s  %s.%d  %s\n' "$PREFIX$i" "$NET" "$i" "$stats"
   done
+}
+
+# MPIEXEC=(mpiexec.mpich and the options of every job across the hosts) and the variables mpiexec needs
+# in its own environment (MPIEXEC_ENV, NAME=VALUE each), as `run` and `mpiexec` use them.
+mpiexec_line() {
+  local tmo=$1
+  MPIEXEC_ENV=("MPIEXEC_TIMEOUT=$tmo" "UCX_ERROR_SIGNALS=${UCX_ERROR_SIGNALS-}"
+               "UCX_NET_DEVICES=${UCX_NET_DEVICES:-eth0}")
+  MPIEXEC=(mpiexec.mpich -launcher ssh -launcher-exec "$STATE/launch" -iface "$BRIDGE")
+  if [ -f "$STATE/finalize_guard.so" ] && [ "${PYDIST_CLUSTER_FINALIZE_GUARD:-5}" != 0 ]; then
+    MPIEXEC+=(-genv LD_PRELOAD "${LD_PRELOAD:+$LD_PRELOAD }$STATE/finalize_guard.so")
+  fi
+}
+
+cmd_mpiexec() {
+  local tmo=300
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --timeout) [ $# -ge 2 ] || die "mpiexec: --timeout needs whole seconds >= 1"; tmo=$2; shift 2 ;;
+      *) die "mpiexec: unknown argument '$1' (usage: $0 mpiexec [--timeout S])" ;;
+    esac
+  done
+  [[ $tmo =~ ^[0-9]+$ ]] && [ "$tmo" -ge 1 ] || die "mpiexec: --timeout needs whole seconds >= 1"
+  [ "$(hosts_up)" -ge 1 ] || die "no cluster is up; run: $0 up N"
+  mpiexec_line "$tmo"
+  local line
+  line=$(printf '%q ' env "${MPIEXEC_ENV[@]}" "${MPIEXEC[@]}")   # quoted for a shell (or shlex.split)
+  echo "${line% }"
+}
+
+cmd_link() {
+  local host=${1:-} state=${2:-} n
+  [ $# -eq 2 ] && [[ $state == up || $state == down ]] || die "usage: $0 link HOST down|up"
+  need_root link
+  n=$(hosts_up); [ "$n" -ge 1 ] || die "no cluster is up; run: $0 up N"
+  [[ $host =~ ^$PREFIX([0-9]+)$ ]] && [ "${BASH_REMATCH[1]}" -ge 1 ] && [ "${BASH_REMATCH[1]}" -le "$n" ] ||
+    die "link: '$host' is not a host of this cluster ($PREFIX""1..$PREFIX$n)"
+  ip link set "$VETH${BASH_REMATCH[1]}" "$state"
+  echo "cluster link: $host $state"
 }
 
 cmd_run() {
@@ -226,17 +286,11 @@ cmd_run() {
   for ((i = 1; i <= hosts; i++)); do list+="${list:+,}$PREFIX$i"; done
   local place=(-hosts "$list")
   [ -n "$ppn" ] && place+=(-ppn "$ppn")
-  export MPIEXEC_TIMEOUT=$tmo
-  export UCX_ERROR_SIGNALS=${UCX_ERROR_SIGNALS-}
-  export UCX_NET_DEVICES=${UCX_NET_DEVICES:-eth0}
-  local guard=()
-  if [ -f "$STATE/finalize_guard.so" ] && [ "${PYDIST_CLUSTER_FINALIZE_GUARD:-5}" != 0 ]; then
-    guard=(-genv LD_PRELOAD "${LD_PRELOAD:+$LD_PRELOAD }$STATE/finalize_guard.so")
-  fi
+  mpiexec_line "$tmo"
+  export "${MPIEXEC_ENV[@]}"
   # hydra kills the job at MPIEXEC_TIMEOUT; the outer timeout is for hydra itself hanging.
   local rc=0
-  timeout -k 10 $((tmo + 30)) mpiexec.mpich -launcher ssh -launcher-exec "$STATE/launch" -iface "$BRIDGE" \
-    "${guard[@]}" "${place[@]}" -n "$n" "$@" || rc=$?
+  timeout -k 10 $((tmo + 30)) "${MPIEXEC[@]}" "${place[@]}" -n "$n" "$@" || rc=$?
   return $rc
 }
 
@@ -267,9 +321,11 @@ main() {
     up) cmd_up "$@" ;;
     rate) cmd_rate "$@" ;;
     run) cmd_run "$@" ;;
+    mpiexec) cmd_mpiexec "$@" ;;
+    link) cmd_link "$@" ;;
     status) cmd_status ;;
     down) need_root down; cmd_down ;;
-    *) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
   esac
 }
 main "$@"
