@@ -40,7 +40,11 @@ def one(model, extra, case, args, kill_at):
     began = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if kill_at is not None:
-        while step_reached(folder) < kill_at and proc.poll() is None:
+        # under --survive, just after a checkpoint is written: a death in the checkpoint itself (a
+        # collective over every rank) restarts the job instead
+        reached = (lambda: read_progress(os.path.join(folder, "run")).get("checkpoint_step") or 0) if survive else (
+            lambda: step_reached(folder))
+        while reached() < kill_at and proc.poll() is None:
             time.sleep(0.02)
         with open(os.path.join(folder, "run", "attempt-0", "rank-1.pid")) as f:
             os.kill(int(f.read().split()[0]), signal.SIGKILL)

@@ -153,6 +153,10 @@ int pd_liveness_forgotten(void) {
     return forgotten;
 }
 
+int pd_liveness_survive(void) {
+    return records != NULL;
+}
+
 int pd_liveness_forget(const int *world_ranks, int n) {
     if (ctl == MPI_COMM_NULL || n <= 0) {
         return 0;

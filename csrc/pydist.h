@@ -198,6 +198,7 @@ const char *pd_liveness_cause(int world_rank);  // how that rank's departure was
 // 0, or -1 with an exception.
 int pd_liveness_forget(const int *world_ranks, int n);
 int pd_liveness_forgotten(void);          // how many ranks were forgotten
+int pd_liveness_survive(void);            // under pydist.run --survive (the watchers' records are read)
 
 // ---------------------------------------------------------------------------------------------------
 // A process forked from a rank (child.c)

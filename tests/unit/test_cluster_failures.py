@@ -88,6 +88,23 @@ def wait_for(what, condition, timeout):
         time.sleep(0.02)
 
 
+def start(cmd, cwd):
+    """The launcher in a session of its own, its output read as it comes (never a full pipe)."""
+    launcher = subprocess.Popen(cmd, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(launcher.stdout), daemon=True)
+    reader.start()
+    return launcher, lines, reader
+
+
+def stop(launcher):
+    """A launcher still running after a failed test: its whole session goes (cluster.sh, mpiexec, ranks)."""
+    if launcher.poll() is None:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait(timeout=30)
+
+
 def test_the_mpiexec_line_starts_jobs_and_a_host_whose_link_is_down_does_not_answer(hosts):
     line = shlex.split(cluster("mpiexec").stdout)
     assert line[:2] == ["env", "MPIEXEC_TIMEOUT=300"] and "-launcher-exec" in line, line
@@ -121,11 +138,7 @@ def test_a_host_whose_ranks_die_is_dropped_and_the_job_finishes_on_the_others(ho
            "--max-restarts", "2", "--probe-timeout", "5", "--mpiexec", mpiexec, "--run-dir", str(tmp_path / "run"),
            "--", *TRAIN]
     started = time.monotonic()
-    launcher = subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
-    lines = []
-    reader = threading.Thread(target=lambda: lines.extend(launcher.stdout), daemon=True)   # never a full pipe
-    reader.start()
+    launcher, lines, reader = start(cmd, tmp_path)
     timings = {}
     try:
         # past step 200's checkpoint, in the middle of the next --checkpoint-every steps
@@ -150,9 +163,7 @@ def test_a_host_whose_ranks_die_is_dropped_and_the_job_finishes_on_the_others(ho
         launcher.wait(timeout=300)
         reader.join(timeout=10)
     finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait(timeout=30)
+        stop(launcher)
         cluster("link", "pdh3", "up", check=False)
     timings["whole run"] = time.monotonic() - started
     out = "".join(lines)
@@ -186,3 +197,38 @@ def test_a_host_whose_ranks_die_is_dropped_and_the_job_finishes_on_the_others(ho
     t = Trainer(mlp((64,)), batch_size=BATCH).load(tmp_path / "run.ckpt")
     assert (t.epoch, t.step) == (1, final), (t.epoch, t.step, final)
     assert (t.resumed_from["world_size"], t.resumed_from["global_batch"]) == (2, 2 * BATCH), t.resumed_from
+
+
+def test_an_asynchronous_job_whose_hosts_ranks_die_finishes_on_the_others(hosts, tmp_path):
+    """--survive (part 3) across hosts: downpour with 4 workers, two on pdh1 and two on pdh2, and its
+    server on pdh3. Both ranks of pdh2 are SIGKILLed mid-chunk; the job ends nothing, trains the chunk's
+    batches on the workers left and finishes at 3 ranks with exit status 0."""
+    mpiexec = cluster("mpiexec", "--timeout", "120").stdout.strip()
+    train = [*TRAIN[:TRAIN.index("--strategy") + 1], "downpour", *TRAIN[TRAIN.index("--strategy") + 2:]]
+    cmd = [sys.executable, "-m", "pydist.run", "-n", "5", "--survive", "--hosts", "pdh1:2,pdh2:2,pdh3:1",
+           "--max-restarts", "0", "--mpiexec", mpiexec, "--run-dir", str(tmp_path / "run"), "--", *train]
+    launcher, lines, reader = start(cmd, tmp_path)
+    try:
+        # a checkpoint written: the next chunk of training has begun (a death between chunks restarts)
+        wait_for("the checkpoint at step 40", lambda: (read_progress(tmp_path / "run").get("checkpoint_step") or 0)
+                 >= 2 * EVERY or launcher.poll() is not None, 120)
+        assert launcher.poll() is None, "".join(lines)
+        victims = ranks_in("pdh2")
+        assert len(victims) == 2, victims   # ranks 2 and 3, workers
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        launcher.wait(timeout=300)
+        reader.join(timeout=10)
+    finally:
+        stop(launcher)
+    out = "".join(lines)
+    assert launcher.returncode == 0, out
+    for rank in (2, 3):
+        assert re.search(rf"rank {rank} \(host pdh2, pid \d+\) was killed by signal 9 \(SIGKILL\).*the job carried on "
+                         rf"without it", out), out
+    trained = re.findall(r"(\d+) of the chunk's (\d+) batches were trained", out)
+    assert trained and all(a == b for a, b in trained), out
+    assert re.search(r"training goes on with 2 workers \(ranks 0, 1, 4\)", out), out
+    assert "finished: 3 of 5 rank(s) to the end, 0 restart(s)" in out, out
+    t = Trainer(mlp((64,)), batch_size=BATCH).load(tmp_path / "run.ckpt")
+    assert t.epoch == 1 and (t.resumed_from["world_size"], t.resumed_from["global_batch"]) == (3, 2 * BATCH), out
