@@ -376,19 +376,21 @@ class Launcher:
         attempt = 0
         while True:
             rc, folder, seconds = self.start(attempt)
-            if rc == 0:
+            progress = read_progress(self.folder)
+            # --survive: the job may have finished without some ranks (hydra's status is then theirs, or 0)
+            gone = failed_ranks(folder, self.world) if self.args.survive else []
+            finished = self.args.survive and progress.get("finished") and progress.get("restart") == str(attempt)
+            if rc == 0 and not gone:
                 say(f"finished: {self.world} rank(s), {restarts} restart(s)" +
                     (f", {lost_total} step(s) recomputed" if restarts else ""))
                 return 0
-            failure = first_failure(folder, self.world)
-            progress = read_progress(self.folder)
-            if self.args.survive and progress.get("finished") and progress.get("restart") == str(attempt):
-                gone = failed_ranks(folder, self.world)
+            if finished or rc == 0:
                 for rec in gone:
                     say(f"rank {rec['rank']} (host {rec['host']}, pid {rec['pid']}) {describe(rec)}, "
                         f"{rec['ended'] - rec['started']:.1f} s into the run; the job carried on without it")
                 say(f"finished: {self.world - len(gone)} of {self.world} rank(s) to the end, {restarts} restart(s)")
                 return 0
+            failure = first_failure(folder, self.world)
             if failure is None:
                 say(f"mpiexec exited with status {rc} and no rank recorded why (mpiexec itself, or a host "
                     f"that stopped answering)")

@@ -489,9 +489,7 @@ static int async_serve_call(Strategy *s, float *params, int first, int last) {
         }
         w = next_running(done, s->waiting, W, w);
     }
-    if (rc < 0) {
-        comm_park_all(c, 3 * W, s->reqs);
-    } else {
+    if (rc == 0) {
         rc = comm_waitall(c, 2 * W, sends);   // (a dead worker's were given up: null)
     }
     for (int v = 0; v < W && rc == 0 && survive; v++) {   // server 0's word on the dead, to every rank
@@ -508,6 +506,9 @@ static int async_serve_call(Strategy *s, float *params, int first, int last) {
     }
     if (rc == 0 && survive && (rc = comm_waitall(c, 2 * W, sends)) == 0) {
         rc = comm_waitall(c, s->cfg.servers, words);
+    }
+    if (rc < 0) {
+        comm_park_all(c, 3 * W + s->cfg.servers, s->reqs);   // (a post of the word failed: what was posted)
     }
     free(done);
     return rc;
