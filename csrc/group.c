@@ -442,9 +442,10 @@ int pd_op_wait_any_or_departure(int n, MPI_Request *reqs, int first, int *index,
                                 const PdOp *op, double since, int handled) {
     DepartureWatch d = {op, handled};
     PdWaitSpec spec = {op->what, default_timeout, departure_check, &d, since};
-    if (departure_check(&d, since > 0 ? since : MPI_Wtime()) > 0) {
-        *index = -1;   // already known: no need to wait a slice
-        return 0;
+    int known = departure_check(&d, since > 0 ? since : MPI_Wtime());
+    if (known != 0) {
+        *index = -1;   // already known (or a rank it needs is gone): no need to wait a slice
+        return known < 0 ? -1 : 0;
     }
     return pd_wait_any(n, reqs, first, index, status, &spec);
 }

@@ -72,13 +72,11 @@ int pd_liveness_start(MPI_Comm comm) {
     forgotten = 0;
     ctl = comm;
     const char *survive = getenv("PYDIST_SURVIVE"), *folder = getenv("PYDIST_RUN_ATTEMPT_DIR");
-    if (survive != NULL && strcmp(survive, "1") == 0 && folder != NULL && *folder != '\0') {
-        records = PyMem_RawMalloc(strlen(folder) + 1);
-        if (records != NULL) {
-            strcpy(records, folder);
-        }
+    const int read_records = survive != NULL && strcmp(survive, "1") == 0 && folder != NULL && *folder != '\0';
+    if (read_records && (records = PyMem_RawMalloc(strlen(folder) + 1)) != NULL) {
+        strcpy(records, folder);
     }
-    if (from_record == NULL || (survive != NULL && records == NULL && folder != NULL && *folder != '\0')) {
+    if (from_record == NULL || (read_records && records == NULL)) {
         PyErr_NoMemory();
         return -1;
     }

@@ -456,7 +456,7 @@ class Trainer:
         info = self.engine.strategy_departed()
         if not info["dead"]:
             return False
-        ranks = dist.get_process_group_ranks(self.group) if self.group is not None else list(range(self.world))
+        ranks = dist.get_process_group_ranks(self.group)
         dead = [ranks[r] for r in info["dead"]]
         if self.is_server and self.rank == self.workers:   # server 0: what it saw
             for r, at in sorted(info["noticed"].items()):

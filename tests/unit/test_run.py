@@ -5,13 +5,11 @@ ranks, down to --min-ranks; the failed rank's exit status comes through when the
 import os
 import re
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 
 from pydist.run import read_progress
-from unit_helpers import subprocess_env
+from unit_helpers import launch_run, subprocess_env
 
 TRAIN = ["-m", "pydist.train", "--model", "mlp", "--hidden", "64", "--epochs", "2", "--batch-size", "32",
          "--checkpoint", "run.ckpt", "--resume", "--checkpoint-every", "20", "--no-progress", "--metrics", "",
@@ -20,9 +18,7 @@ ENV = subprocess_env(MPIEXEC_TIMEOUT="240")
 
 
 def launch(args, cwd, program, **popen):
-    cmd = [sys.executable, "-m", "pydist.run", *args, "--run-dir", str(cwd / "run"), "--", *program]
-    return subprocess.Popen(cmd, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            **popen)
+    return launch_run(args, cwd, program, ENV, **popen)
 
 
 def step_reached(cwd):

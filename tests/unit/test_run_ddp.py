@@ -6,14 +6,12 @@ torch fails instead of skipping."""
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
-from pydist.run import read_progress
-from unit_helpers import subprocess_env
+from test_run import step_reached
+from unit_helpers import launch_run, subprocess_env
 
 if os.environ.get("PYDIST_REQUIRE_PEERS") != "1":
     pytest.importorskip("torch")
@@ -33,12 +31,7 @@ RUN_TIMEOUT_S, STEP_TIMEOUT_S = 300, 120
 
 
 def launch(args, cwd, program):
-    cmd = [sys.executable, "-m", "pydist.run", *args, "--run-dir", str(cwd / "run"), "--", *program]
-    return subprocess.Popen(cmd, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def step_reached(cwd):
-    return read_progress(cwd / "run").get("step", 0)
+    return launch_run(args, cwd, program, ENV)
 
 
 def test_ddp_sigkill_mid_epoch_restarts_from_its_checkpoint_and_ends_as_an_uninterrupted_run(tmp_path):

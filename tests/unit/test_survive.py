@@ -14,7 +14,7 @@ import time
 import pytest
 
 from pydist.run import read_progress
-from unit_helpers import subprocess_env
+from unit_helpers import launch_run, subprocess_env
 
 ENV = subprocess_env(MPIEXEC_TIMEOUT="240")
 TRAIN = ["-m", "pydist.train", "--model", "mlp", "--hidden", "64", "--epochs", "1", "--batch-size", "32",
@@ -23,8 +23,7 @@ TRAIN = ["-m", "pydist.train", "--model", "mlp", "--hidden", "64", "--epochs", "
 
 
 def launch(args, cwd, program):
-    cmd = [sys.executable, "-m", "pydist.run", *args, "--run-dir", str(cwd / "run"), "--", *program]
-    return subprocess.Popen(cmd, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return launch_run(args, cwd, program, ENV)
 
 
 def kill_mid_chunk(cwd, proc, rank):
@@ -104,23 +103,16 @@ def test_a_worker_that_raises_ends_nothing(tmp_path):
     assert "workers at the end: 2 history: [5, 4]" in out, out
 
 
-def test_a_dead_server_is_restarted_from_the_checkpoint(tmp_path):
-    proc = launch(["-n", "4", "--survive", "--max-restarts", "1"], tmp_path, [*TRAIN, "--strategy", "adag"])
-    kill_mid_chunk(tmp_path, proc, 3)
+@pytest.mark.parametrize("strategy, ranks, dead", [("adag", 4, 3), ("allreduce", 3, 1)])
+def test_a_dead_server_or_a_synchronous_rank_is_restarted_from_the_checkpoint(tmp_path, strategy, ranks, dead):
+    """What --survive cannot carry on without: adag's server (rank 3), any rank of allreduce."""
+    proc = launch(["-n", str(ranks), "--survive", "--max-restarts", "1"], tmp_path, [*TRAIN, "--strategy", strategy])
+    kill_mid_chunk(tmp_path, proc, dead)
     out, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, out
-    assert re.search(r"rank 3 \(host \S+, pid \d+\) was killed by signal 9 \(SIGKILL\)", out), out
-    assert "restart 1 of at most 1, from" in out and "finished: 4 rank(s), 1 restart(s)" in out, out
-    assert saved_layout(tmp_path / "run.ckpt")[:2] == (4, 96)
-
-
-def test_a_synchronous_strategy_under_survive_is_restarted(tmp_path):
-    proc = launch(["-n", "3", "--survive", "--max-restarts", "1"], tmp_path, [*TRAIN, "--strategy", "allreduce"])
-    kill_mid_chunk(tmp_path, proc, 1)
-    out, _ = proc.communicate(timeout=240)
-    assert proc.returncode == 0, out
-    assert re.search(r"rank 1 \(host \S+, pid \d+\) was killed by signal 9 \(SIGKILL\)", out), out
-    assert "finished: 3 rank(s), 1 restart(s)" in out, out
+    assert re.search(rf"rank {dead} \(host \S+, pid \d+\) was killed by signal 9 \(SIGKILL\)", out), out
+    assert "restart 1 of at most 1, from" in out and f"finished: {ranks} rank(s), 1 restart(s)" in out, out
+    assert saved_layout(tmp_path / "run.ckpt")[:2] == (ranks, 96)   # 3 workers x 32 either way
 
 
 def test_survive_is_for_the_asynchronous_strategies():

@@ -136,3 +136,11 @@ def fit_resumed_at_step_7(trainer, x, y):
     trainer.train_steps(x, y, 1, 0, 7)
     trainer.step += 7
     trainer.fit(x, y, epochs=2, progress=True, chunk_steps=3)
+
+
+def launch_run(args, cwd, program, env, **popen):
+    """python -m pydist.run ARGS -- PROGRAM in `cwd`, its reports in cwd/run, output merged (tests of the
+    elastic launcher)."""
+    cmd = [sys.executable, "-m", "pydist.run", *args, "--run-dir", str(cwd / "run"), "--", *program]
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            **popen)
