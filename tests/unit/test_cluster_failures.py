@@ -35,6 +35,7 @@ pytestmark = pytest.mark.skipif(REASON is not None, reason=f"NOT RUN (several ho
 
 HOSTS = 3
 EVERY = 20            # --checkpoint-every
+ASYNC_EVERY = 100     # --checkpoint-every of the asynchronous case
 BATCH = 32            # per rank: 625 steps an epoch at 3 ranks, about 75 a second here
 EXAMPLES = 60000      # Fashion-MNIST's training set
 TRAIN = ["-m", "pydist.train", "--model", "mlp", "--hidden", "64", "--batch-size", str(BATCH), "--strategy",
@@ -204,14 +205,16 @@ def test_an_asynchronous_job_whose_hosts_ranks_die_finishes_on_the_others(hosts,
     server on pdh3. Both ranks of pdh2 are SIGKILLed mid-chunk; the job ends nothing, trains the chunk's
     batches on the workers left and finishes at 3 ranks with exit status 0."""
     mpiexec = cluster("mpiexec", "--timeout", "120").stdout.strip()
+    # downpour, and chunks of 100 steps (over a second here): long enough that the kill lands inside one
     train = [*TRAIN[:TRAIN.index("--strategy") + 1], "downpour", *TRAIN[TRAIN.index("--strategy") + 2:]]
+    train[train.index("--checkpoint-every") + 1] = str(ASYNC_EVERY)
     cmd = [sys.executable, "-m", "pydist.run", "-n", "5", "--survive", "--hosts", "pdh1:2,pdh2:2,pdh3:1",
            "--max-restarts", "0", "--mpiexec", mpiexec, "--run-dir", str(tmp_path / "run"), "--", *train]
     launcher, lines, reader = start(cmd, tmp_path)
     try:
         # a checkpoint written: the next chunk of training has begun (a death between chunks restarts)
-        wait_for("the checkpoint at step 40", lambda: (read_progress(tmp_path / "run").get("checkpoint_step") or 0)
-                 >= 2 * EVERY or launcher.poll() is not None, 120)
+        wait_for("the first checkpoint", lambda: (read_progress(tmp_path / "run").get("checkpoint_step") or 0)
+                 >= ASYNC_EVERY or launcher.poll() is not None, 120)
         assert launcher.poll() is None, "".join(lines)
         victims = ranks_in("pdh2")
         assert len(victims) == 2, victims   # ranks 2 and 3, workers

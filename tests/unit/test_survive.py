@@ -17,8 +17,12 @@ from pydist.run import read_progress
 from unit_helpers import launch_run, subprocess_env
 
 ENV = subprocess_env(MPIEXEC_TIMEOUT="240")
-TRAIN = ["-m", "pydist.train", "--model", "mlp", "--hidden", "64", "--epochs", "1", "--batch-size", "32",
-         "--checkpoint", "run.ckpt", "--resume", "--checkpoint-every", "50", "--no-progress", "--metrics", "",
+# A chunk of --checkpoint-every steps must outlast the time the test takes to see a checkpoint and kill
+# (a death between chunks is restarted, not survived): 200 steps of this MLP at 3 workers take about
+# 0.55 s on a quiet machine, 50 steps of a 64-wide one only 40 ms, which a busy CI machine overran.
+HIDDEN, EVERY = 256, 200
+TRAIN = ["-m", "pydist.train", "--model", "mlp", "--hidden", str(HIDDEN), "--epochs", "1", "--batch-size", "32",
+         "--checkpoint", "run.ckpt", "--resume", "--checkpoint-every", str(EVERY), "--no-progress", "--metrics", "",
          "--plot", ""]
 
 
@@ -27,13 +31,13 @@ def launch(args, cwd, program):
 
 
 def kill_mid_chunk(cwd, proc, rank):
-    """SIGKILL world rank `rank` as soon as the checkpoint at step 50 is written: the next chunk of
-    training (steps 50-100) has begun. (A rank that dies between chunks, in an evaluation or a
+    """SIGKILL world rank `rank` as soon as the first checkpoint (step EVERY) is written: the next chunk
+    of training has begun. (A rank that dies between chunks, in an evaluation or a
     checkpoint, ends the job and is restarted: README "When a rank dies".)"""
     deadline = time.monotonic() + 120
-    while (read_progress(cwd / "run").get("checkpoint_step") or 0) < 50 and time.monotonic() < deadline:
+    while (read_progress(cwd / "run").get("checkpoint_step") or 0) < EVERY and time.monotonic() < deadline:
         assert proc.poll() is None, proc.stdout.read()
-        time.sleep(0.05)
+        time.sleep(0.01)
     pid = int((cwd / "run" / "attempt-0" / f"rank-{rank}.pid").read_text().split()[0])
     os.kill(pid, signal.SIGKILL)
 
@@ -42,7 +46,7 @@ def saved_layout(path):
     """(world size, global batch, step) the checkpoint was written at, read back by a Trainer."""
     code = textwrap.dedent(f"""
         from pydist.engine import Trainer, mlp
-        t = Trainer(mlp(hidden=(64,)), batch_size=32)
+        t = Trainer(mlp(hidden=({HIDDEN},)), batch_size=32)
         t.load({str(path)!r})
         print(t.resumed_from["world_size"], t.resumed_from["global_batch"], t.step)
     """)
