@@ -21,10 +21,24 @@
  * pd_validate_only (PYDIST_DEBUG=DETAIL) makes every collective of the calling thread return right
  * after its argument checks, so that debug.py can raise local argument errors before its cross-rank
  * comparison. It is thread-local: another thread's collective must not silently become a no-op.
+ *
+ * The timeline and the stall inspector (calls.c) see each call from its checks to its return:
+ * pd_call_begin once the arguments are valid, pd_call_end at `done:` on every way out, with the bytes
+ * of this rank's larger side (nccl-tests' convention: an all-gather counts its output, a reduce-scatter
+ * and an all-to-all their input, gather and scatter the list on the root and the one array elsewhere).
+ * The path that takes the call names itself in pd_call_path on the way.
  */
 #include "pydist.h"
 
-_Thread_local int pd_validate_only = 0;
+PD_THREAD_LOCAL int pd_validate_only = 0;
+
+// A call whose checks failed before pd_call_begin: pd_call_end at `done:` has nothing to end (calls.c
+// records nothing for a skipped call, and leaves the stall inspector's board alone).
+#define CALL_NOT_BEGUN {.skip = 1}
+
+static long long larger(long long a, long long b) {
+    return a > b ? a : b;
+}
 
 // ---------------------------------------------------------------------------------------------------
 // Shared plumbing
@@ -176,6 +190,7 @@ static PyObject *mpi_path_start(const char *fn, long group, MPI_Comm comm, int a
         }
     }
     MPI_Request req = MPI_REQUEST_NULL;
+    pd_call_path = "MPI";
     int rc = pd_mpi_call_start(mc, comm, &req);
     if (rc != MPI_SUCCESS) {
         return start_failed(rc, mc->name);
@@ -216,28 +231,37 @@ PyObject *pd_barrier(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     long group;
     int async_op;
     MPI_Request req = MPI_REQUEST_NULL;
+    PdCall call;
+    PyObject *ret = NULL;
     MPI_Comm *comm = group_and_async(args, nargs, 2, "barrier", &group, &async_op);
     if (comm == NULL) {
         return NULL;
     }
+    pd_call_begin(&call, "barrier", group, 1, -1);
     if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
-        Py_RETURN_NONE;
+        ret = Py_NewRef(Py_None);
+        goto done;
     }
-    PyObject *ret;
     if (try_small("barrier", group, async_op, (SmallCall){SMALL_BARRIER, SHM_U8, 0, -1, 0, 1, NULL, NULL, 0, NULL,
                   NULL}, NULL, NULL, NULL, &ret)) {
-        return ret;
+        goto done;
     }
     if (pd_persist_wanted(0)) {
         PdPersistKey key = persist_key(PD_PERSIST_BARRIER, group, 0, MPI_BYTE, 1, MPI_OP_NULL, -1);
-        PdPersistCall call = {0};
-        return finish_persistent("barrier", group, *comm, async_op, &key, &call, NULL, NULL);
+        PdPersistCall cached = {0};
+        ret = finish_persistent("barrier", group, *comm, async_op, &key, &cached, NULL, NULL);
+        goto done;
     }
+    pd_call_path = "MPI";
     int rc = MPI_Ibarrier(*comm, &req);
     if (rc != MPI_SUCCESS) {
-        return start_failed(rc, "MPI_Ibarrier");
+        ret = start_failed(rc, "MPI_Ibarrier");
+        goto done;
     }
-    return finish(req, "barrier", group, async_op, NULL, NULL, NULL);
+    ret = finish(req, "barrier", group, async_op, NULL, NULL, NULL);
+done:
+    pd_call_end(&call, ret, 0);
+    return ret;
 }
 
 // _C.broadcast(tensor, src, group, async_op) -> None | Work. src is a global rank.
@@ -247,6 +271,7 @@ PyObject *pd_broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     long src, group;
     int async_op, root;
     PdBuf buf = {0};
+    PdCall call;
     PyObject *ret = NULL;
     MPI_Comm *comm = group_and_async(args, nargs, 4, fn, &group, &async_op);
     if (comm == NULL || pd_arg_long(args[1], fn, "src", &src) < 0 ||
@@ -257,15 +282,16 @@ PyObject *pd_broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     if (pd_buf_get(args[0], fn, "tensor", root != pd_group_rank(group), &buf) < 0) {
         return NULL;
     }
+    pd_call_begin(&call, fn, group, 1, -1);
     if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
         ret = Py_NewRef(Py_None);
         goto done;
     }
     int is_root = root == pd_group_rank(group);
     // As bytes, as below: ranks may hold different dtypes of one size.
-    SmallCall call = {SMALL_BCAST, SHM_U8, 0, root, (int64_t)buf.nbytes, 1, is_root ? buf.data : NULL,
-                      is_root ? NULL : buf.data, 0, NULL, NULL};
-    if (try_small(fn, group, async_op, call, (PyObject *)buf.arr, NULL, args[0], &ret)) {
+    SmallCall small = {SMALL_BCAST, SHM_U8, 0, root, (int64_t)buf.nbytes, 1, is_root ? buf.data : NULL,
+                       is_root ? NULL : buf.data, 0, NULL, NULL};
+    if (try_small(fn, group, async_op, small, (PyObject *)buf.arr, NULL, args[0], &ret)) {
         goto done;
     }
     int headers = headers_in_slots(group);
@@ -278,8 +304,9 @@ PyObject *pd_broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     }
     PdMpiCall mc = {PD_MPI_BCAST, "MPI_Ibcast_c", NULL, 0, NULL, NULL, buf.data, buf.nbytes, NULL, NULL, MPI_BYTE,
                     MPI_OP_NULL, root};
-    ret = mpi_path(fn, group, *comm, async_op, headers, &mc, call, (PyObject *)buf.arr, args[0], NULL);
+    ret = mpi_path(fn, group, *comm, async_op, headers, &mc, small, (PyObject *)buf.arr, args[0], NULL);
 done:
+    pd_call_end(&call, ret, buf.nbytes);
     pd_buf_release(&buf);
     return ret;
 }
@@ -300,6 +327,7 @@ PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int async_op;
     PdBuf buf = {0};
     MPI_Op mop;
+    PdCall call = CALL_NOT_BEGUN;
     PyObject *ret = NULL;
     if (nargs == 5) {
         if (pd_arg_long(args[4], fn, "algorithm", &algorithm) < 0) {
@@ -323,6 +351,7 @@ PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (pd_op_resolve(op, buf.dtype, fn, &mop) < 0) {
         goto done;
     }
+    pd_call_begin(&call, fn, group, 1, -1);
     if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
         ret = Py_NewRef(Py_None);
         goto done;
@@ -339,9 +368,9 @@ PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                           algorithm == ALGORITHM_SHM || buf.nbytes >= PD_SHM_AUTO_COPY_BYTES, &ret)) {
         goto done;   // else (decided alike everywhere): MPI's
     }
-    SmallCall call = {SMALL_ALLREDUCE, pd_shm_dtype(&buf), (int)op, -1, (int64_t)buf.count,
-                      (size_t)PyArray_ITEMSIZE(buf.arr), buf.data, buf.data, 0, NULL, NULL};
-    if (algorithm == ALGORITHM_AUTO && try_small(fn, group, async_op, call, (PyObject *)buf.arr, NULL, args[0], &ret)) {
+    SmallCall small = {SMALL_ALLREDUCE, pd_shm_dtype(&buf), (int)op, -1, (int64_t)buf.count,
+                       (size_t)PyArray_ITEMSIZE(buf.arr), buf.data, buf.data, 0, NULL, NULL};
+    if (algorithm == ALGORITHM_AUTO && try_small(fn, group, async_op, small, (PyObject *)buf.arr, NULL, args[0], &ret)) {
         goto done;
     }
     // algorithm="mpi" is MPI's own all-reduce on the group's communicator, asked for by name.
@@ -356,9 +385,10 @@ PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     PdMpiCall mc = {PD_MPI_ALLREDUCE, "MPI_Iallreduce_c", MPI_IN_PLACE, 0, NULL, NULL, buf.data, buf.count, NULL,
                     NULL, buf.dtype->mpi, mop, -1};
-    ret = mpi_path(fn, group, *comm, async_op, headers, &mc, call, (PyObject *)buf.arr, args[0],
+    ret = mpi_path(fn, group, *comm, async_op, headers, &mc, small, (PyObject *)buf.arr, args[0],
                    op == PD_OP_AVG ? &buf : NULL);
 done:
+    pd_call_end(&call, ret, buf.nbytes);
     pd_buf_release(&buf);
     return ret;
 }
@@ -372,6 +402,7 @@ PyObject *pd_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     int async_op, root;
     PdBuf buf = {0};
     MPI_Op mop;
+    PdCall call = CALL_NOT_BEGUN;
     PyObject *ret = NULL;
     MPI_Comm *comm = group_and_async(args, nargs, 5, fn, &group, &async_op);
     if (comm == NULL || pd_arg_long(args[1], fn, "dst", &dst) < 0 || pd_arg_long(args[2], fn, "op", &op) < 0 ||
@@ -385,13 +416,14 @@ PyObject *pd_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (pd_op_resolve(op, buf.dtype, fn, &mop) < 0) {
         goto done;
     }
+    pd_call_begin(&call, fn, group, 1, -1);
     if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
         ret = Py_NewRef(Py_None);
         goto done;
     }
-    SmallCall call = {SMALL_REDUCE, pd_shm_dtype(&buf), (int)op, root, (int64_t)buf.count,
-                      (size_t)PyArray_ITEMSIZE(buf.arr), buf.data, is_root ? buf.data : NULL, 0, NULL, NULL};
-    if (try_small(fn, group, async_op, call, (PyObject *)buf.arr, NULL, args[0], &ret)) {
+    SmallCall small = {SMALL_REDUCE, pd_shm_dtype(&buf), (int)op, root, (int64_t)buf.count,
+                       (size_t)PyArray_ITEMSIZE(buf.arr), buf.data, is_root ? buf.data : NULL, 0, NULL, NULL};
+    if (try_small(fn, group, async_op, small, (PyObject *)buf.arr, NULL, args[0], &ret)) {
         goto done;
     }
     int headers = headers_in_slots(group);
@@ -408,9 +440,10 @@ PyObject *pd_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     PdMpiCall mc = {PD_MPI_REDUCE, "MPI_Ireduce_c", is_root ? MPI_IN_PLACE : buf.data, buf.count, NULL, NULL,
                     is_root ? buf.data : NULL, 0, NULL, NULL, buf.dtype->mpi, mop, root};
-    ret = mpi_path(fn, group, *comm, async_op, headers, &mc, call, (PyObject *)buf.arr, args[0],
+    ret = mpi_path(fn, group, *comm, async_op, headers, &mc, small, (PyObject *)buf.arr, args[0],
                    (op == PD_OP_AVG && is_root) ? &buf : NULL);
 done:
+    pd_call_end(&call, ret, buf.nbytes);
     pd_buf_release(&buf);
     return ret;
 }
@@ -427,6 +460,7 @@ PyObject *pd_all_gather_into_tensor(PyObject *self, PyObject *const *args, Py_ss
     long group;
     int async_op;
     PdBuf out = {0}, in = {0};
+    PdCall call = CALL_NOT_BEGUN;
     PyObject *ret = NULL, *keep = NULL;
     MPI_Comm *comm = group_and_async(args, nargs, 4, fn, &group, &async_op);
     if (comm == NULL || pd_buf_get(args[0], fn, "output_tensor", 1, &out) < 0) {
@@ -447,13 +481,14 @@ PyObject *pd_all_gather_into_tensor(PyObject *self, PyObject *const *args, Py_ss
     if ((keep = pair(&out, &in)) == NULL) {
         goto done;
     }
+    pd_call_begin(&call, fn, group, 1, -1);
     if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
         ret = Py_NewRef(Py_None);
         goto done;
     }
     // The staging copy makes the in-place form no different (here as below).
-    SmallCall call = {SMALL_ALLGATHER, SHM_U8, 0, -1, (int64_t)in.nbytes, 1, in.data, out.data, 0, NULL, NULL};
-    if (try_small(fn, group, async_op, call, keep, NULL, args[0], &ret)) {
+    SmallCall small = {SMALL_ALLGATHER, SHM_U8, 0, -1, (int64_t)in.nbytes, 1, in.data, out.data, 0, NULL, NULL};
+    if (try_small(fn, group, async_op, small, keep, NULL, args[0], &ret)) {
         goto done;
     }
     int headers = headers_in_slots(group);
@@ -465,8 +500,9 @@ PyObject *pd_all_gather_into_tensor(PyObject *self, PyObject *const *args, Py_ss
     }
     PdMpiCall mc = {PD_MPI_ALLGATHER, "MPI_Iallgather_c", in_place ? MPI_IN_PLACE : in.data, in.nbytes, NULL, NULL,
                     out.data, in.nbytes, NULL, NULL, MPI_BYTE, MPI_OP_NULL, -1};
-    ret = mpi_path(fn, group, *comm, async_op, headers, &mc, call, keep, args[0], NULL);
+    ret = mpi_path(fn, group, *comm, async_op, headers, &mc, small, keep, args[0], NULL);
 done:
+    pd_call_end(&call, ret, out.nbytes);
     Py_XDECREF(keep);
     pd_buf_release(&out);
     pd_buf_release(&in);
@@ -481,6 +517,7 @@ PyObject *pd_all_gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int async_op;
     PdBuf in = {0};
     PdBufList outs = {0};
+    PdCall call = CALL_NOT_BEGUN;
     PyObject *ret = NULL, *keep = NULL;
     MPI_Comm *comm = group_and_async(args, nargs, 4, fn, &group, &async_op);
     if (comm == NULL || pd_buf_get(args[1], fn, "tensor", 0, &in) < 0) {
@@ -492,20 +529,22 @@ PyObject *pd_all_gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if ((keep = PyTuple_Pack(2, outs.keep, (PyObject *)in.arr)) == NULL) {
         goto done;
     }
+    pd_call_begin(&call, fn, group, 1, -1);
     if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
         ret = Py_NewRef(Py_None);
         goto done;
     }
     // A kind of its own: past the small bound its MPI call (allgatherv) is not all_gather_into_tensor's.
-    SmallCall call = {SMALL_ALLGATHER_LIST, SHM_U8, 0, -1, (int64_t)in.nbytes, 1, in.data, outs.base, 0, NULL,
-                      outs.displs};
-    if (try_small(fn, group, async_op, call, keep, NULL, args[0], &ret)) {
+    SmallCall small = {SMALL_ALLGATHER_LIST, SHM_U8, 0, -1, (int64_t)in.nbytes, 1, in.data, outs.base, 0, NULL,
+                       outs.displs};
+    if (try_small(fn, group, async_op, small, keep, NULL, args[0], &ret)) {
         goto done;
     }
     PdMpiCall mc = {PD_MPI_ALLGATHERV, "MPI_Iallgatherv_c", in.data, in.nbytes, NULL, NULL, outs.base, 0,
                     outs.counts, outs.displs, MPI_BYTE, MPI_OP_NULL, -1};
-    ret = mpi_path(fn, group, *comm, async_op, headers_in_slots(group), &mc, call, keep, args[0], NULL);
+    ret = mpi_path(fn, group, *comm, async_op, headers_in_slots(group), &mc, small, keep, args[0], NULL);
 done:
+    pd_call_end(&call, ret, (long long)outs.n * in.nbytes);
     Py_XDECREF(keep);
     pd_buflist_release(&outs);
     pd_buf_release(&in);
@@ -521,6 +560,7 @@ PyObject *pd_gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     int async_op, root;
     PdBuf in = {0};
     PdBufList outs = {0};
+    PdCall call = CALL_NOT_BEGUN;
     PyObject *ret = NULL, *keep = NULL;
     MPI_Comm *comm = group_and_async(args, nargs, 5, fn, &group, &async_op);
     if (comm == NULL || pd_arg_long(args[2], fn, "dst", &dst) < 0 ||
@@ -541,20 +581,23 @@ PyObject *pd_gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     } else {
         keep = Py_NewRef((PyObject *)in.arr);
     }
+    pd_call_begin(&call, fn, group, 1, -1);
     if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
         ret = Py_NewRef(Py_None);
         goto done;
     }
     // outs: empty but on the root
-    SmallCall call = {SMALL_GATHER, SHM_U8, 0, root, (int64_t)in.nbytes, 1, in.data, outs.base, 0, NULL, outs.displs};
-    if (try_small(fn, group, async_op, call, keep, NULL, is_root ? args[1] : NULL, &ret)) {
+    SmallCall small = {SMALL_GATHER, SHM_U8, 0, root, (int64_t)in.nbytes, 1, in.data, outs.base, 0, NULL,
+                       outs.displs};
+    if (try_small(fn, group, async_op, small, keep, NULL, is_root ? args[1] : NULL, &ret)) {
         goto done;
     }
     PdMpiCall mc = {PD_MPI_GATHERV, "MPI_Igatherv_c", in.data, in.nbytes, NULL, NULL, outs.base, 0, outs.counts,
                     outs.displs, MPI_BYTE, MPI_OP_NULL, root};
-    ret = mpi_path(fn, group, *comm, async_op, headers_in_slots(group), &mc, call, keep, is_root ? args[1] : NULL,
+    ret = mpi_path(fn, group, *comm, async_op, headers_in_slots(group), &mc, small, keep, is_root ? args[1] : NULL,
                    NULL);
 done:
+    pd_call_end(&call, ret, larger(in.nbytes, (long long)outs.n * in.nbytes));   // outs: the root's
     Py_XDECREF(keep);
     pd_buflist_release(&outs);
     pd_buf_release(&in);
@@ -570,6 +613,7 @@ PyObject *pd_scatter(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     int async_op, root;
     PdBuf out = {0};
     PdBufList ins = {0};
+    PdCall call = CALL_NOT_BEGUN;
     PyObject *ret = NULL, *keep = NULL;
     MPI_Comm *comm = group_and_async(args, nargs, 5, fn, &group, &async_op);
     if (comm == NULL || pd_arg_long(args[2], fn, "src", &src) < 0 ||
@@ -590,19 +634,22 @@ PyObject *pd_scatter(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     } else {
         keep = Py_NewRef((PyObject *)out.arr);
     }
+    pd_call_begin(&call, fn, group, 1, -1);
     if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
         ret = Py_NewRef(Py_None);
         goto done;
     }
     // ins: empty but on the root
-    SmallCall call = {SMALL_SCATTER, SHM_U8, 0, root, (int64_t)out.nbytes, 1, ins.base, out.data, 0, ins.displs, NULL};
-    if (try_small(fn, group, async_op, call, keep, NULL, args[0], &ret)) {
+    SmallCall small = {SMALL_SCATTER, SHM_U8, 0, root, (int64_t)out.nbytes, 1, ins.base, out.data, 0, ins.displs,
+                       NULL};
+    if (try_small(fn, group, async_op, small, keep, NULL, args[0], &ret)) {
         goto done;
     }
     PdMpiCall mc = {PD_MPI_SCATTERV, "MPI_Iscatterv_c", ins.base, 0, ins.counts, ins.displs, out.data, out.nbytes,
                     NULL, NULL, MPI_BYTE, MPI_OP_NULL, root};
-    ret = mpi_path(fn, group, *comm, async_op, headers_in_slots(group), &mc, call, keep, args[0], NULL);
+    ret = mpi_path(fn, group, *comm, async_op, headers_in_slots(group), &mc, small, keep, args[0], NULL);
 done:
+    pd_call_end(&call, ret, larger(out.nbytes, (long long)ins.n * out.nbytes));   // ins: the root's
     Py_XDECREF(keep);
     pd_buflist_release(&ins);
     pd_buf_release(&out);
@@ -612,21 +659,18 @@ done:
 // ---------------------------------------------------------------------------------------------------
 // Reduce-scatter
 
-// Start MPI_Ireduce_scatter_block from `in` (group size x out.count elements) into `out`.
+// Start the reduce-scatter (op resolved as mop) from `in` (group size x out.count elements) into
+// `out`: the slots, the persistent cache or MPI_Ireduce_scatter_block. The caller has begun the call.
 static PyObject *reduce_scatter_start(const char *fn, PdBuf *out, void *in_data, PyObject *keep, long op,
-                                      long group, int async_op, MPI_Comm comm, PyObject *result) {
-    MPI_Op mop;
-    if (pd_op_resolve(op, out->dtype, fn, &mop) < 0) {
-        return NULL;
-    }
+                                      MPI_Op mop, long group, int async_op, MPI_Comm comm, PyObject *result) {
     if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
         Py_RETURN_NONE;
     }
     int size = pd_group_size(group);
     PyObject *ret;
-    SmallCall call = {SMALL_REDUCE_SCATTER, pd_shm_dtype(out), (int)op, -1, (int64_t)out->count,
-                      (size_t)PyArray_ITEMSIZE(out->arr), in_data, out->data, 0, NULL, NULL};
-    if (try_small(fn, group, async_op, call, keep, NULL, result, &ret)) {
+    SmallCall small = {SMALL_REDUCE_SCATTER, pd_shm_dtype(out), (int)op, -1, (int64_t)out->count,
+                       (size_t)PyArray_ITEMSIZE(out->arr), in_data, out->data, 0, NULL, NULL};
+    if (try_small(fn, group, async_op, small, keep, NULL, result, &ret)) {
         return ret;
     }
     int headers = headers_in_slots(group);
@@ -640,7 +684,7 @@ static PyObject *reduce_scatter_start(const char *fn, PdBuf *out, void *in_data,
     }
     PdMpiCall mc = {PD_MPI_REDUCE_SCATTER_BLOCK, "MPI_Ireduce_scatter_block_c", in_data, 0, NULL, NULL, out->data,
                     out->count, NULL, NULL, out->dtype->mpi, mop, -1};
-    return mpi_path(fn, group, comm, async_op, headers, &mc, call, keep, result, op == PD_OP_AVG ? out : NULL);
+    return mpi_path(fn, group, comm, async_op, headers, &mc, small, keep, result, op == PD_OP_AVG ? out : NULL);
 }
 
 // _C.reduce_scatter_tensor(output, input, op, group, async_op): input holds group-size blocks of
@@ -651,6 +695,8 @@ PyObject *pd_reduce_scatter_tensor(PyObject *self, PyObject *const *args, Py_ssi
     long op, group;
     int async_op;
     PdBuf out = {0}, in = {0};
+    MPI_Op mop;
+    PdCall call = CALL_NOT_BEGUN;
     PyObject *ret = NULL, *keep = NULL;
     MPI_Comm *comm = group_and_async(args, nargs, 5, fn, &group, &async_op);
     if (comm == NULL || pd_arg_long(args[2], fn, "op", &op) < 0 || pd_buf_get(args[0], fn, "output", 1, &out) < 0) {
@@ -667,11 +713,13 @@ PyObject *pd_reduce_scatter_tensor(PyObject *self, PyObject *const *args, Py_ssi
                      (long long)in.count);
         goto done;
     }
-    if ((keep = pair(&out, &in)) == NULL) {
+    if ((keep = pair(&out, &in)) == NULL || pd_op_resolve(op, out.dtype, fn, &mop) < 0) {
         goto done;
     }
-    ret = reduce_scatter_start(fn, &out, in.data, keep, op, group, async_op, *comm, args[0]);
+    pd_call_begin(&call, fn, group, 1, -1);
+    ret = reduce_scatter_start(fn, &out, in.data, keep, op, mop, group, async_op, *comm, args[0]);
 done:
+    pd_call_end(&call, ret, in.nbytes);
     Py_XDECREF(keep);
     pd_buf_release(&out);
     pd_buf_release(&in);
@@ -687,6 +735,8 @@ PyObject *pd_reduce_scatter(PyObject *self, PyObject *const *args, Py_ssize_t na
     int async_op;
     PdBuf out = {0};
     PdBufList ins = {0};
+    MPI_Op mop;
+    PdCall call = CALL_NOT_BEGUN;
     PyObject *ret = NULL, *keep = NULL, *packed = NULL;
     MPI_Comm *comm = group_and_async(args, nargs, 5, fn, &group, &async_op);
     if (comm == NULL || pd_arg_long(args[2], fn, "op", &op) < 0 || pd_buf_get(args[0], fn, "output", 1, &out) < 0) {
@@ -705,12 +755,15 @@ PyObject *pd_reduce_scatter(PyObject *self, PyObject *const *args, Py_ssize_t na
         memcpy((char *)PyArray_DATA((PyArrayObject *)packed) + (Py_ssize_t)i * out.nbytes, ins.bufs[i].data,
                out.nbytes);
     }
-    if ((keep = PyTuple_Pack(2, (PyObject *)out.arr, packed)) == NULL) {
+    if ((keep = PyTuple_Pack(2, (PyObject *)out.arr, packed)) == NULL ||
+        pd_op_resolve(op, out.dtype, fn, &mop) < 0) {
         goto done;
     }
-    ret = reduce_scatter_start(fn, &out, PyArray_DATA((PyArrayObject *)packed), keep, op, group, async_op,
+    pd_call_begin(&call, fn, group, 1, -1);
+    ret = reduce_scatter_start(fn, &out, PyArray_DATA((PyArrayObject *)packed), keep, op, mop, group, async_op,
                                *comm, args[0]);
 done:
+    pd_call_end(&call, ret, (long long)ins.n * out.nbytes);
     Py_XDECREF(keep);
     Py_XDECREF(packed);
     pd_buflist_release(&ins);
@@ -827,6 +880,7 @@ PyObject *pd_all_to_all_single(PyObject *self, PyObject *const *args, Py_ssize_t
     long group;
     int async_op;
     PdBuf out = {0}, in = {0};
+    PdCall call = CALL_NOT_BEGUN;
     PyObject *ret = NULL, *keep = NULL, *meta = NULL;
     MPI_Comm *comm = group_and_async(args, nargs, 6, fn, &group, &async_op);
     if (comm == NULL || pd_buf_get(args[0], fn, "output", 1, &out) < 0) {
@@ -864,6 +918,7 @@ PyObject *pd_all_to_all_single(PyObject *self, PyObject *const *args, Py_ssize_t
     if ((keep = PyTuple_Pack(3, (PyObject *)out.arr, (PyObject *)in.arr, meta)) == NULL) {
         goto done;
     }
+    pd_call_begin(&call, fn, group, 1, -1);
     if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
         ret = Py_NewRef(Py_None);
         goto done;
@@ -880,6 +935,7 @@ PyObject *pd_all_to_all_single(PyObject *self, PyObject *const *args, Py_ssize_t
                    (SmallCall){SMALL_ALLTOALL, SHM_U8, 0, -1, even ? (int64_t)(in.nbytes / size) : SMALL_UNEVEN, 1,
                                even ? in.data : NULL, even ? out.data : NULL, 0, NULL, NULL}, keep, args[0], NULL);
 done:
+    pd_call_end(&call, ret, larger(in.nbytes, out.nbytes));
     Py_XDECREF(keep);
     Py_XDECREF(meta);
     pd_buf_release(&out);
@@ -909,6 +965,7 @@ PyObject *pd_all_to_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int async_op;
     PdBuf first = {0};
     PdBufList outs = {0}, ins = {0};
+    PdCall call = CALL_NOT_BEGUN;
     PyObject *ret = NULL, *keep = NULL;
     MPI_Comm *comm = group_and_async(args, nargs, 4, fn, &group, &async_op);
     if (comm == NULL) {
@@ -933,6 +990,7 @@ PyObject *pd_all_to_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if ((keep = PyTuple_Pack(2, outs.keep, ins.keep)) == NULL) {
         goto done;
     }
+    pd_call_begin(&call, fn, group, 1, -1);
     if (pd_validate_only) {   // PYDIST_DEBUG=DETAIL: checks only, nothing sent
         ret = Py_NewRef(Py_None);
         goto done;
@@ -945,6 +1003,7 @@ PyObject *pd_all_to_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                    (SmallCall){SMALL_ALLTOALL, SHM_U8, 0, -1, (int64_t)first.nbytes, 1, ins.base, outs.base, 0,
                                ins.displs, outs.displs}, keep, args[0], NULL);
 done:
+    pd_call_end(&call, ret, (long long)ins.n * first.nbytes);
     Py_XDECREF(keep);
     pd_buflist_release(&outs);
     pd_buflist_release(&ins);

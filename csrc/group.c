@@ -393,6 +393,9 @@ static int op_needs(const PdOp *op, int w) {
 // wait.c's periodic check: give up once a rank the operation needs has been gone GRACE_SECONDS.
 static int departed_check(void *ctx, double wait_started) {
     const PdOp *op = ctx;
+    if (op_group(op) != NULL) {
+        pd_stall_check(op, wait_started);   // a wait past PYDIST_STALL_WARN says whom it waits for
+    }
     pd_liveness_poll();
     if (pd_liveness_departures() == 0) {
         return 0;
@@ -739,6 +742,7 @@ PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     // The shared-memory segment of the node's ranks (collective; on failure pydist says so once and
     // uses MPI's all-reduce instead).
+    pd_stall_read_env();   // before the segment: its board is written only when the inspector is on
     if (pd_shm_session_start(groups[0].comm, timeout) < 0) {
         slot_free(0);
         return NULL;

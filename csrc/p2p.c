@@ -6,8 +6,14 @@
  * The blocking calls are the nonblocking ones plus pd_op_wait (group.c). A point-to-point wait needs
  * only its peer (any member of the group for a receive from anyone), and its timeout never breaks the
  * group: collectives never match point-to-point messages.
+ *
+ * The timeline and the stall inspector (calls.c) see each call from its checks to its return, with its
+ * peer as a global rank (a receive from anyone: the sender, once known) and the bytes of its array.
  */
 #include "pydist.h"
+
+// A call whose checks failed before pd_call_begin: pd_call_end at `done:` has nothing to end.
+#define CALL_NOT_BEGUN {.skip = 1}
 
 static int tag_ub = -1;
 
@@ -29,14 +35,15 @@ typedef struct {
     PdBuf buf;
     MPI_Comm comm;
     long group;
-    int peer;  // group rank, or MPI_ANY_SOURCE
+    int peer;         // group rank, or MPI_ANY_SOURCE
+    int global_peer;  // the same as a global rank, or -1 for any source
     int tag;
 } P2PArgs;
 
 static int parse(PyObject *const *args, Py_ssize_t nargs, const char *fn, int is_recv, P2PArgs *a) {
     long peer, tag, group;
     const char *peer_name = is_recv ? "src" : "dst";
-    a->buf.arr = NULL;
+    a->buf = (PdBuf){0};   // what `done:` reads (its bytes, what to release) even when the checks fail
     int any_source = is_recv && nargs == 4 && args[1] == Py_None;
     if (pd_check_nargs(nargs, 4, fn) < 0 || (!any_source && pd_arg_long(args[1], fn, peer_name, &peer) < 0) ||
         pd_arg_long(args[2], fn, "tag", &tag) < 0 || pd_arg_long(args[3], fn, "group", &group) < 0) {
@@ -46,6 +53,7 @@ static int parse(PyObject *const *args, Py_ssize_t nargs, const char *fn, int is
     if (comm == NULL || check_tag(tag, fn) < 0) {
         return -1;
     }
+    a->global_peer = any_source ? -1 : (int)peer;
     if (any_source) {
         a->peer = MPI_ANY_SOURCE;
     } else if ((a->peer = pd_group_peer(group, peer, fn, peer_name, 0)) < 0) {
@@ -62,6 +70,7 @@ static int parse(PyObject *const *args, Py_ssize_t nargs, const char *fn, int is
 
 static int start(P2PArgs *a, int is_recv, MPI_Request *req) {
     int rc;
+    pd_call_path = "MPI";
     if (is_recv) {
         rc = MPI_Irecv_c(a->buf.data, a->buf.count, a->buf.dtype->mpi, a->peer, a->tag, a->comm, req);
     } else {
@@ -77,8 +86,13 @@ PyObject *pd_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     P2PArgs a;
     MPI_Request req = MPI_REQUEST_NULL;
+    PdCall call = CALL_NOT_BEGUN;
     PyObject *ret = NULL;
-    if (parse(args, nargs, "send", 0, &a) < 0 || start(&a, 0, &req) < 0) {
+    if (parse(args, nargs, "send", 0, &a) < 0) {
+        goto done;
+    }
+    pd_call_begin(&call, "send", a.group, 0, a.global_peer);
+    if (start(&a, 0, &req) < 0) {
         goto done;
     }
     PdOp op = pd_op("send", a.group, a.peer);
@@ -87,6 +101,7 @@ PyObject *pd_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     ret = Py_NewRef(Py_None);
 done:
+    pd_call_end(&call, ret, a.buf.nbytes);
     pd_buf_release(&a.buf);
     return ret;
 }
@@ -97,16 +112,23 @@ PyObject *pd_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     P2PArgs a;
     MPI_Request req = MPI_REQUEST_NULL;
     MPI_Status status;
+    PdCall call = CALL_NOT_BEGUN;
     PyObject *ret = NULL;
-    if (parse(args, nargs, "recv", 1, &a) < 0 || start(&a, 1, &req) < 0) {
+    if (parse(args, nargs, "recv", 1, &a) < 0) {
+        goto done;
+    }
+    pd_call_begin(&call, "recv", a.group, 0, a.global_peer);
+    if (start(&a, 1, &req) < 0) {
         goto done;
     }
     PdOp op = pd_op("recv", a.group, a.peer);
     if (pd_op_wait_or_park(&req, &status, &op, (PyObject *)a.buf.arr, 1) < 0) {
         goto done;
     }
-    ret = PyLong_FromLong(pd_group_to_global(a.group, status.MPI_SOURCE));
+    call.peer = pd_group_to_global(a.group, status.MPI_SOURCE);   // the sender, for a receive from anyone
+    ret = PyLong_FromLong(call.peer);
 done:
+    pd_call_end(&call, ret, a.buf.nbytes);
     pd_buf_release(&a.buf);
     return ret;
 }
@@ -115,10 +137,12 @@ static PyObject *start_async(PyObject *const *args, Py_ssize_t nargs, int is_rec
     const char *fn = is_recv ? "irecv" : "isend";
     P2PArgs a;
     MPI_Request req = MPI_REQUEST_NULL;
+    PdCall call = CALL_NOT_BEGUN;
     PyObject *result = NULL, *ret = NULL;
     if (parse(args, nargs, fn, is_recv, &a) < 0) {
         goto done;
     }
+    pd_call_begin(&call, fn, a.group, 0, a.global_peer);
     if (pd_validate_only) {   // batch_isend_irecv's first pass: checks only, nothing posted
         ret = Py_NewRef(Py_None);
         goto done;
@@ -135,6 +159,7 @@ static PyObject *start_async(PyObject *const *args, Py_ssize_t nargs, int is_rec
     // parks the request (a receive as cancellable) if it fails
     ret = (PyObject *)pd_work_new(req, &op, (PyObject *)a.buf.arr, result, is_recv);
 done:
+    pd_call_end(&call, ret, a.buf.nbytes);
     Py_XDECREF(result);
     pd_buf_release(&a.buf);
     return ret;

@@ -496,6 +496,7 @@ static const PdPending persist_pending;
 
 PyObject *pd_persist_run(const PdOp *op, MPI_Comm comm, const PdPersistKey *k, const PdPersistCall *call,
                          PyObject *keep, PyObject *list) {
+    pd_call_path = "persistent";
     Cache *c = &caches[op->group];
     if (c->waits > 0) {
         return PyErr_Format(pd_DistError, "%s(): another thread is inside a collective on this group; "

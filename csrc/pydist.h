@@ -21,6 +21,7 @@
 
 #include <mpi.h>
 
+#include "timeline.h"
 #include "algorithms/ring.h"
 #include "algorithms/shm.h"
 #include "algorithms/shm_small.h"
@@ -374,6 +375,49 @@ PyObject *pd_set_shm_small_bytes(PyObject *self, PyObject *const *args, Py_ssize
 PyObject *pd_shm_info(PyObject *self, PyObject *unused);
 
 // ---------------------------------------------------------------------------------------------------
+// A communication call as the timeline and the stall inspector see it (calls.c)
+
+// Every _C communication function (collectives.c, p2p.c) brackets its work with pd_call_begin and
+// pd_call_end; the path that carries the call names itself in pd_call_path on the way (a single store,
+// on or off): "small shm", "shm", "ring", "persistent", "MPI".
+typedef struct {
+    const char *name;      // the call: "all_reduce", "send", ...
+    long group;
+    int peer;              // a point-to-point call's peer (global rank), else -1
+    int skip;              // a PYDIST_DEBUG=DETAIL checks-only pass: nothing is recorded
+    int64_t t0;            // timeline clock at the start; 0: not recording
+    uint64_t gid;          // the group's id in the trace (the same on every member)
+    unsigned long seq;     // a collective's number among the group's collectives (the same on every
+                           // member: MPI orders them alike); 0 for point-to-point
+} PdCall;
+extern PD_THREAD_LOCAL const char *pd_call_path;
+// collective: 1 for a collective (numbered), 0 for point-to-point (peer: the global peer rank).
+void pd_call_begin(PdCall *c, const char *name, long group, int collective, int peer);
+// `ret` is what the function returns (NULL: it failed; a Work: the span is recorded when it completes,
+// from pd_work_finish/fail); `bytes` what this rank's buffers hold.
+void pd_call_end(PdCall *c, PyObject *ret, long long bytes);
+// The id of a group in the trace (a hash of its world ranks and its handle), recording its members for
+// _C.timeline_groups() on the first call.
+uint64_t pd_call_group_id(long group);
+PyObject *pd_timeline_clock(PyObject *self, PyObject *unused);                           // calls.c
+PyObject *pd_timeline_start(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   // calls.c
+PyObject *pd_timeline_write(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   // calls.c
+PyObject *pd_timeline_event(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   // calls.c
+PyObject *pd_timeline_groups(PyObject *self, PyObject *unused);                          // calls.c
+PyObject *pd_timeline_thread_name(PyObject *self, PyObject *name);                      // calls.c
+
+// The stall inspector (stall.c): each rank's current call on its host's shared-memory board, and a
+// warning (once per wait) naming the ranks a wait longer than PYDIST_STALL_WARN seconds still waits for.
+// shared_memory.c, at init: the board's slots, `stride` bytes apart, one per rank of the node (in node
+// rank order, with their world ranks), this rank's at node_rank.
+void pd_stall_board_attach(void *slots, size_t stride, int node_size, int node_rank, const int *node_world_ranks);
+void pd_stall_board_detach(void);
+void pd_stall_note_call(const PdCall *c);      // pd_call_begin
+void pd_stall_note_return(void);               // pd_call_end
+void pd_stall_check(const PdOp *op, double wait_started);   // group.c's departed_check, every slice
+void pd_stall_read_env(void);                  // at init
+
+// ---------------------------------------------------------------------------------------------------
 // Work handles (work.c): async_op=True, isend/irecv. A Work knows its operation only as a PdPending,
 // which the operation's path implements in its own file.
 
@@ -409,6 +453,9 @@ struct PdWorkObject {
     void *avg_buf;
     MPI_Count avg_count;
     PyObject *error;       // exception raised by a failed completion, re-raised by later wait()s
+    PdCall call;           // the call that made it, for the timeline (call.t0 == 0: not recorded)
+    long long call_bytes;
+    const char *call_path;
 };
 
 extern PyTypeObject *pd_WorkType;
@@ -531,7 +578,7 @@ PyObject *pd_set_validate_only(PyObject *self, PyObject *const *args, Py_ssize_t
 // This thread's collectives, isend and irecv check their arguments and return without sending
 // (PYDIST_DEBUG=DETAIL's checks, batch_isend_irecv's first pass). Per thread: another thread's call
 // must never become a no-op.
-extern _Thread_local int pd_validate_only;
+extern PD_THREAD_LOCAL int pd_validate_only;
 
 PyObject *pd_set_wait_mode(PyObject *self, PyObject *const *args, Py_ssize_t nargs); // wait.c
 PyObject *pd_parked_count(PyObject *self, PyObject *unused);                         // wait.c

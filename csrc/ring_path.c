@@ -225,6 +225,7 @@ PyObject *pd_ring_all_reduce(PyObject *tensor, PdBuf *buf, long op, MPI_Op mop, 
     MPI_Request req = MPI_REQUEST_NULL;
     void *tmp = NULL;
     int tag, rc, size = pd_group_size(group);
+    pd_call_path = "ring";
     MPI_Comm *comm = pd_group_algo_comm(group, "all_reduce", &tag);
     if (comm == NULL) {
         return NULL;

@@ -192,8 +192,12 @@ static int session_start(MPI_Comm world, double timeout) {
         say_once(unavailable);
         return 0;
     }
+    // The first page of each rank's region is its slot of the stall inspector's board (stall.c), its
+    // pages committed now so that writing it can never fault; the heap follows.
+    size_t board = region >= 2 * PAGE && posix_fallocate(fd, (off_t)(region * (size_t)nrank), PAGE) == 0 ? PAGE : 0;
     Session *s = PyMem_RawCalloc(1, sizeof *s);
-    if (s == NULL || shm_heap_init(&s->heap, region * (size_t)nrank, region * (size_t)(nrank + 1)) < 0) {
+    if (s == NULL ||
+        shm_heap_init(&s->heap, region * (size_t)nrank + board, region * (size_t)(nrank + 1)) < 0) {
         PyMem_RawFree(s);
         munmap(base, bytes);
         close(fd);
@@ -206,10 +210,21 @@ static int session_start(MPI_Comm world, double timeout) {
     s->fd = fd;
     s->view = (ShmSession){base, region, nrank, nsize};
     session = s;
+    if (board) {
+        int *node_world = PyMem_RawMalloc(sizeof(int) * (size_t)nsize);
+        if (node_world != NULL) {
+            for (int w = 0, k = 0; w < wsize && k < nsize; w++) {
+                if (node_of[w] == node_of[wrank]) node_world[k++] = w;   // split_type keeps world order
+            }
+            pd_stall_board_attach(base, region, nsize, nrank, node_world);
+            PyMem_RawFree(node_world);
+        }
+    }
     return 0;
 }
 
 void pd_shm_session_stop(void) {
+    pd_stall_board_detach();
     Session *s = session;
     session = NULL;
     session_decref(s);   // the mapping stays while dist.empty arrays use it
@@ -622,6 +637,7 @@ static void large_data(GroupChannel *g, Pending *e) {
     w->pending = NULL;
     w->state = NULL;
     if (all_reduce && !(or_ & LARGE_ASYNC) && ((and_ & LARGE_IN_SEGMENT) || (or_ & LARGE_COPY_OK))) {
+        pd_call_path = "shm";   // only ever a blocking call's, completed on its own thread
         if (run(g, group, e->what, e->elsewhere->mpi.recv, e->call.count, e->call.dtype, e->call.op, 1, 1) < 0) {
             pd_work_fail(w);
             PyErr_Clear();   // the Work's wait() raises it
@@ -630,6 +646,10 @@ static void large_data(GroupChannel *g, Pending *e) {
         return;
     }
     calls_declined += all_reduce;
+    // The data offered to the slots goes to MPI after all (a peer's did not fit). Only for a call still in
+    // progress on this thread (a blocking one, or an async one not yet returned): a Work recorded already
+    // has its path, and this may run in another call's progress.
+    pd_call_path = w->call.t0 == 0 ? "shm header + MPI" : pd_call_path;
     MPI_Comm *comm = pd_group_private_comm(group);
     const Elsewhere *x = e->elsewhere;
     rc = comm == NULL ? MPI_ERR_COMM : pd_mpi_call_start(&x->mpi, *comm, &w->req);
@@ -780,6 +800,7 @@ static PyObject *small_run(const char *fn, const char *what, long group, int asy
 
 PyObject *pd_shm_small_run(const char *fn, const char *what, long group, int async_op, SmallCall *call,
                            PyObject *a, PyObject *b, PyObject *list, int *fallback) {
+    pd_call_path = "small shm";
     return small_run(fn, what, group, async_op, call, a, b, list, fallback, NULL);
 }
 
@@ -866,6 +887,7 @@ int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, MPI_Op mop, long gr
         return fallback ? 0 : 1;
     }
     if (!g->small_ok) {   // a group too large for the slots: the shm all-reduce alone (blocking)
+        pd_call_path = "shm";
         int rc = run(g, group, "all_reduce (shm)", buf->data, (int64_t)buf->count, dtype_code(buf), op,
                      forced || buf->nbytes >= PD_SHM_AUTO_COPY_BYTES, 0);
         if (rc == 2) {
@@ -898,6 +920,7 @@ int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, MPI_Op mop, long gr
         return 1;
     }
     PyList_SET_ITEM(list, 0, Py_NewRef(tensor));
+    pd_call_path = "shm header + MPI";   // large_data makes it "shm" when the data takes shared memory
     *ret = header_run("all_reduce", group, async_op, &call, &mpi, (PyObject *)buf->arr, list,
                       op == PD_OP_AVG ? buf : NULL, &fallback);
     Py_DECREF(list);
@@ -914,6 +937,7 @@ PyObject *pd_shm_header_run(const char *fn, long group, int async_op, const Smal
         call.src = NULL;
         call.dst = NULL;
     }
+    pd_call_path = call.kind & SMALL_HEADER_ONLY ? "shm header + MPI" : "small shm";   // large_data may say MPI
     return header_run(fn, group, async_op, &call, mpi, keep, list, avg, fallback);
 }
 

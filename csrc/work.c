@@ -45,12 +45,28 @@ PdWorkObject *pd_work_make(const PdPending *pending, void *state, const PdOp *op
     w->avg_buf = NULL;
     w->avg_count = 0;
     w->error = NULL;
+    memset(&w->call, 0, sizeof w->call);
+    w->call_bytes = 0;
+    w->call_path = NULL;
     PyObject_GC_Track(w);
     return w;
 }
 
+// An async_op=True call's span, from its start to the moment pydist saw it complete (timeline.h).
+static void record_span(PdWorkObject *w, int failed) {
+    if (w->call.t0 == 0) {
+        return;
+    }
+    const PdCall *c = &w->call;
+    pd_tl_async(c->t0, pd_tl_clock(), "comm", c->name, 6, PD_TL_INT("group", c->gid), PD_TL_INT("seq", c->seq),
+                PD_TL_INT("bytes", w->call_bytes), PD_TL_STR("path", w->call_path ? w->call_path : "MPI"),
+                PD_TL_INT("peer", c->peer), PD_TL_INT("failed", failed));
+    w->call.t0 = 0;
+}
+
 // The operation is over: finish AVG and let go of the arrays.
 void pd_work_finish(PdWorkObject *w) {
+    record_span(w, 0);
     if (w->avg_divisor > 0) {
         pd_divide_inplace(w->avg_buf, w->avg_count, w->avg_dtype, w->avg_divisor);
         w->avg_divisor = 0;
@@ -61,6 +77,7 @@ void pd_work_finish(PdWorkObject *w) {
 // Record a completion error so that every later wait() raises it again. MPI has released the
 // request, so the arrays are free to go.
 void pd_work_fail(PdWorkObject *w) {
+    record_span(w, 1);
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);

@@ -10,3 +10,11 @@ from .distributed import *  # noqa: F401,F403
 from .distributed import __all__  # noqa: F401
 
 __version__ = "0.1.0"
+
+def __getattr__(name):
+    # dist.timeline("run.json") records a region (pydist/timeline.py, a callable module), imported on
+    # first use so that `python -m pydist.timeline` runs it fresh
+    if name == "timeline":
+        import importlib
+        return importlib.import_module(".timeline", __name__)
+    raise AttributeError(f"module 'pydist' has no attribute {name!r}")

@@ -362,6 +362,8 @@ def init_process_group(backend="mpi", init_method=None, timeout=None, world_size
     GroupMember.WORLD = _world
     if sys.excepthook is sys.__excepthook__:
         sys.excepthook = _excepthook
+    from . import timeline
+    timeline._from_env()   # PYDIST_TIMELINE=run.json
 
 
 def _set_default_timeout(seconds):
@@ -383,6 +385,9 @@ def destroy_process_group(group=None):
             _C.destroy_group(group._handle)
         group._handle = _DESTROYED
         return
+    from . import timeline
+    if timeline._active is not None:   # PYDIST_TIMELINE: the job's timeline ends with its group
+        timeline.stop()
     _C.destroy()
     for g in _subgroups:   # their communicator slots may be reused by later groups
         g._handle = _DESTROYED
