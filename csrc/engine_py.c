@@ -605,6 +605,7 @@ static PyObject *engine_set_strategy(EngineObject *e, PyObject *const *args, Py_
     }
     e->has_strategy = 1;
     e->strategy_group = group;
+    e->strategy.trace_group = group >= 0 ? (long long)pd_call_group_id(group) : 0;   // the timeline's id
     e->slow_ms = (int)slow_ms;
     e->busy = 0;
     Py_RETURN_NONE;
@@ -658,6 +659,7 @@ static PyObject *engine_train_steps(EngineObject *e, PyObject *const *args, Py_s
             PyErr_Format(PyExc_MemoryError, "%s(): %s", fn, err);
             return NULL;
         }
+        once.trace_group = (long long)pd_call_group_id(group);
         st = &once, temporary = 1;
     } else if (group < -1) {
         PyErr_Format(PyExc_ValueError, "%s(): `group` must be a group handle or -1 (alone); got %ld", fn, group);
@@ -711,6 +713,7 @@ static PyObject *engine_train_steps(EngineObject *e, PyObject *const *args, Py_s
     AsyncStats async_before = st->stats;
     st->stats.staleness_max = 0;   // the call's own maximum
     st->comm.ctx = &sync;
+    st->trace_step = e->global_step;   // the number of the call's first step, for the pipeline's timeline
     e->running = &stats;
     sync.released = PyEval_SaveThread();
     int rc = train_steps(&e->model, &c, e->momentum, &e->momentum_started, &ds, (const int *)p, (int)begin,

@@ -368,9 +368,12 @@ const float *model_forward(Model *m, const float *x, int B) {
     return m->act[m->num_layers];
 }
 
-double model_loss_backward(Model *m, const float *x, const int32_t *labels, int B, int *correct) {
+double model_forward_loss(Model *m, const float *x, const int32_t *labels, int B, int *correct) {
     const float *logits = model_forward(m, x, B);
-    double loss = log_softmax_nll(logits, labels, m->dact[m->num_layers], B, m->classes, correct);
+    return log_softmax_nll(logits, labels, m->dact[m->num_layers], B, m->classes, correct);
+}
+
+void model_backward(Model *m, int B) {
     for (int i = m->num_layers - 1; i >= 0; i--) {
         if (i > 0 && relu_into_pool(m, i - 1)) {   // the max-pool and its ReLU (no parameters)
             const Layer *P = &m->layers[i];
@@ -384,6 +387,11 @@ double model_loss_backward(Model *m, const float *x, const int32_t *labels, int 
         layer_backward(&m->layers[i], m->params, m->grads + m->layers[i].weight_offset, m->act[i], m->act[i + 1],
                        m->dact[i + 1], m->dact[i], m->cols[i], m->argmax[i], m->scratch, B, 0);
     }
+}
+
+double model_loss_backward(Model *m, const float *x, const int32_t *labels, int B, int *correct) {
+    double loss = model_forward_loss(m, x, labels, B, correct);
+    model_backward(m, B);
     return loss;
 }
 

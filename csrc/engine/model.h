@@ -68,6 +68,11 @@ const float *model_forward(Model *m, const float *x, int B);
 // Forward, loss (log-softmax + NLL, mean over the batch) and backward: grads are overwritten with
 // d(loss)/d(params). Returns the loss; *correct (may be NULL) counts right answers.
 double model_loss_backward(Model *m, const float *x, const int32_t *labels, int B, int *correct);
+// The same in its two halves, for a caller that times them apart (the step loop's timeline):
+// model_forward_loss is the forward pass and the loss, whose gradient it leaves in the model;
+// model_backward then overwrites grads with d(loss)/d(params) from it (the same B).
+double model_forward_loss(Model *m, const float *x, const int32_t *labels, int B, int *correct);
+void model_backward(Model *m, int B);
 
 // One layer on B examples, as model_forward/model_loss_backward run it: params is the model's flat
 // buffer (the layer reads its own offsets), dparams the layer's own gradient (its weights', then its

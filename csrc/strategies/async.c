@@ -27,6 +27,10 @@
  * server 0 then holds back a worker's empty grant until no live worker holds a block. At the end of
  * the call server 0 tells every rank which workers it went on without (the one word all agree on);
  * the Trainer then carries on with a communicator of the survivors (engine.py).
+ * On the timeline a worker's step records "update" (its local SGD step) and, when its block is done,
+ * one "server exchange" per server (cat "strategy", args server: the server's rank in the group; the
+ * worker does not know its staleness, so none); a server records each push it serves as "serve" (args
+ * worker: the worker's rank, staleness: the server's updates between that worker's pull and this push).
  * Every kind's hooks are the one table at the end (hooks.h); the communication is comm.c's.
  */
 #include <stdio.h>
@@ -204,6 +208,7 @@ static int async_next_batch(Strategy *s, long *batch_index) {
 // One exchange with every server: the message out (the accumulated update, or aeasgd's weights), the
 // reply in (the center shard into params, or aeasgd's e into scratch), and the next block from server 0.
 static int exchange(Strategy *s, float *params) {
+    int64_t t = pd_tl_begin();   // the first server's span holds the making of the message too
     Comm *c = &s->comm;
     const int S = s->cfg.servers, elastic = s->cfg.kind == STRATEGY_AEASGD, compressed = s->payloads != NULL;
     const long n = s->n;
@@ -229,8 +234,20 @@ static int exchange(Strategy *s, float *params) {
             rc = comm_irecv(c, in + lo, len, s->workers + j, TAG_REPLY, &s->reqs[2 * j + 1]);
         }
     }
-    rc = rc < 0 ? (comm_park_all(c, 2 * S + 1, s->reqs), rc) : comm_waitall(c, 2 * S + 1, s->reqs);
+    // The servers' replies in turn (server 0's with its grant): on the timeline each server's exchange
+    // runs from the end of the one before to its reply, so that they never overlap.
+    for (int j = 0; j < S && rc == 0; j++) {
+        if ((rc = comm_waitall(c, 2, &s->reqs[2 * j])) == 0 && j == 0) {
+            rc = comm_wait(c, &s->reqs[2 * S]);
+        }
+        if (t) {
+            const int64_t t1 = pd_tl_clock();
+            pd_tl_span_to(t, t1, "strategy", "server exchange", 1, PD_TL_INT("server", s->workers + j));
+            t = t1;
+        }
+    }
     if (rc < 0) {
+        comm_park_all(c, 2 * S + 1, s->reqs);   // (the failed wait parked its own; null ones are skipped)
         return rc;
     }
     s->block_pos = s->grants[0];
@@ -247,13 +264,18 @@ static int exchange(Strategy *s, float *params) {
 
 // A worker's step: a local SGD step, and an exchange when its block of batches is done.
 static int async_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
-    (void)step;
     SgdConfig sgd = s->sgd;
     if (s->cfg.kind == STRATEGY_AEASGD && sgd.momentum > 0.0f) {
         sgd.nesterov = 1;   // EAMSGD
     }
+    const int64_t t = pd_tl_begin();
     sgd_step(&sgd, params, grads, momentum, started, s->n);
-    return s->block_pos == s->block_end ? exchange(s, params) : 0;
+    if (t) pd_tl_span(t, "compute", "update", 0);
+    if (s->block_pos != s->block_end) {
+        return 0;
+    }
+    pd_activity("server exchange", step);
+    return exchange(s, params);
 }
 
 // The call's last message: DONE (empty) to every server.
@@ -452,6 +474,7 @@ static int async_serve_call(Strategy *s, float *params, int first, int last) {
             done[w] = 1;
             running--;
         } else {
+            const int64_t t = pd_tl_begin();
             float *in = s->scratch + (long)w * len, *out = s->replies + (long)w * len;
             if ((rc = comm_wait(c, &sends[w])) < 0 || (rc = comm_wait(c, &grant_sends[w])) < 0) {
                 break;   // (the last reply to w has left: w has sent again)
@@ -486,6 +509,7 @@ static int async_serve_call(Strategy *s, float *params, int first, int last) {
             if (rc == 0 && (rc = comm_isend(c, out, len, w, TAG_REPLY, &sends[w])) == 0) {
                 rc = receive(s, w, len, &recvs[w]);
             }
+            if (t) pd_tl_span(t, "strategy", "serve", 2, PD_TL_INT("worker", w), PD_TL_INT("staleness", staleness));
         }
         w = next_running(done, s->waiting, W, w);
     }

@@ -12,6 +12,9 @@
  * from a point every rank holds alike (average: the last mean; easgd: the center), and its residual
  * keeps what was not sent; the sum is still the same on every rank.
  * Each kind's hooks are its table at the end (hooks.h); the communication is comm.c's.
+ * On the timeline a step records "update" (the local SGD step) and, every period, "averaging round"
+ * (cat "strategy", args round: the exchange's number from 0 since the warm-up, and the group); average's
+ * warm-up steps record "gradient sync" and "update", as allreduce's do.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,18 +86,24 @@ static long average_scratch(const Strategy *s) {   // compressed: the difference
     return s->cfg.compression.kind != COMPRESS_NONE ? s->n : 0;
 }
 
-static int average_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
+// The local SGD step, on the timeline as the step's "update".
+static void update(Strategy *s, float *params, float *grads, float *momentum, int *started) {
+    const int64_t t = pd_tl_begin();
+    sgd_step(&s->sgd, params, grads, momentum, started, s->n);
+    if (t) pd_tl_span(t, "compute", "update", 0);
+}
+
+// Round `round`'s exchange, begun at t, on the timeline.
+static void record_round(const Strategy *s, int64_t t, long round) {
+    if (t) {
+        pd_tl_span(t, "strategy", "averaging round", 2, PD_TL_INT("round", round), PD_TL_INT("group", s->trace_group));
+    }
+}
+
+// The weights' (and momentum's) mean, every rank alike.
+static int average_exchange(Strategy *s, float *params, float *momentum, int *started) {
     const long n = s->n;
     int rc;
-    if (step < s->cfg.warmup) {  // synchronous SGD: the mean gradient, the same update everywhere
-        if ((rc = mean_in_place(&s->comm, grads, n)) < 0) return rc;
-        sgd_step(&s->sgd, params, grads, momentum, started, n);
-        return 0;
-    }
-    sgd_step(&s->sgd, params, grads, momentum, started, n);
-    if ((step - s->cfg.warmup + 1) % s->cfg.period != 0) {
-        return 0;
-    }
     if (s->z.spec.kind != COMPRESS_NONE) {   // the mean of the differences from the last mean
         if ((rc = compressed_weights_sum(s, params, s->center, s->scratch)) < 0) return rc;
         const float f = 1.0f / (float)s->comm.size;
@@ -110,6 +119,26 @@ static int average_step(Strategy *s, float *params, float *grads, float *momentu
         *started = 0;
     }
     return 0;
+}
+
+static int average_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
+    int rc;
+    if (step < s->cfg.warmup) {  // synchronous SGD: the mean gradient, the same update everywhere
+        const int64_t t = pd_tl_begin();
+        rc = mean_in_place(&s->comm, grads, s->n);
+        if (t) pd_tl_span(t, "sync", "gradient sync", 2, TL_EXCHANGE(s, step));
+        if (rc < 0) return rc;
+        update(s, params, grads, momentum, started);
+        return 0;
+    }
+    update(s, params, grads, momentum, started);
+    if ((step - s->cfg.warmup + 1) % s->cfg.period != 0) {
+        return 0;
+    }
+    const int64_t t = pd_tl_begin();
+    rc = average_exchange(s, params, momentum, started);
+    record_round(s, t, (step - s->cfg.warmup + 1) / s->cfg.period - 1);
+    return rc;
 }
 
 static int average_weights(Strategy *s, const float *params, float *out) {
@@ -151,12 +180,9 @@ static int easgd_weights(Strategy *s, const float *params, float *out) {
     return 0;
 }
 
-static int easgd_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
+// The elastic exchange: every worker toward the center, the center toward the workers.
+static int easgd_exchange(Strategy *s, float *params) {
     const long n = s->n;
-    sgd_step(&s->sgd, params, grads, momentum, started, n);
-    if ((step + 1) % s->cfg.period != 0) {
-        return 0;
-    }
     float *sum = s->scratch;
     int rc;
     if (s->z.spec.kind != COMPRESS_NONE) {   // each worker's difference from the center goes compressed
@@ -175,6 +201,17 @@ static int easgd_step(Strategy *s, float *params, float *grads, float *momentum,
         s->center[i] = c + alpha * (sum[i] - R * c);
     }
     return 0;
+}
+
+static int easgd_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
+    update(s, params, grads, momentum, started);
+    if ((step + 1) % s->cfg.period != 0) {
+        return 0;
+    }
+    const int64_t t = pd_tl_begin();
+    int rc = easgd_exchange(s, params);
+    record_round(s, t, (step + 1) / s->cfg.period - 1);
+    return rc;
 }
 
 // ---------------------------------------------------------------------------------------------------

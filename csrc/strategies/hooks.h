@@ -15,6 +15,11 @@
  *
  * A strategy has its own communicator, so only a family's own messages meet; their tags still differ
  * from family to family (sync.c 1-3, async.c 4-8, pipeline.c 9-11), so a trace reads unambiguously.
+ *
+ * The timeline (timeline.h): inside a worker's "step" span (train.c) each family records its own
+ * phases, siblings that never overlap: "gradient sync" (cat "sync", args TL_EXCHANGE below) and
+ * "update" (cat "compute"); "averaging round"; "server exchange" and "serve"; the pipeline's
+ * micro-batches and its stage sends and receives. Off, each costs the one branch in pd_tl_begin.
  */
 #ifndef PYDIST_STRATEGIES_HOOKS_H
 #define PYDIST_STRATEGIES_HOOKS_H
@@ -26,6 +31,7 @@
 #include "engine/data.h"
 #include "engine/model.h"
 #include "engine/sgd.h"
+#include "timeline.h"
 
 typedef enum {
     STRATEGY_ALLREDUCE, STRATEGY_RING, STRATEGY_CENTRAL, STRATEGY_PS, STRATEGY_AVERAGE, STRATEGY_EASGD,
@@ -118,7 +124,15 @@ typedef struct {
     AsyncStats stats;
     Pipeline *pipe;           // pipeline: the stage (pipeline.c)
     Compressor z;             // cfg.compression's state: this rank's residual (and powersgd's warm start)
+    // The timeline: the id of the group the strategy runs on (calls.c's, the same on every member; set
+    // by the glue, 0: none), so that a report pairs the ranks' spans of one exchange; and the number of
+    // the next run_step (the pipeline's hook is not given its step: the glue sets it for each call).
+    long long trace_group;
+    long trace_step;
 } Strategy;
+
+// The args of an exchange's span: the group and the step, alike on every rank that takes part.
+#define TL_EXCHANGE(s, step) PD_TL_INT("group", (s)->trace_group), PD_TL_INT("seq", (step))
 
 // ---------------------------------------------------------------------------------------------------
 // The table a kind gives the registry

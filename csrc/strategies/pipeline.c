@@ -17,6 +17,12 @@
  * always consecutive, so slots are taken and freed in order. Receives are posted as early as a slot
  * allows: an input as soon as its slot is free, an output's gradient right after the output is sent.
  * Every message of a step is received within that step, and every send is complete when it returns.
+ * On the timeline (args stage: this stage, micro: the micro-batch) each micro-batch's compute is a
+ * "micro-batch forward" or "micro-batch backward" (cat "compute", its batch's gathering and the loss
+ * included); waiting for a neighbour's activations or gradients is "stage recv", and posting a send or
+ * waiting for one to complete (before its slot is reused, or at the step's end) "stage send" (cat
+ * "sync"). Then "gradient sync" (the all-reduce over replicas, args TL_EXCHANGE and the stage) and
+ * "update".
  * Its hooks are the table at the end (hooks.h); the communication is comm.c's.
  */
 #include <stdio.h>
@@ -72,6 +78,11 @@ static double now(void) {
 
 static const Layer *layer(const Pipeline *pl, int k) {
     return &pl->model->layers[pl->lo + k];
+}
+
+// The span from t of this stage's micro-batch j on the timeline (t == 0: not recording).
+static inline void tl_micro(const Pipeline *pl, int64_t t, const char *cat, const char *name, int j) {
+    if (t) pd_tl_span(t, cat, name, 2, PD_TL_INT("stage", pl->p), PD_TL_INT("micro", j));
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -271,7 +282,11 @@ static int take_slot(Step *st, int j, Slot **out) {
     Slot *sl = &pl->slots[j % pl->nslots];
     if (sl->micro != j) {
         int rc;
-        if ((rc = wait_idle(st, &sl->req[SEND_OUT])) < 0 || (rc = wait_idle(st, &sl->req[SEND_DIN])) < 0) return rc;
+        int64_t t = pd_tl_begin();   // a span only when sends were in flight
+        if (t && sl->req[SEND_OUT] == MPI_REQUEST_NULL && sl->req[SEND_DIN] == MPI_REQUEST_NULL) t = 0;
+        if ((rc = wait_idle(st, &sl->req[SEND_OUT])) == 0) rc = wait_idle(st, &sl->req[SEND_DIN]);
+        tl_micro(pl, t, "sync", "stage send", j - pl->nslots);   // the slot's last micro-batch, this step's
+        if (rc < 0) return rc;
         sl->micro = j;
         if (++pl->in_flight > pl->peak) pl->peak = pl->in_flight;
         if (pl->prev >= 0) {
@@ -305,7 +320,14 @@ static int forward(Step *st, int j, const float *params, int *next_in) {
     const int nl = pl->layers, last = pl->next < 0;
     Slot *sl;
     int rc;
-    if ((rc = take_slot(st, j, &sl)) < 0 || (pl->prev >= 0 && (rc = wait_idle(st, &sl->req[RECV_IN])) < 0)) return rc;
+    if ((rc = take_slot(st, j, &sl)) < 0) return rc;
+    if (pl->prev >= 0) {
+        const int64_t t = pd_tl_begin();
+        rc = wait_idle(st, &sl->req[RECV_IN]);
+        tl_micro(pl, t, "sync", "stage recv", j);
+        if (rc < 0) return rc;
+    }
+    const int64_t tl = pd_tl_begin();
     double t0 = now();
     batch_gather(pl->prev < 0 ? sl->act[0] : NULL, last ? sl->labels : NULL, st->ds, st->perm,
                  st->offset + j * pl->mb, pl->mb);
@@ -322,12 +344,15 @@ static int forward(Step *st, int j, const float *params, int *next_in) {
         for (long i = 0; i < n; i++) sl->dout[i] *= scale;
     }
     double t1 = now();
+    tl_micro(pl, tl, "compute", "micro-batch forward", j);
     pl->stats.busy += t1 - t0;
     record(pl, F, j, t0, t1);
     if (!last) {
         long n = (long)pl->mb * layer_output_floats(layer(pl, nl - 1));
-        if ((rc = comm_isend(&st->s->comm, sl->act[nl], n, pl->next, TAG_ACT, &sl->req[SEND_OUT])) < 0 ||
-            (rc = comm_irecv(&st->s->comm, sl->dout, n, pl->next, TAG_GRAD, &sl->req[RECV_GRAD])) < 0) {
+        const int64_t t = pd_tl_begin();
+        rc = comm_isend(&st->s->comm, sl->act[nl], n, pl->next, TAG_ACT, &sl->req[SEND_OUT]);
+        tl_micro(pl, t, "sync", "stage send", j);
+        if (rc < 0 || (rc = comm_irecv(&st->s->comm, sl->dout, n, pl->next, TAG_GRAD, &sl->req[RECV_GRAD])) < 0) {
             return rc;
         }
     }
@@ -339,7 +364,13 @@ static int backward(Step *st, int j, const float *params, int *next_in) {
     const int nl = pl->layers;
     Slot *sl = &pl->slots[j % pl->nslots];
     int rc;
-    if (pl->next >= 0 && (rc = wait_idle(st, &sl->req[RECV_GRAD])) < 0) return rc;
+    if (pl->next >= 0) {
+        const int64_t t = pd_tl_begin();
+        rc = wait_idle(st, &sl->req[RECV_GRAD]);
+        tl_micro(pl, t, "sync", "stage recv", j);
+        if (rc < 0) return rc;
+    }
+    const int64_t tl = pd_tl_begin();
     double t0 = now();
     for (int k = nl - 1; k >= 0; k--) {
         const Layer *Lk = layer(pl, k);
@@ -350,11 +381,15 @@ static int backward(Step *st, int j, const float *params, int *next_in) {
                        dx, sl->cols[k], sl->argmax[k], pl->scratch, pl->mb, j > 0);
     }
     double t1 = now();
+    tl_micro(pl, tl, "compute", "micro-batch backward", j);
     pl->stats.busy += t1 - t0;
     record(pl, B, j, t0, t1);
     if (pl->prev >= 0) {
         long n = (long)pl->mb * layer_input_floats(layer(pl, 0));
-        if ((rc = comm_isend(&st->s->comm, sl->din, n, pl->prev, TAG_GRAD, &sl->req[SEND_DIN])) < 0) return rc;
+        const int64_t t = pd_tl_begin();
+        rc = comm_isend(&st->s->comm, sl->din, n, pl->prev, TAG_GRAD, &sl->req[SEND_DIN]);
+        tl_micro(pl, t, "sync", "stage send", j);
+        if (rc < 0) return rc;
     }
     sl->micro = -1;
     pl->in_flight--;
@@ -370,9 +405,13 @@ static int finish_requests(Step *st, int failed) {
         if (failed || rc < 0) {
             comm_park_all(&st->s->comm, 4, reqs);
         } else {
+            // what is left are the sends of the slot's last micro-batch (every receive was waited for)
+            int64_t t = pd_tl_begin();
+            if (t && reqs[SEND_OUT] == MPI_REQUEST_NULL && reqs[SEND_DIN] == MPI_REQUEST_NULL) t = 0;
             double t0 = now();
             rc = comm_waitall(&st->s->comm, 4, reqs);
             pl->stats.idle += now() - t0;
+            tl_micro(pl, t, "sync", "stage send", i + pl->nslots * ((pl->M - 1 - i) / pl->nslots));   // its last
         }
         pl->slots[i].micro = -1;
     }
@@ -393,6 +432,15 @@ static int replicas_allreduce(Strategy *s, float *buf, long n) {
     s->comm.seconds += dp.seconds;
     s->comm.mpi_rc = dp.mpi_rc, s->comm.mpi_call = dp.mpi_call;
     return rc;
+}
+
+// The timeline's id of this stage's replicas (their all-reduce): the strategy's group's, mixed with the
+// stage, so that it is the same on a stage's replicas and differs from stage to stage (below 2^48, as
+// calls.c's ids, for JSON readers that hold numbers as doubles).
+static long long stage_group(const Strategy *s) {
+    const unsigned long long h = ((unsigned long long)s->trace_group ^ 0x5354414745ull) * 1099511628211ull +
+                                 (unsigned long long)s->pipe->p;
+    return (long long)((h ^ (h >> 48)) & ((1ull << 48) - 1));
 }
 
 static int pipeline_run_step(Strategy *s, const Dataset *ds, const int *perm, int offset, int batch, float *params,
@@ -423,14 +471,23 @@ static int pipeline_run_step(Strategy *s, const Dataset *ds, const int *perm, in
     if (rc < 0) {
         return rc;
     }
+    const long number = s->trace_step++;
     double t0 = now();
-    if ((rc = replicas_allreduce(s, pl->grads, pl->len)) < 0) {
+    int64_t t = pd_tl_begin();   // (a span only when there are replicas to exchange with)
+    if (t && pl->D == 1) t = 0;
+    rc = replicas_allreduce(s, pl->grads, pl->len);
+    // the stage's replicas exchange apart from the other stages': a group id of their own
+    if (t) pd_tl_span(t, "sync", "gradient sync", 3, PD_TL_INT("group", stage_group(s)), PD_TL_INT("seq", number),
+                      PD_TL_INT("stage", pl->p));
+    if (rc < 0) {
         return rc;
     }
     double t1 = now();
     pl->stats.sync += t1 - t0;
     const long lo = pl->off[pl->p];   // the mean over replicas: 1/D inside the update's pass
+    t = pd_tl_begin();
     sgd_step_scaled(&s->sgd, 1.0f / (float)pl->D, params + lo, pl->grads, momentum + lo, started, pl->len);
+    if (t) pd_tl_span(t, "compute", "update", 0);
     double t2 = now();
     pl->stats.busy += t2 - t1;
     record(pl, UPDATE, -1, t0, t2);

@@ -11,6 +11,10 @@
  *              parameters and its momentum; the workers push gradient shards and pull weight shards.
  * The gradients are the mean over the workers' batches, as one process with their union would take.
  * Each kind's hooks are its table at the end (hooks.h); the communication is comm.c's.
+ * On the timeline a worker's step records "gradient sync" (the gradients' exchange, their sum included)
+ * and "update" (the SGD step, where this rank takes it); central's rank 0 and ps's servers also record
+ * "weight sync" (the new weights going out; args step only: the other ranks' side of it lies inside
+ * their "gradient sync", which is what a report pairs by group and seq).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -26,29 +30,34 @@ enum { TAG_GRADS = 1, TAG_WEIGHTS = 2, TAG_STATE = 3 };
 // ---------------------------------------------------------------------------------------------------
 // allreduce and ring
 
-// The gradients' sum (rc: how getting it went), then every rank's same update with their mean. The
-// mean is the sum times 1/R, applied inside the update's one pass over the parameters (grads keep the
-// sum). 1/R: the bits that scaling first gave; at R = 1 the factor is exactly 1.
-static int update_with_mean(Strategy *s, int rc, float *params, float *grads, float *momentum, int *started) {
+// The gradients' sum (rc: how getting it went; t: when the exchange began, for the timeline), then
+// every rank's same update with their mean. The mean is the sum times 1/R, applied inside the update's
+// one pass over the parameters (grads keep the sum). 1/R: the bits that scaling first gave; at R = 1
+// the factor is exactly 1.
+static int update_with_mean(Strategy *s, int rc, int64_t t, long step, float *params, float *grads, float *momentum,
+                            int *started) {
+    if (t) pd_tl_span(t, "sync", "gradient sync", 2, TL_EXCHANGE(s, step));
     if (rc < 0) {
         return rc;
     }
+    t = pd_tl_begin();
     sgd_step_scaled(&s->sgd, 1.0f / (float)s->comm.size, params, grads, momentum, started, s->n);
+    if (t) pd_tl_span(t, "compute", "update", 0);
     return 0;
 }
 
 static int allreduce_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
-    (void)step;
+    const int64_t t = pd_tl_begin();
     int rc = s->z.spec.kind != COMPRESS_NONE ? compress_allreduce_sum(&s->z, &s->comm, grads, s->n, 0)
                                              : comm_allreduce_sum_shm(&s->comm, grads, s->n);
-    return update_with_mean(s, rc, params, grads, momentum, started);
+    return update_with_mean(s, rc, t, step, params, grads, momentum, started);
 }
 
 static int ring_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
-    (void)step;
+    const int64_t t = pd_tl_begin();
     int rc = s->z.spec.kind != COMPRESS_NONE ? compress_allreduce_sum(&s->z, &s->comm, grads, s->n, 1)
                                              : comm_ring_allreduce_sum(&s->comm, grads, s->n, s->scratch);
-    return update_with_mean(s, rc, params, grads, momentum, started);
+    return update_with_mean(s, rc, t, step, params, grads, momentum, started);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -76,8 +85,10 @@ static void decode_sum(const Strategy *s, const char *payloads, size_t bytes, in
 
 // central, compressed: every rank's gradient payload to rank 0 (its own too, encoded where it is), which
 // sums them in rank order and updates; the weights go back whole.
-static int central_compressed_step(Strategy *s, float *params, float *grads, float *momentum, int *started) {
+static int central_compressed_step(Strategy *s, float *params, float *grads, float *momentum, int *started,
+                                   long step) {
     Comm *c = &s->comm;
+    int64_t t = pd_tl_begin();
     const int R = c->size;
     const long n = s->n;
     long lo[2] = {0, n};
@@ -107,13 +118,20 @@ static int central_compressed_step(Strategy *s, float *params, float *grads, flo
     rc = rc < 0 ? (comm_park_all(c, R - 1, reqs), rc) : comm_waitall(c, R - 1, reqs);
     if (rc == 0) {
         decode_sum(s, all, bytes, R, 0, n, grads);
+        if (t) pd_tl_span(t, "sync", "gradient sync", 2, TL_EXCHANGE(s, step));
+        t = pd_tl_begin();
         sgd_step_scaled(&s->sgd, 1.0f / (float)R, params, grads, momentum, started, n);
+        if (t) pd_tl_span(t, "compute", "update", 0);
+        t = pd_tl_begin();
         for (int r = 1; r < R && rc == 0; r++) {
             rc = comm_isend(c, params, n, r, TAG_WEIGHTS, &reqs[r - 1]);
         }
         rc = rc < 0 ? (comm_park_all(c, R - 1, reqs), rc) : comm_waitall(c, R - 1, reqs);
+        if (t) pd_tl_span(t, "sync", "weight sync", 1, PD_TL_INT("step", step));
+        t = 0;   // recorded
     }
 done:
+    if (t) pd_tl_span(t, "sync", "gradient sync", 2, TL_EXCHANGE(s, step));   // another rank's whole exchange
     free(reqs);
     return rc;
 }
@@ -127,26 +145,29 @@ static long ring_scratch(const Strategy *s) {
 
 // Rank 0 gathers, sums in rank order, updates, and sends the weights back; alone it is plain SGD.
 static int central_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
-    (void)step;
     Comm *c = &s->comm;
     const int R = c->size;
     const long n = s->n;
     MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     int rc = 0;
     if (s->z.spec.kind != COMPRESS_NONE) {
-        return central_compressed_step(s, params, grads, momentum, started);
+        return central_compressed_step(s, params, grads, momentum, started, step);
     }
+    int64_t t = pd_tl_begin();
     if (R == 1) {
         sgd_step(&s->sgd, params, grads, momentum, started, n);
+        if (t) pd_tl_span(t, "compute", "update", 0);
         return 0;
     }
-    if (c->rank != 0) {
+    if (c->rank != 0) {   // one exchange: the gradients out, the weights back
         if ((rc = comm_isend(c, grads, n, 0, TAG_GRADS, &reqs[0])) < 0 ||
             (rc = comm_irecv(c, params, n, 0, TAG_WEIGHTS, &reqs[1])) < 0) {
             comm_park_all(c, 2, reqs);
-            return rc;
+        } else {
+            rc = comm_waitall(c, 2, reqs);
         }
-        return comm_waitall(c, 2, reqs);
+        if (t) pd_tl_span(t, "sync", "gradient sync", 2, TL_EXCHANGE(s, step));
+        return rc;
     }
     MPI_Request *many = malloc(sizeof(MPI_Request) * (size_t)(R - 1));
     if (many == NULL) {
@@ -162,11 +183,16 @@ static int central_step(Strategy *s, float *params, float *grads, float *momentu
             const float *g = s->scratch + (long)(r - 1) * n;
             for (long i = 0; i < n; i++) grads[i] += g[i];
         }
+        if (t) pd_tl_span(t, "sync", "gradient sync", 2, TL_EXCHANGE(s, step));
+        t = pd_tl_begin();
         sgd_step_scaled(&s->sgd, 1.0f / (float)R, params, grads, momentum, started, n);
+        if (t) pd_tl_span(t, "compute", "update", 0);
+        t = pd_tl_begin();
         for (int r = 1; r < R && rc == 0; r++) {
             rc = comm_isend(c, params, n, r, TAG_WEIGHTS, &many[r - 1]);
         }
         rc = rc < 0 ? (comm_park_all(c, R - 1, many), rc) : comm_waitall(c, R - 1, many);
+        if (t) pd_tl_span(t, "sync", "weight sync", 1, PD_TL_INT("step", step));
     }
     free(many);
     return rc;
@@ -188,7 +214,8 @@ static int central_state(Strategy *s, const float *momentum, float *momentum_out
 
 // A worker's step: push each server its gradient shard, pull its weight shard (the servers update).
 static int ps_step(Strategy *s, float *params, float *grads, float *momentum, int *started, long step) {
-    (void)momentum, (void)started, (void)step;
+    (void)momentum, (void)started;
+    const int64_t t = pd_tl_begin();   // all of it is the exchange: the servers update
     Comm *c = &s->comm;
     const int S = s->cfg.servers;
     MPI_Request *reqs = malloc(sizeof(MPI_Request) * (size_t)(2 * S));
@@ -221,6 +248,7 @@ static int ps_step(Strategy *s, float *params, float *grads, float *momentum, in
     }
     rc = rc < 0 ? (comm_park_all(c, 2 * S, reqs), rc) : comm_waitall(c, 2 * S, reqs);
 done:
+    if (t) pd_tl_span(t, "sync", "gradient sync", 2, TL_EXCHANGE(s, step));
     free(at);
     free(lo);
     free(reqs);
@@ -230,7 +258,7 @@ done:
 // ps server: one step: every worker's gradient shard, their mean, the update of this shard, and the
 // new weights to every worker.
 static int ps_serve(Strategy *s, float *params, float *momentum, int *started, long step) {
-    (void)step;
+    int64_t t = pd_tl_begin();
     Comm *c = &s->comm;
     const int W = s->workers;
     const long lo = s->shard_lo, len = s->shard_hi - s->shard_lo;
@@ -261,11 +289,16 @@ static int ps_serve(Strategy *s, float *params, float *momentum, int *started, l
             const float *g = s->scratch + (long)w * len;
             for (long i = 0; i < len; i++) sum[i] += g[i];
         }
+        if (t) pd_tl_span(t, "sync", "gradient sync", 2, TL_EXCHANGE(s, step));
+        t = pd_tl_begin();
         sgd_step_scaled(&s->sgd, 1.0f / (float)W, params + lo, sum, momentum + lo, started, len);
+        if (t) pd_tl_span(t, "compute", "update", 0);
+        t = pd_tl_begin();
         for (int w = 0; w < W && rc == 0; w++) {
             rc = comm_isend(c, params + lo, len, w, TAG_WEIGHTS, &reqs[w]);
         }
         rc = rc < 0 ? (comm_park_all(c, W, reqs), rc) : comm_waitall(c, W, reqs);
+        if (t) pd_tl_span(t, "sync", "weight sync", 1, PD_TL_INT("step", step));
     }
     free(reqs);
     return rc;
