@@ -30,6 +30,16 @@ a world of one), importing this module starts MPI
 and ``MASTER_PORT`` from it (rank 0 picks a free port), so torch's default ``env://`` finds a real
 TCPStore for code that uses one. ``init_method="pydist://"`` does the same without the environment.
 
+Timeline (``pydist.timeline``): every pydist call shows as a "comm" span already, from whichever
+thread makes it. While a timeline records, a gradient bucket's all-reduce (an asynchronous all-reduce
+issued inside a backward pass: DDP's buckets, or a comm hook's) also shows as a "bucket all_reduce"
+span (cat "torch", args ``bucket`` and ``bytes``) around its run on the group's worker thread, and the
+backward pass as a "backward" span on the thread that ran it, from its first bucket to the end of its
+autograd graph (an autograd callback, queued before DDP's own, which then waits for the buckets): the
+buckets' all-reduces against the computation they overlap. ``bucket`` is the bucket's index from a
+pydist comm hook, and otherwise the all-reduce's position in the backward pass (DDP launches its
+buckets in index order). Not recording, none of this runs.
+
 Tensors: CPU only. Non-contiguous tensors are copied into a contiguous one and back; tensors that
 require grad are used through ``detach()``; bfloat16 is moved as raw 16-bit words and reduced by
 pydist's own ops (widened to float32 for each pairwise step and rounded back to nearest even, as
@@ -38,6 +48,7 @@ float16 is). ``ReduceOp.PREMUL_SUM`` is refused (``ValueError``).
 import atexit
 import collections
 import datetime
+import functools
 import os
 import socket
 import sys
@@ -48,6 +59,7 @@ import torch
 import torch.distributed as tdist
 
 from . import distributed as pd
+from . import timeline as _timeline
 
 __all__ = ["ProcessGroupPydist", "BACKEND", "monitored_barrier"]
 
@@ -277,6 +289,7 @@ class _Worker:
                 self._ready.wait()
 
     def _loop(self):
+        pd._C.timeline_thread_name(self.thread.name)   # its calls' track in a timeline
         while True:
             with self.lock:
                 while not self._queue:
@@ -308,6 +321,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         super().__init__(rank, size)
         self._ranks = list(global_ranks)
         self._worker = None   # started at the first asynchronous collective
+        self._backward = None   # recording a timeline: [graph task id, buckets so far, first bucket's clock]
         if default:
             self._group = None
         else:
@@ -357,6 +371,27 @@ class ProcessGroupPydist(tdist.ProcessGroup):
             self._worker = _Worker(self.getGroupName() or str(self._ranks))
         return self._worker.submit(what, run, result, arrays)
 
+    def _traced_bucket(self, run, nbytes, index=None):
+        """run, recorded as a "bucket all_reduce" span when issued inside a backward pass (see the
+        module's docstring), the pass itself as "backward" once its graph ends. Only while recording."""
+        task = torch._C._current_graph_task_id()
+        if task < 0:
+            return run   # not from a backward pass: not a bucket
+        b = self._backward
+        if b is None or b[0] != task:
+            b = self._backward = [task, 0, _timeline.clock()]
+            torch.autograd.Variable._execution_engine.queue_callback(functools.partial(_backward_done, b))
+        index = b[1] if index is None else index
+        b[1] += 1
+
+        def traced():
+            t0 = _timeline.clock()
+            try:
+                run()
+            finally:
+                _timeline.event("bucket all_reduce", t0, _timeline.clock(), cat="torch", bucket=index, bytes=nbytes)
+        return traced
+
     def _quiet(self):
         """Before a call that does not go through _issue: the worker's earlier collectives first."""
         if self._worker is not None and self._worker.pending:
@@ -384,6 +419,9 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         def run():
             for a in arrays:
                 pd.all_reduce(a.array, op, group=group)
+        if _timeline._active is not None and (opts is None or opts.asyncOp) and tensors and \
+                tensors[0].is_floating_point():   # a gradient bucket (DDP's map of used parameters is int)
+            run = self._traced_bucket(run, sum(t.numel() * t.element_size() for t in tensors))
         return self._issue("all_reduce", opts, run, tensors, arrays)
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -516,6 +554,11 @@ class ProcessGroupPydist(tdist.ProcessGroup):
 
 
 _DONE = _Work(None, [])
+
+
+def _backward_done(b):
+    """The autograd callback at the end of a backward pass that issued buckets (b: see _traced_bucket)."""
+    _timeline.event("backward", b[2], _timeline.clock(), cat="torch", buckets=b[1])
 
 
 # ---------------------------------------------------------------------------------------------------

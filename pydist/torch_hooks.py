@@ -23,6 +23,7 @@ import torch
 import torch.distributed as tdist
 
 from . import _C
+from . import timeline as _timeline
 
 
 def _pydist_group(state, hook):
@@ -72,6 +73,8 @@ class _Hook:
         def run():
             z.allreduce_sum(array, handle, False)
             np.divide(array, np.float32(size), out=array)   # DDP's buckets hold the mean
+        if _timeline._active is not None:
+            run = group._traced_bucket(run, array.nbytes, bucket.index())
         return group._issue(f"{self.__name__} (bucket {bucket.index()})", None, run, tensor, ()).get_future()
 
 
