@@ -5,9 +5,10 @@
  * Each _C communication function brackets its work with pd_call_begin/pd_call_end. A collective is
  * numbered among its group's collectives: every member numbers it alike (MPI matches collectives by
  * order), so the report can pair the ranks' spans of one collective and tell who arrived last. A group
- * is known in the trace by an id that is the same on every member: a hash of its world ranks and its
- * handle (handles are allocated alike when every rank makes its groups in the same order, as
- * torch.distributed's new_group requires).
+ * is known in the trace by an id that is the same on every member: a hash of its world ranks and of its
+ * ordinal among the groups of those same members this process has made (group.c tells us as each is
+ * made; every member makes them in the same order, as their creation is collective). Handles would not
+ * do: a rank that made a group it is not in, or made one members-only, numbers its slots differently.
  */
 #include "pydist.h"
 
@@ -29,6 +30,73 @@ static PyObject *group_members = NULL;   // {gid: [world ranks]} of the groups c
 // The trace's ids stay below 2**48 so that JSON readers that hold numbers as doubles read them exactly.
 #define GID_MASK ((1ULL << 48) - 1)
 
+// How many groups of each set of members this process has made (a member-set hash -> count): a
+// group's ordinal among those of its members, the same on every member.
+typedef struct {
+    uint64_t members;
+    unsigned long made;
+} MemberSet;
+static MemberSet *member_sets = NULL;
+static int n_member_sets = 0, cap_member_sets = 0;
+
+// The nth group (from 0) made with this member-set hash; -1: out of memory.
+static long member_set_ordinal(uint64_t members) {
+    for (int i = 0; i < n_member_sets; i++) {
+        if (member_sets[i].members == members) {
+            return (long)member_sets[i].made++;
+        }
+    }
+    if (n_member_sets == cap_member_sets) {
+        int cap = cap_member_sets ? 2 * cap_member_sets : 16;
+        MemberSet *grown = PyMem_RawRealloc(member_sets, sizeof *grown * (size_t)cap);
+        if (grown == NULL) {
+            return -1;
+        }
+        member_sets = grown;
+        cap_member_sets = cap;
+    }
+    member_sets[n_member_sets++] = (MemberSet){members, 1};
+    return 0;
+}
+
+// Set g's id from the group's world ranks and `salt`, and list its members for timeline_groups().
+static void identify(GroupCalls *g, long group, unsigned generation, int made) {
+    int size = pd_group_size(group);
+    uint64_t h = 1469598103934665603ULL;   // FNV-1a over the world ranks
+    PyObject *members = PyList_New(size > 0 ? size : 0);
+    for (int r = 0; r < size; r++) {
+        int w = pd_group_to_global(group, r);
+        h = (h ^ (uint64_t)(uint32_t)w) * 1099511628211ULL;
+        if (members != NULL) {
+            PyList_SET_ITEM(members, r, PyLong_FromLong(w));
+        }
+    }
+    // made: the group's ordinal among those of its members (every member makes them in one order);
+    // otherwise (a group this file was not told of) its handle, alike where ranks make groups alike
+    long salt = made ? member_set_ordinal(h) : group + 1000000;
+    h = (h ^ (uint64_t)salt) * 1099511628211ULL;
+    g->gid = (h ^ (h >> 48)) & GID_MASK;
+    g->seq = 0;
+    g->generation = generation;
+    g->known = 1;
+    if (group_members == NULL) {
+        group_members = PyDict_New();
+    }
+    PyObject *key = PyLong_FromUnsignedLongLong(g->gid);
+    if (group_members != NULL && key != NULL && members != NULL) {
+        PyDict_SetItem(group_members, key, members);
+    }
+    PyErr_Clear();   // bookkeeping for the trace only: never an error of the call
+    Py_XDECREF(key);
+    Py_XDECREF(members);
+}
+
+void pd_call_group_made(long group) {
+    if (group >= 0 && group < PD_MAX_GROUPS) {
+        identify(&per_group[group], group, pd_op("", group, PD_PEER_ALL).generation, 1);
+    }
+}
+
 static GroupCalls *entry(long group) {
     if (group < 0 || group >= PD_MAX_GROUPS) {
         return NULL;
@@ -36,31 +104,7 @@ static GroupCalls *entry(long group) {
     GroupCalls *g = &per_group[group];
     unsigned generation = pd_op("", group, PD_PEER_ALL).generation;
     if (!g->known || g->generation != generation) {
-        int size = pd_group_size(group);
-        uint64_t h = 1469598103934665603ULL;   // FNV-1a over (handle, world ranks)
-        h = (h ^ (uint64_t)group) * 1099511628211ULL;
-        PyObject *members = PyList_New(size > 0 ? size : 0);
-        for (int r = 0; r < size; r++) {
-            int w = pd_group_to_global(group, r);
-            h = (h ^ (uint64_t)(uint32_t)w) * 1099511628211ULL;
-            if (members != NULL) {
-                PyList_SET_ITEM(members, r, PyLong_FromLong(w));
-            }
-        }
-        g->gid = (h ^ (h >> 48)) & GID_MASK;
-        g->seq = 0;
-        g->generation = generation;
-        g->known = 1;
-        if (group_members == NULL) {
-            group_members = PyDict_New();
-        }
-        PyObject *key = PyLong_FromUnsignedLongLong(g->gid);
-        if (group_members != NULL && key != NULL && members != NULL) {
-            PyDict_SetItem(group_members, key, members);
-        }
-        PyErr_Clear();   // bookkeeping for the trace only: never an error of the call
-        Py_XDECREF(key);
-        Py_XDECREF(members);
+        identify(g, group, generation, 0);
     }
     return g;
 }

@@ -955,6 +955,7 @@ static int group_setup(int slot, const char *fn) {
         return -1;
     }
     groups[slot].algo_seq = 0;   // no ring has used that tag
+    pd_call_group_made(slot);    // its id on the timeline, the same on every member
     return pd_paths_group_setup(slot, fn);
 }
 

@@ -396,9 +396,12 @@ void pd_call_begin(PdCall *c, const char *name, long group, int collective, int 
 // `ret` is what the function returns (NULL: it failed; a Work: the span is recorded when it completes,
 // from pd_work_finish/fail); `bytes` what this rank's buffers hold.
 void pd_call_end(PdCall *c, PyObject *ret, long long bytes);
-// The id of a group in the trace (a hash of its world ranks and its handle), recording its members for
+// The id of a group in the trace (a hash of its world ranks and its ordinal among the groups of those
+// members; see calls.c), recording its members for
 // _C.timeline_groups() on the first call.
 uint64_t pd_call_group_id(long group);
+// group.c, as each group is made on its members (collectively): give it its id.
+void pd_call_group_made(long group);
 PyObject *pd_timeline_clock(PyObject *self, PyObject *unused);                           // calls.c
 PyObject *pd_timeline_start(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   // calls.c
 PyObject *pd_timeline_write(PyObject *self, PyObject *const *args, Py_ssize_t nargs);   // calls.c
