@@ -32,6 +32,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -175,6 +176,7 @@ def watch(folder, command):
         else:
             signal.signal(sig, lambda s, _frame: child.send_signal(s))
     last = collections.deque(maxlen=1)
+    dead_peer = []
 
     def copy_stderr():   # the rank's stderr goes on to mpiexec's; its last line says why it ended
         err = sys.stderr.buffer
@@ -182,7 +184,12 @@ def watch(folder, command):
             err.write(line)
             err.flush()
             if line.strip():
-                last.append(line.decode(errors="replace").strip())
+                text = line.decode(errors="replace").strip()
+                last.append(text)
+                # UCX's cross-memory attach aborts the reader of a sender that has died: a consequence
+                match = re.search(r"process_vm_readv\(pid=(\d+).*No such process", text)
+                if match:
+                    dead_peer.append(int(match.group(1)))
     copier = threading.Thread(target=copy_stderr, daemon=True)
     copier.start()
     status = child.wait()
@@ -190,7 +197,7 @@ def watch(folder, command):
     copier.join(timeout=0.5)
     record = {"rank": rank, "host": socket.gethostname(), "pid": child.pid, "started": started, "ended": ended,
               "status": status if status >= 0 else 128 - status, "signal": -status if status < 0 else None,
-              "last_line": last[0] if last else ""}
+              "last_line": last[0] if last else "", "dead_peer_pid": dead_peer[0] if dead_peer else None}
     if not os.path.exists(os.path.join(folder, f"rank-{rank}.json")):   # the rank's own (record_end) says more
         _write_record(folder, record)
     if status != 0:
@@ -242,7 +249,10 @@ def first_failure(folder, ranks):
     """The rank whose end came first among those that did not finish cleanly (its watcher's record),
     or None when no watcher recorded a failure (mpiexec itself failed, or killed them all)."""
     failed = failed_ranks(folder, ranks)
-    return min(failed, key=lambda rec: rec["ended"]) if failed else None
+    # A rank that UCX ended because its peer had died (dead_peer_pid) is never the cause, however the
+    # two watchers' ends were ordered (both within a few ms of the death)
+    causes = [rec for rec in failed if not rec.get("dead_peer_pid")] or failed
+    return min(causes, key=lambda rec: rec["ended"]) if causes else None
 
 
 def failed_ranks(folder, ranks):

@@ -110,3 +110,18 @@ def test_arguments_are_checked(tmp_path):
         proc = launch(args, tmp_path, ["x.py"])
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 2 and message in out, out
+
+
+def test_a_rank_that_ucx_ended_for_its_dead_peer_is_not_blamed(tmp_path):
+    """UCX's cross-memory attach aborts a rank reading from a peer that has just died; its watcher may
+    record its end a millisecond before the dead peer's. The launcher still names the peer."""
+    import json
+    from pydist.run import first_failure
+    records = [{"rank": 1, "status": 137, "signal": 9, "ended": 10.002, "pid": 5},
+               {"rank": 2, "status": 134, "signal": 6, "ended": 10.001, "pid": 6, "dead_peer_pid": 5},
+               {"rank": 0, "status": 0, "signal": None, "ended": 12.0, "pid": 4}]
+    for rec in records:
+        (tmp_path / f"rank-{rec['rank']}.json").write_text(json.dumps(rec))
+    assert first_failure(tmp_path, 3)["rank"] == 1
+    (tmp_path / "rank-1.json").unlink()   # only the consequence recorded: it is all there is to say
+    assert first_failure(tmp_path, 3)["rank"] == 2
