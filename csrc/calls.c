@@ -225,24 +225,41 @@ PyObject *pd_timeline_write(PyObject *self, PyObject *const *args, Py_ssize_t na
     return Py_BuildValue("(ll)", events, dropped);
 }
 
+// A Python str, interned for the process's life (timeline.h keeps only pointers); NULL with an exception
+// (not str, not encodable as UTF-8, out of memory).
+static const char *intern(PyObject *obj, const char *what) {
+    if (!PyUnicode_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "timeline: %s must be str; got %.100s", what, Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    const char *text = PyUnicode_AsUTF8(obj);
+    if (text == NULL) {
+        return NULL;
+    }
+    const char *kept = pd_tl_intern(text);
+    if (kept == NULL) {
+        PyErr_NoMemory();
+    }
+    return kept;
+}
+
 // _C.timeline_event(cat, name, t0, t1, args) -> None: a span recorded from Python (the torch backend's
 // backward pass, a user's region): args is a dict of str -> int or str, at most PD_TL_MAX_ARGS. The
 // strings are interned (kept for the process's life): give names from a small set.
 PyObject *pd_timeline_event(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    long long t0, t1;
     if (pd_check_nargs(nargs, 5, "timeline_event") < 0) {
         return NULL;
     }
-    if (!pd_tl_on) {
+    if (!pd_tl_recording()) {
         Py_RETURN_NONE;
     }
-    if (!PyUnicode_Check(args[0]) || !PyUnicode_Check(args[1]) || !PyDict_Check(args[4])) {
-        PyErr_SetString(PyExc_TypeError, "timeline_event(): `cat` and `name` must be str and `args` a dict");
+    if (!PyDict_Check(args[4]) || PyDict_GET_SIZE(args[4]) > PD_TL_MAX_ARGS) {
+        PyErr_Format(PyExc_ValueError, "timeline: an event's `args` must be a dict of at most %d items",
+                     PD_TL_MAX_ARGS);
         return NULL;
     }
-    t0 = PyLong_AsLongLong(args[2]);
-    t1 = PyLong_AsLongLong(args[3]);
+    long long t0 = PyLong_AsLongLong(args[2]), t1 = PyLong_AsLongLong(args[3]);
     if (PyErr_Occurred()) {
         return NULL;
     }
@@ -250,33 +267,29 @@ PyObject *pd_timeline_event(PyObject *self, PyObject *const *args, Py_ssize_t na
     int n = 0;
     PyObject *key, *value;
     Py_ssize_t pos = 0;
-    while (PyDict_Next(args[4], &pos, &key, &value) && n < PD_TL_MAX_ARGS) {
-        if (!PyUnicode_Check(key)) {
-            PyErr_SetString(PyExc_TypeError, "timeline_event(): `args` keys must be str");
+    while (PyDict_Next(args[4], &pos, &key, &value)) {
+        const char *k = intern(key, "an arg's name");
+        if (k == NULL) {
             return NULL;
         }
-        const char *k = pd_tl_intern(PyUnicode_AsUTF8(key));
-        if (k == NULL) {
-            return PyErr_NoMemory();
-        }
         if (PyUnicode_Check(value)) {
-            const char *v = pd_tl_intern(PyUnicode_AsUTF8(value));
+            const char *v = intern(value, "an arg's value");
             if (v == NULL) {
-                return PyErr_NoMemory();
+                return NULL;
             }
             a[n++] = PD_TL_STR(k, v);
         } else {
             long long v = PyLong_AsLongLong(value);
             if (v == -1 && PyErr_Occurred()) {
-                PyErr_SetString(PyExc_TypeError, "timeline_event(): `args` values must be int or str");
+                PyErr_Format(PyExc_TypeError, "timeline: arg %s must be an int or a str", k);
                 return NULL;
             }
             a[n++] = PD_TL_INT(k, v);
         }
     }
-    const char *cat = pd_tl_intern(PyUnicode_AsUTF8(args[0])), *name = pd_tl_intern(PyUnicode_AsUTF8(args[1]));
-    if (cat == NULL || name == NULL) {
-        return PyErr_NoMemory();
+    const char *cat = intern(args[0], "`cat`"), *name = cat != NULL ? intern(args[1], "`name`") : NULL;
+    if (name == NULL) {
+        return NULL;
     }
     pd_tl_span_to(t0 > 0 ? t0 : 1, t1, cat, name, n, a[0], a[1], a[2], a[3], a[4], a[5]);
     Py_RETURN_NONE;
@@ -292,13 +305,9 @@ PyObject *pd_timeline_groups(PyObject *self, PyObject *unused) {
 // _C.timeline_thread_name(name) -> None: how this thread is named in the trace.
 PyObject *pd_timeline_thread_name(PyObject *self, PyObject *name) {
     (void)self;
-    if (!PyUnicode_Check(name)) {
-        PyErr_SetString(PyExc_TypeError, "timeline_thread_name(): `name` must be str");
-        return NULL;
-    }
-    const char *n = pd_tl_intern(PyUnicode_AsUTF8(name));
+    const char *n = intern(name, "a thread's name");
     if (n == NULL) {
-        return PyErr_NoMemory();
+        return NULL;
     }
     pd_tl_thread_name(n);
     Py_RETURN_NONE;

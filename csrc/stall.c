@@ -236,12 +236,8 @@ void pd_stall_check(const PdOp *op, double wait_started) {
     int me = pd_group_to_global(0, pd_group_rank(0));
     int size = pd_group_size(op->group);
     int64_t now = board_clock();
-    char line[512];
-    size_t cap = 4096, used = 0;
-    char *text = malloc(cap);
-    if (text == NULL) {
-        return;
-    }
+    char line[512], text[4096];
+    size_t cap = sizeof text, used = 0;
     used += (size_t)snprintf(text, cap, "[rank %d] pydist: stall: %s has waited %.1f s (PYDIST_STALL_WARN=%g)", me,
                              op->what, waited, stall_warn);
     if (cur_name != NULL && cur_seq > 0) {
@@ -255,9 +251,12 @@ void pd_stall_check(const PdOp *op, double wait_started) {
         if (w == me || (op->peer != PD_PEER_ALL && op->peer != MPI_ANY_SOURCE && op->peer != r)) {
             continue;
         }
-        const BoardSlot *s = board != NULL ? slot_of_world(w) : NULL;
+        const BoardSlot *s = slot_of_world(w);
         if (pd_liveness_left(w) != 0.0) {
             snprintf(line, sizeof line, "\n  rank %d: has exited (%s)", w, pd_liveness_cause(w));
+        } else if (board == NULL) {
+            snprintf(line, sizeof line, "\n  rank %d: not known (this host has no shared-memory board: "
+                     "PYDIST_SHM_BYTES=0, or its segment could not be made)", w);
         } else if (s == NULL) {
             snprintf(line, sizeof line, "\n  rank %d: on another host, whose board this rank cannot read "
                      "(whether it has arrived is not known here)", w);
@@ -280,5 +279,4 @@ void pd_stall_check(const PdOp *op, double wait_started) {
     snprintf(text + used, cap - used, "\n  (it keeps waiting until its timeout)\n");
     fputs(text, stderr);
     fflush(stderr);
-    free(text);
 }

@@ -46,13 +46,11 @@ typedef struct ThreadBuf {
     atomic_int busy;         // an append is under way
     long tid;
     const char *name;
-    Chunk *head, *tail;
-    long count;
+    Chunk *head, *tail;                    // NULL: nothing recorded since the last write
 } ThreadBuf;
 
-volatile int pd_tl_on = 0;
+atomic_int pd_tl_on = 0;
 
-static atomic_int on_flag;                 // pd_tl_on as the appends and the writer synchronise on it
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static ThreadBuf *buffers = NULL;          // every thread's, newest first
 static PD_THREAD_LOCAL ThreadBuf *mine = NULL;
@@ -60,7 +58,6 @@ static int64_t origin_ns = 0;
 static int my_rank = 0;
 static long max_events = 0;
 static atomic_long kept, dropped;
-static atomic_long next_async_id;
 
 typedef struct Interned {
     struct Interned *next;
@@ -112,7 +109,6 @@ static Event *slot(ThreadBuf *b) {
         }
         b->tail = c;
     }
-    b->count++;
     return &b->tail->events[b->tail->used++];
 }
 
@@ -123,7 +119,7 @@ static void record(char ph, int64_t t0, int64_t t1, const char *cat, const char 
         return;
     }
     atomic_store(&b->busy, 1);
-    if (atomic_load(&on_flag)) {
+    if (atomic_load(&pd_tl_on)) {   // (sequentially consistent with the writer's store and busy wait)
         Event *e = slot(b);
         if (e != NULL) {
             e->t0 = t0;
@@ -209,7 +205,6 @@ static void free_events(void) {
             free(c);
         }
         b->head = b->tail = NULL;
-        b->count = 0;
     }
     atomic_store(&kept, 0);
 }
@@ -223,18 +218,15 @@ int pd_tl_start(int64_t origin, int rank, long max) {
     my_rank = rank;
     max_events = max > 0 ? max : 1;
     atomic_store(&dropped, 0);
-    atomic_store(&next_async_id, 0);
-    atomic_store(&on_flag, 1);
-    pd_tl_on = 1;
+    atomic_store(&pd_tl_on, 1);
     return 0;
 }
 
 void pd_tl_stop(void) {
-    pd_tl_on = 0;
-    atomic_store(&on_flag, 0);
+    atomic_store(&pd_tl_on, 0);
     pthread_mutex_lock(&lock);
     for (ThreadBuf *b = buffers; b != NULL; b = b->next) {
-        while (atomic_load(&b->busy)) {   // an append that saw on_flag set finishes first
+        while (atomic_load(&b->busy)) {   // an append that saw recording on finishes first
         }
     }
     pthread_mutex_unlock(&lock);
@@ -287,36 +279,40 @@ static void put_args(FILE *f, const Event *e) {
     fputc('}', f);
 }
 
-static void put_event(FILE *f, const Event *e, long tid, int *first) {
-    fputs(*first ? "\n" : ",\n", f);
-    *first = 0;
-    if (e->ph == 'X') {
-        fprintf(f, "{\"ph\":\"X\",\"pid\":%d,\"tid\":%ld,\"ts\":", my_rank, tid);
-        put_us(f, e->t0 - origin_ns);
+// One trace event: {"ph", ["id",] "pid", "tid", "ts", ["dur",] "cat", "name", "args"}. id < 0: none;
+// dur < 0: none; args: the event's own, or {} (an async span's end).
+static void put_record(FILE *f, char ph, long long id, long tid, int64_t ts, int64_t dur, const Event *e, int args) {
+    fprintf(f, ",\n{\"ph\":\"%c\",", ph);
+    if (id >= 0) {
+        fprintf(f, "\"id\":\"0x%llx\",", id);
+    }
+    fprintf(f, "\"pid\":%d,\"tid\":%ld,\"ts\":", my_rank, tid);
+    put_us(f, ts);
+    if (dur >= 0) {
         fputs(",\"dur\":", f);
-        put_us(f, e->t1 - e->t0);
-    } else {
-        long id = atomic_fetch_add(&next_async_id, 1);
-        fprintf(f, "{\"ph\":\"b\",\"id\":\"0x%x%08lx\",\"pid\":%d,\"tid\":%ld,\"ts\":", my_rank, id, my_rank, tid);
-        put_us(f, e->t0 - origin_ns);
-        fputs(",\"cat\":", f);
-        put_string(f, e->cat);
-        fputs(",\"name\":", f);
-        put_string(f, e->name);
-        put_args(f, e);
-        fprintf(f, "},\n{\"ph\":\"e\",\"id\":\"0x%x%08lx\",\"pid\":%d,\"tid\":%ld,\"ts\":", my_rank, id, my_rank, tid);
-        put_us(f, e->t1 - origin_ns);
+        put_us(f, dur);
     }
     fputs(",\"cat\":", f);
     put_string(f, e->cat);
     fputs(",\"name\":", f);
     put_string(f, e->name);
-    if (e->ph == 'X') {
+    if (args) {
         put_args(f, e);
     } else {
         fputs(",\"args\":{}", f);
     }
     fputc('}', f);
+}
+
+// A span; an async one as a b/e pair whose id is unique in the job (the rank in the high 32 bits).
+static void put_event(FILE *f, const Event *e, long tid, long long *async_ids) {
+    if (e->ph == 'X') {
+        put_record(f, 'X', -1, tid, e->t0 - origin_ns, e->t1 - e->t0, e, 1);
+    } else {
+        long long id = ((long long)my_rank << 32) | (*async_ids)++;
+        put_record(f, 'b', id, tid, e->t0 - origin_ns, -1, e, 1);
+        put_record(f, 'e', id, tid, e->t1 - origin_ns, -1, e, 0);
+    }
 }
 
 int pd_tl_write(const char *path, const char *label, const char *extra_json) {
@@ -326,15 +322,14 @@ int pd_tl_write(const char *path, const char *label, const char *extra_json) {
         return -1;
     }
     pthread_mutex_lock(&lock);
-    int first = 1;
+    long long async_ids = 0;
     fputs("{\"traceEvents\":[", f);
     fprintf(f, "\n{\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"name\":\"process_name\",\"args\":{\"name\":", my_rank);
     put_string(f, label);
     fprintf(f, "}},\n{\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"name\":\"process_sort_index\",\"args\":{\"sort_index\":%d}}",
             my_rank, my_rank);
-    first = 0;
     for (ThreadBuf *b = buffers; b != NULL; b = b->next) {
-        if (b->count == 0) {
+        if (b->head == NULL) {
             continue;
         }
         char fallback[32];
@@ -346,7 +341,7 @@ int pd_tl_write(const char *path, const char *label, const char *extra_json) {
                    "{\"sort_index\":%d}}", my_rank, b->tid, b->tid == (long)getpid() ? 0 : 1);
         for (Chunk *c = b->head; c != NULL; c = c->next) {
             for (int i = 0; i < c->used; i++) {
-                put_event(f, &c->events[i], b->tid, &first);
+                put_event(f, &c->events[i], b->tid, &async_ids);
             }
         }
     }

@@ -19,6 +19,7 @@
 #ifndef PYDIST_TIMELINE_H
 #define PYDIST_TIMELINE_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -38,9 +39,13 @@ typedef struct {
 #define PD_TL_INT(k, v) ((PdTlArg){(k), NULL, (long long)(v)})
 #define PD_TL_STR(k, s) ((PdTlArg){(k), (s), 0})
 
-// Recording is on (set by pd_tl_start, cleared by pd_tl_stop). Read without a lock: a thread that
-// sees it late records one event more or less.
-extern volatile int pd_tl_on;
+// Recording is on (set by pd_tl_start, cleared by pd_tl_stop). Read relaxed (a plain load): a thread
+// that sees it late records one event more or less, and the writer waits for appends under way.
+extern atomic_int pd_tl_on;
+
+static inline int pd_tl_recording(void) {
+    return atomic_load_explicit(&pd_tl_on, memory_order_relaxed);
+}
 
 static inline int64_t pd_tl_clock(void) {
     struct timespec ts;
@@ -50,7 +55,7 @@ static inline int64_t pd_tl_clock(void) {
 
 // The start of a span: the clock when recording, else 0 (so `if (t0)` guards the record).
 static inline int64_t pd_tl_begin(void) {
-    return __builtin_expect(pd_tl_on, 0) ? pd_tl_clock() : 0;
+    return __builtin_expect(pd_tl_recording(), 0) ? pd_tl_clock() : 0;
 }
 
 // Record the span [t0, now] on this thread with `nargs` PdTlArg arguments. t0 == 0: nothing.

@@ -29,6 +29,8 @@ import types
 import numpy as np
 
 from . import _C
+from . import distributed as dist
+from . import trace_report
 
 MAX_EVENTS = 4_000_000   # per rank (about 200 bytes each); later events are counted as dropped
 _ROUNDS = 8              # ping-pongs per rank when aligning clocks; the fastest one counts
@@ -42,16 +44,13 @@ def part_path(path, rank):
     return f"{stem}.rank{rank}{ext or '.json'}"
 
 
-def _clock_offsets():
+def _clock_offsets(hosts):
     """Each rank's clock minus rank 0's (ns), measured by ping-pongs with rank 0 and taken from the one
     with the shortest round trip (its error is at most half that trip); exactly 0 on rank 0's host,
-    whose ranks share one monotonic clock. Collective over the world."""
-    from . import distributed as dist
+    whose ranks share one monotonic clock; then rank 0's clock at the time 0 of the timeline, last.
+    Collective over the world."""
     rank, size = dist.get_rank(), dist.get_world_size()
-    hosts = [None] * size
-    dist.all_gather_object(hosts, socket.gethostname())
-    _hosts[:] = hosts
-    offsets = np.zeros(size, np.int64)
+    offsets = np.zeros(size + 1, np.int64)
     stamp = np.zeros(1, np.int64)
     for peer in range(1, size):
         if hosts[peer] == hosts[0]:
@@ -71,24 +70,25 @@ def _clock_offsets():
                 dist.recv(stamp, 0)
                 stamp[0] = _C.timeline_clock()
                 dist.send(stamp, 0)
+    offsets[size] = _C.timeline_clock()
     dist.broadcast(offsets, 0)
     return offsets
 
 
 def start(path, max_events=MAX_EVENTS):
     """Start recording on every rank (collective over the world); stop() writes the files."""
-    from . import distributed as dist
     global _active
     if _active is not None:
         raise ValueError(f"timeline: already recording into {_active!r}; one timeline at a time")
     if not isinstance(max_events, int) or max_events <= 0:
         raise ValueError(f"timeline: `max_events` must be a positive int; got {max_events!r}")
     path = os.path.abspath(os.fspath(path))
-    offsets = _clock_offsets()
-    origin = np.array([_C.timeline_clock()], np.int64)   # rank 0's clock at time 0
-    dist.broadcast(origin, 0)
+    hosts = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, socket.gethostname())
+    _hosts[:] = hosts
+    offsets = _clock_offsets(hosts)
     rank = dist.get_rank()
-    _C.timeline_start(int(origin[0]) + int(offsets[rank]), rank, max_events)
+    _C.timeline_start(int(offsets[-1]) + int(offsets[rank]), rank, max_events)   # rank 0's time 0, in our clock
     _active = path
     return path
 
@@ -97,8 +97,6 @@ def stop():
     """Stop recording, write this rank's file, and (collective over the world) merge every rank's into
     the timeline's path on rank 0. Returns the merged path on rank 0, this rank's file elsewhere, or,
     when the ranks could not meet (one has died), this rank's file with the way to merge them later."""
-    from . import distributed as dist
-    from . import trace_report
     global _active
     path, _active = _active, None
     if path is None:
@@ -170,20 +168,18 @@ def _from_env():
 
 def _stop_at_exit():
     if _active is not None:
-        from . import distributed as dist
         if dist.is_initialized():
             stop()
 
 
 def main(argv=None):
     """python -m pydist.timeline merge|summary|png ...: pydist/trace_report.py's commands."""
-    from . import trace_report
     return trace_report.main(argv)
 
 
 class _CallableModule(types.ModuleType):
     """So that ``dist.timeline("run.json")`` is the context manager while ``pydist.timeline`` stays
-    this module (``import pydist.timeline as tl; tl.summary``)."""
+    this module (``import pydist.timeline as tl; tl.event(...)``)."""
     def __call__(self, path, max_events=MAX_EVENTS):
         return timeline(path, max_events)
 

@@ -309,7 +309,14 @@ static int post_inputs(Step *st, int *next_in) {
     return 0;
 }
 
+// A micro-batch's compute, into the step's own trace (pipeline_report) and, while one records, the
+// timeline (from the same clock readings: CLOCK_MONOTONIC, as timeline.h's).
 static void record(Pipeline *pl, int kind, int micro, double t0, double t1) {
+    if (kind != UPDATE && pd_tl_recording()) {
+        pd_tl_span_to((int64_t)(t0 * 1e9), (int64_t)(t1 * 1e9), "compute",
+                      kind == F ? "micro-batch forward" : "micro-batch backward", 2, PD_TL_INT("stage", pl->p),
+                      PD_TL_INT("micro", micro));
+    }
     if (pl->trace_len < 2 * pl->M + 1) {
         pl->trace[pl->trace_len++] = (PipelineEvent){kind, micro, t0, t1};
     }
@@ -327,7 +334,6 @@ static int forward(Step *st, int j, const float *params, int *next_in) {
         tl_micro(pl, t, "sync", "stage recv", j);
         if (rc < 0) return rc;
     }
-    const int64_t tl = pd_tl_begin();
     double t0 = now();
     batch_gather(pl->prev < 0 ? sl->act[0] : NULL, last ? sl->labels : NULL, st->ds, st->perm,
                  st->offset + j * pl->mb, pl->mb);
@@ -344,7 +350,6 @@ static int forward(Step *st, int j, const float *params, int *next_in) {
         for (long i = 0; i < n; i++) sl->dout[i] *= scale;
     }
     double t1 = now();
-    tl_micro(pl, tl, "compute", "micro-batch forward", j);
     pl->stats.busy += t1 - t0;
     record(pl, F, j, t0, t1);
     if (!last) {
@@ -370,7 +375,6 @@ static int backward(Step *st, int j, const float *params, int *next_in) {
         tl_micro(pl, t, "sync", "stage recv", j);
         if (rc < 0) return rc;
     }
-    const int64_t tl = pd_tl_begin();
     double t0 = now();
     for (int k = nl - 1; k >= 0; k--) {
         const Layer *Lk = layer(pl, k);
@@ -381,7 +385,6 @@ static int backward(Step *st, int j, const float *params, int *next_in) {
                        dx, sl->cols[k], sl->argmax[k], pl->scratch, pl->mb, j > 0);
     }
     double t1 = now();
-    tl_micro(pl, tl, "compute", "micro-batch backward", j);
     pl->stats.busy += t1 - t0;
     record(pl, B, j, t0, t1);
     if (pl->prev >= 0) {

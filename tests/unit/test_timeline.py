@@ -150,3 +150,21 @@ def test_the_command_line_says_what_is_wrong(tmp_path, bad, message):
     proc = subprocess.run([sys.executable, "-m", "pydist.timeline", *bad], cwd=tmp_path, env=ENV,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_an_event_of_ones_own_with_bad_arguments_raises(tmp_path):
+    """In one process (a world of 1): what timeline.event refuses, it refuses with a Python exception,
+    before anything is recorded; the region still writes a valid trace holding the good event."""
+    import pydist as dist
+    with dist.timeline(tmp_path / "args.json"):
+        t = dist.timeline.clock()
+        with pytest.raises(ValueError, match="at most 6"):
+            dist.timeline.event("too many", t, t, **{f"a{i}": i for i in range(7)})
+        with pytest.raises(TypeError, match="int or a str"):
+            dist.timeline.event("float arg", t, t, x=1.5)
+        with pytest.raises(UnicodeEncodeError):
+            dist.timeline.event("bad \udc80 name", t, t)
+        dist.timeline.event("good", t, dist.timeline.clock(), n=1)
+    trace = json.loads((tmp_path / "args.json").read_text())
+    assert validate(trace) == []
+    assert [e["name"] for e in spans(trace, 0, cat="user")] == ["good"]
