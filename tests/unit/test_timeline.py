@@ -93,6 +93,7 @@ def test_a_pipeline_shows_its_micro_batches(tmp_path):
 def test_a_stalled_collective_names_the_missing_rank(tmp_path):
     script = tmp_path / "stall.py"
     script.write_text(textwrap.dedent("""
+        import os
         import time
         import numpy as np
         import pydist as dist
@@ -102,7 +103,8 @@ def test_a_stalled_collective_names_the_missing_rank(tmp_path):
         if dist.get_rank() == 1:
             time.sleep(2.5)   # rank 1 computes while the others wait in the barrier
         dist.barrier()
-        print("rank", dist.get_rank(), "passed the barrier", flush=True)
+        # one write (unbuffered print writes each piece, and hydra interleaves the ranks' pieces)
+        os.write(1, f"rank {dist.get_rank()} passed the barrier\\n".encode())
     """))
     proc = run_job(tmp_path, 3, [sys.executable, str(script)], PYDIST_STALL_WARN="1")
     for rank in range(3):
