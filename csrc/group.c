@@ -240,9 +240,15 @@ MPI_Comm *pd_group_algo_comm(long handle, const char *fn, int *tag) {
             return NULL;
         }
     }
-    // Rings in flight at once on one group must not match each other's messages: each has its own tag.
-    *tag = (int)(g->algo_seq++ % ((unsigned long)tag_ub + 1));
+    // Rings in flight at once on one group must not match each other's messages: each has its own tag,
+    // in the lower half of the tags (the upper half is pd_group_ring_tag's).
+    *tag = (int)(g->algo_seq++ % ((unsigned long)tag_ub / 2 + 1));
     return &g->algo_comm;
+}
+
+int pd_group_ring_tag(unsigned long long round) {
+    unsigned long half = (unsigned long)tag_ub / 2;
+    return (int)(half + 1 + round % ((unsigned long)tag_ub - half));
 }
 
 MPI_Comm *pd_group_private_comm(long handle) {
@@ -747,6 +753,7 @@ PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         slot_free(0);
         return NULL;
     }
+    pd_wait_set_cores(pd_shm_node_ranks());
     default_timeout = timeout;
     pd_persist_read_env();
     pd_initialized = 1;   // the world group's set-up runs as a call on it
@@ -936,8 +943,8 @@ PyObject *pd_mpi_info(PyObject *self, PyObject *unused) {
     if (thread_level < 0 && MPI_Initialized(&started) == MPI_SUCCESS && started) {
         MPI_Query_thread(&thread_level);   // MPI started by someone else (mpi4py)
     }
-    return Py_BuildValue("{s:s,s:i,s:i}", "library_version", version, "mpi_version", MPI_VERSION,
-                         "thread_level", thread_level);
+    return Py_BuildValue("{s:s,s:i,s:i,s:O}", "library_version", version, "mpi_version", MPI_VERSION,
+                         "thread_level", thread_level, "wait_spin", pd_wait_spin ? Py_True : Py_False);
 }
 
 

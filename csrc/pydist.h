@@ -129,6 +129,11 @@ extern int pd_wait_mode;
 // MPI gave MPI_THREAD_SERIALIZED, not MULTIPLE: the wait loop keeps the GIL while it calls MPI, so
 // the GIL serialises every MPI call of ours (set by group.c at init).
 extern int pd_wait_serialized;
+// The node's ranks fit its cores (pd_wait_set_cores at init): the wait loop spins on MPI_Test without
+// yielding, as MPI's blocking calls do, since no rank of ours needs the core we would give away.
+extern int pd_wait_spin;
+// Decide pd_wait_spin from the node's rank count (0: unknown, which keeps yielding).
+void pd_wait_set_cores(int node_ranks);
 
 typedef struct {
     const char *what;      // operation name, for messages
@@ -272,6 +277,9 @@ MPI_Comm *pd_group_algo_comm(long handle, const char *fn, int *tag);
 // The same private communicator, made with the group, for calls whose order every member shares but
 // that take no ring tag (shared_memory.c's large all-reduces past their header round). NULL: none.
 MPI_Comm *pd_group_private_comm(long handle);
+// The tag of a ring on that communicator started past its header round (shared_memory.c), from the
+// round: the same on every member, and never one of pd_group_algo_comm's.
+int pd_group_ring_tag(unsigned long long round);
 // The departed-rank check of pd_op_wait, for waits that are not MPI requests (shared_memory.c):
 // 0, or -1 with DistError set when a rank `op` needs has been gone past its grace since `since`.
 int pd_op_check(const PdOp *op, double since);
@@ -290,7 +298,7 @@ size_t pd_env_bytes(const char *name, size_t dflt);
 // group's communicator at once, or on its private one after every rank's header has matched in the
 // shared-memory slots (shared_memory.c). Every pointer lives in the call's `keep`.
 enum { PD_MPI_BCAST, PD_MPI_ALLREDUCE, PD_MPI_REDUCE, PD_MPI_ALLGATHER, PD_MPI_ALLGATHERV, PD_MPI_GATHERV,
-       PD_MPI_SCATTERV, PD_MPI_REDUCE_SCATTER_BLOCK, PD_MPI_ALLTOALLV };
+       PD_MPI_SCATTERV, PD_MPI_REDUCE_SCATTER_BLOCK, PD_MPI_ALLTOALLV, PD_MPI_ALLTOALL };
 typedef struct {
     int kind;                   // PD_MPI_*
     const char *name;           // MPI's function, for errors
@@ -308,6 +316,10 @@ typedef struct {
 } PdMpiCall;
 // Start it on `comm` (request.c): MPI's return code.
 int pd_mpi_call_start(const PdMpiCall *c, MPI_Comm comm, MPI_Request *req);
+// An all-to-all-v whose blocks are all one size and in rank order on both sides, as the plain all-to-all
+// in *out: 1, else 0. Only where every rank's call is known to convert alike (MPI matches them only
+// with each other).
+int pd_mpi_call_even(const PdMpiCall *c, int size, PdMpiCall *out);
 // If an input block overlaps an output block (MPI forbids it; MPICH may abort on it), point the call's
 // input at a copy taken now, returned in *stage (new reference, to keep with the call), else *stage =
 // NULL. `size`, `me`: the group's. 0, or -1 raised.
@@ -330,12 +342,15 @@ int pd_shm_auto(long group, Py_ssize_t nbytes);
 // NULL with an exception), or 0 when the caller must use MPI's all-reduce: the group cannot use shared
 // memory (spans nodes, or its segment could not be made), or, when not forced (the automatic choice),
 // not every rank's array is in the segment (then MPICH's all-reduce is faster than copying through
-// ours; measured in README). Every rank decides alike (from the headers all ranks published).
+// ours; measured in README; at 2 ranks, all blocking, our ring instead). Every rank decides alike (from
+// the headers all ranks published).
 int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, MPI_Op mop, long group, int async_op, int forced,
                       PyObject **ret);
 // At init (collective over the world) and at destroy/finalize (local).
 int pd_shm_session_start(MPI_Comm world, double timeout);
 void pd_shm_session_stop(void);
+// The world ranks on this rank's node, as the session's start found them; 0: not known.
+int pd_shm_node_ranks(void);
 // The shared-memory path: a group's channel is made with the group (collective over its members, at
 // init_process_group / new_group; a group that cannot use shared memory gets none and takes MPI's
 // paths) and released with it; its progress completes small collectives whose peers have posted.
@@ -483,6 +498,11 @@ PdWorkObject *pd_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObj
 
 // Our ring all-reduce as a path (ring_path.c): blocking, or a Work whose steps every wait moves along.
 PyObject *pd_ring_all_reduce(PyObject *tensor, PdBuf *buf, long op, MPI_Op mop, long group, int async_op);
+// The ring all-reduce of `data` (count elements, in place) as w's operation, on `comm` with `tag`: w's
+// arrays stay with it and the ring's scratch joins them, and from here on w is a ring in flight (or,
+// with nothing to send, over: w->pending NULL). 0, or -1 with the error raised and w as it was.
+int pd_ring_start_on(PdWorkObject *w, void *data, MPI_Count count, MPI_Datatype dtype, MPI_Op op, MPI_Comm comm,
+                     int tag);
 extern const PdPath pd_ring_path;
 
 // ---------------------------------------------------------------------------------------------------

@@ -290,6 +290,49 @@ done:
     return ret;
 }
 
+int pd_ring_start_on(PdWorkObject *w, void *data, MPI_Count count, MPI_Datatype dtype, MPI_Op op, MPI_Comm comm,
+                     int tag) {
+    PyObject *scratch = NULL, *keep = NULL;
+    MPI_Request req = MPI_REQUEST_NULL;
+    void *tmp = NULL;
+    int rc;
+    RingAllreduce *ring = PyMem_RawMalloc(sizeof *ring);
+    if (ring == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if ((rc = ring_init(ring, data, count, dtype, op, comm, tag, NULL, NULL)) != MPI_SUCCESS) {
+        pd_raise_mpi(rc, "MPI_Comm_size");
+        goto error;
+    }
+    size_t scratch_bytes = (size_t)ring_scratch_elements(count, ring->size) * (size_t)ring->extent;
+    if ((scratch = scratch_new(scratch_bytes, &tmp)) == NULL ||
+        (keep = PyTuple_Pack(2, w->keep != NULL ? w->keep : Py_None, scratch)) == NULL || inflight_reserve() < 0) {
+        goto error;
+    }
+    ring->tmp = tmp;
+    if ((rc = ring_post(ring, &req)) != MPI_SUCCESS) {
+        pd_raise_mpi(rc, "MPI_Isendrecv_c");
+        goto error;
+    }
+    Py_SETREF(w->keep, keep);   // the arrays and the scratch, until the ring is over
+    Py_DECREF(scratch);
+    if (req == MPI_REQUEST_NULL) {   // nothing to send (one rank)
+        PyMem_RawFree(ring);
+        w->pending = NULL;
+        return 0;
+    }
+    w->pending = &ring_pending;
+    w->state = ring;
+    w->req = req;
+    inflight[n_inflight++] = (PdWorkObject *)Py_NewRef(w);
+    return 0;
+error:
+    Py_XDECREF(keep);
+    Py_XDECREF(scratch);
+    PyMem_RawFree(ring);
+    return -1;
+}
 
 // ---------------------------------------------------------------------------------------------------
 // The pending operation

@@ -58,6 +58,7 @@ typedef struct {
 static Session *session = NULL;     // the current session's segment; NULL: none
 static int *node_of = NULL;         // [world size]: each world rank's node (its node's first world rank)
 static int world_size = 0;
+static int node_ranks = 0;          // world ranks on this rank's node; 0: not known (no split at init)
 static char unavailable[300];       // why there is no segment (empty: there is one)
 static int said_unavailable = 0;
 static long long calls_copied = 0, calls_in_place = 0;   // shm all-reduces by path (for tests)
@@ -135,6 +136,7 @@ static int session_start(MPI_Comm world, double timeout) {
     PyMem_RawFree(node_of);
     node_of = NULL;
     world_size = 0;
+    node_ranks = 0;
     if (pd_env_bytes("PYDIST_SHM_BYTES", 1) == 0) {
         snprintf(unavailable, sizeof unavailable, "PYDIST_SHM_BYTES=0 turns it off");
         return 0;   // no collective at all: init is only its communicators' duplication
@@ -158,6 +160,7 @@ static int session_start(MPI_Comm world, double timeout) {
     MPI_Comm_set_errhandler(node, MPI_ERRORS_RETURN);
     MPI_Comm_rank(node, &nrank);
     MPI_Comm_size(node, &nsize);
+    node_ranks = nsize;
     // Each rank's node, named by the node's first world rank (the lowest: split_type keeps world order).
     int *nodes = PyMem_RawMalloc(sizeof(int) * (size_t)wsize), leader = wrank;
     if (nodes == NULL) {
@@ -307,6 +310,10 @@ static int group_on_one_node(long group) {
         }
     }
     return 1;
+}
+
+int pd_shm_node_ranks(void) {
+    return node_ranks;
 }
 
 int pd_shm_auto(long group, Py_ssize_t nbytes) {
@@ -610,6 +617,7 @@ enum {
     LARGE_ASYNC = 1,        // an async_op=True call: the data must take a path that never waits (MPI's)
     LARGE_IN_SEGMENT = 2,   // the array is in this rank's region of the session segment (zero copy)
     LARGE_COPY_OK = 4,      // algorithm="shm", or past PD_SHM_AUTO_COPY_BYTES: copying through shm pays
+    LARGE_EVEN = 8,         // an all-to-all whose blocks are equal and in order (pd_mpi_call_even)
 };
 
 static int in_this_segment(const void *data, size_t nbytes) {
@@ -620,14 +628,25 @@ static int in_this_segment(const void *data, size_t nbytes) {
     return p >= lo && p < lo + session->view.region_bytes && nbytes <= (size_t)(lo + session->view.region_bytes - p);
 }
 
+// AVG: MPI (or the ring) sums; the Work divides once it completes.
+static void set_avg(PdWorkObject *w, const Elsewhere *x, int size) {
+    if (x->avg_buf != NULL) {
+        w->avg_divisor = size;
+        w->avg_dtype = x->avg_dtype;
+        w->avg_buf = x->avg_buf;
+        w->avg_count = x->avg_count;
+    }
+}
+
 // A call whose headers have all matched and whose data the slots do not carry (GIL held): the same
 // choice on every rank, from every rank's flags. An all-reduce takes shared memory when no rank is
 // asynchronous and it pays (every array in the segment, or copying allowed): every rank is then in
 // this call, blocking, so it runs to the end with Ctrl-C held back until it is done (an interrupted
-// rank would leave its peers out of step). Everything else is MPI's nonblocking call on the group's
-// private communicator, which only these calls use, in the order their headers matched: the same on
-// every rank, whenever each rank gets here. The Work gets the outcome. g may be freed here (its group
-// destroyed while the shm all-reduce waited).
+// rank would leave its peers out of step). Otherwise an all-reduce of 2 ranks that both block takes
+// our ring, and everything else is MPI's nonblocking call (the plain all-to-all where every rank's
+// blocks are even): both on the group's private communicator, which only these calls and the rings use,
+// in the order their headers matched: the same on every rank, whenever each rank gets here. The Work
+// gets the outcome. g may be freed here (its group destroyed while the shm all-reduce waited).
 static void large_data(GroupChannel *g, Pending *e) {
     PdWorkObject *w = e->work;
     long group = g->group;
@@ -646,27 +665,48 @@ static void large_data(GroupChannel *g, Pending *e) {
         return;
     }
     calls_declined += all_reduce;
+    MPI_Comm *comm = pd_group_private_comm(group);
+    const Elsewhere *x = e->elsewhere;
+    if (all_reduce && size == 2 && comm != NULL && !(or_ & LARGE_ASYNC)) {
+        // Two ranks, each in this call and blocking: our ring, which each rank's own wait moves along.
+        // MPICH reduces with our ops (canonical NaN, dtypes.c) by recursive doubling, each rank reducing
+        // the whole buffer; the ring reduces half on each (its reduce-scatter and all-gather are what
+        // MPICH's own ops get), and a pair reduces alike in either order. An async call keeps MPI's, which
+        // any MPI call moves along, as a program may expect of a nonblocking collective.
+        if (pd_ring_start_on(w, x->mpi.recv, x->mpi.rcount, x->mpi.type, x->mpi.op, *comm,
+                             pd_group_ring_tag(g->small.completed - 1)) < 0) {
+            pd_work_fail(w);
+            PyErr_Clear();
+            pd_work_finish(w);
+            return;
+        }
+        set_avg(w, x, size);
+        if (w->pending == NULL) {
+            pd_work_finish(w);
+        }
+        return;
+    }
     // The data offered to the slots goes to MPI after all (a peer's did not fit). Only for a call still in
     // progress on this thread (a blocking one, or an async one not yet returned): a Work recorded already
     // has its path, and this may run in another call's progress.
     pd_call_path = w->call.t0 == 0 ? "shm header + MPI" : pd_call_path;
-    MPI_Comm *comm = pd_group_private_comm(group);
-    const Elsewhere *x = e->elsewhere;
-    rc = comm == NULL ? MPI_ERR_COMM : pd_mpi_call_start(&x->mpi, *comm, &w->req);
+    PdMpiCall mpi = x->mpi, even;
+    if (size == 2 && (and_ & LARGE_EVEN) && pd_mpi_call_even(&x->mpi, size, &even)) {
+        // Every rank's blocks are even: every rank makes the plain call (pd_mpi_call_even). Only at 2
+        // ranks: at 4 on 2 cores MPICH's alltoall (pairwise steps) lost to its alltoallv (every block
+        // posted at once), 256 KiB 109 against 88 us.
+        mpi = even;
+    }
+    rc = comm == NULL ? MPI_ERR_COMM : pd_mpi_call_start(&mpi, *comm, &w->req);
     if (rc != MPI_SUCCESS) {
-        pd_raise_mpi(rc, x->mpi.name);
+        pd_raise_mpi(rc, mpi.name);
         pd_work_fail(w);
         PyErr_Clear();
         pd_work_finish(w);
         return;
     }
     w->pending = &pd_request_pending;   // from here on, the plain MPI path's
-    if (x->avg_buf != NULL) {   // MPI sums; the Work divides once it completes
-        w->avg_divisor = size;
-        w->avg_dtype = x->avg_dtype;
-        w->avg_buf = x->avg_buf;
-        w->avg_count = x->avg_count;
-    }
+    set_avg(w, x, size);
 }
 
 // Post the queue's calls that can go into a slot without waiting, in order. GIL held.
@@ -920,7 +960,8 @@ int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, MPI_Op mop, long gr
         return 1;
     }
     PyList_SET_ITEM(list, 0, Py_NewRef(tensor));
-    pd_call_path = "shm header + MPI";   // large_data makes it "shm" when the data takes shared memory
+    // large_data makes it "shm" when the data takes shared memory
+    pd_call_path = pd_group_size(group) == 2 && !async_op ? "shm header + ring" : "shm header + MPI";
     *ret = header_run("all_reduce", group, async_op, &call, &mpi, (PyObject *)buf->arr, list,
                       op == PD_OP_AVG ? buf : NULL, &fallback);
     Py_DECREF(list);
@@ -930,7 +971,9 @@ int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, MPI_Op mop, long gr
 PyObject *pd_shm_header_run(const char *fn, long group, int async_op, const SmallCall *header, const PdMpiCall *mpi,
                             PyObject *keep, PyObject *list, const PdBuf *avg, int *fallback) {
     SmallCall call = *header;
+    PdMpiCall even;
     call.flags = LARGE_ASYNC;   // MPI's path for the data, whatever it is
+    call.flags |= pd_mpi_call_even(mpi, pd_group_size(group), &even) ? LARGE_EVEN : 0;
     if ((call.src == NULL && call.dst == NULL) ||
         !pd_shm_small_wanted(group, shm_small_contribution(&call, pd_group_size(group)))) {
         call.kind |= SMALL_HEADER_ONLY;

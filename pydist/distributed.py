@@ -548,8 +548,10 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm
             collective there), and pydist's shared-memory all-reduce, in place, when every rank
             passes an array from :func:`empty`/:func:`zeros` of more than ``_C.SHM_AUTO_BYTES`` (64 KiB)
             or any array of at least ``_C.SHM_AUTO_COPY_BYTES`` (32 MiB), and no rank calls it with
-            ``async_op=True``; else MPI's (between 64 KiB and 32 MiB MPICH's all-reduce is about as
-            fast as copying through shared memory).
+            ``async_op=True``; else, at 2 ranks that all block, pydist's ring (below: MPICH reduces
+            with pydist's float ops, whose NaN is canonical, by recursive doubling, each rank reducing
+            the whole buffer, where the ring reduces half on each), and MPI's otherwise (between 64 KiB
+            and 32 MiB MPICH's all-reduce is about as fast as copying through shared memory).
             ``"mpi"``: MPI's own all-reduce (MPICH picks its algorithm by size).
             ``"shm"``: pydist's shared-memory all-reduce (each rank reduces 1/R of the elements of every
             rank's contribution in a segment the node's ranks share); arrays from :func:`empty` /

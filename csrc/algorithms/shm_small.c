@@ -183,11 +183,20 @@ int shm_small_post(ShmSmall *s, const SmallCall *c, const ShmWait *w) {
     SmallHeader *h = header_of(s, s->rank, r);
     size_t bytes = shm_small_contribution(c, s->size);
     char *mine = data_of(s, s->rank, r) + place_of(r, bytes);
+    // An all-to-all's or a scatter's own block is read from the input at completion (own_block), never
+    // from the slot: not copying it saves 1/R of the copy (all-to-all of 64 KiB at 2 ranks: half).
+    const int skip = c->kind == SMALL_ALLTOALL || c->kind == SMALL_SCATTER ? s->rank : -1;
+    const size_t block = (size_t)c->count * c->itemsize;
     if (c->src != NULL && bytes > 0 && c->src_at != NULL) {   // a list: one block per rank
-        size_t block = (size_t)c->count * c->itemsize;
         for (int p = 0; p < s->size; p++) {
-            memcpy(mine + (size_t)p * block, (const char *)c->src + c->src_at[p], block);
+            if (p != skip) {
+                memcpy(mine + (size_t)p * block, (const char *)c->src + c->src_at[p], block);
+            }
         }
+    } else if (c->src != NULL && bytes > 0 && skip >= 0) {   // the blocks before ours, then after it
+        const size_t own = (size_t)skip * block;
+        memcpy(mine, c->src, own);
+        memcpy(mine + own + block, (const char *)c->src + own + block, bytes - own - block);
     } else if (c->src != NULL && bytes > 0) {
         memcpy(mine, c->src, bytes);
     }

@@ -1,5 +1,7 @@
 """all_reduce at every world size: every dtype x op of the C table, sizes from 0 to several MiB,
 blocking and async, against NumPy references each rank computes on its own."""
+import zlib
+
 import numpy as np
 import pytest
 
@@ -42,6 +44,37 @@ def test_multi_mib(dtype):
     tol = {"float16": 2e-2, "float32": 1e-5, "int64": 0}[dtype]
     diff = max_diff(x, expected.astype(x.dtype))
     parallel_assert(diff <= tol * max(1.0, float(np.abs(expected).max())), f"{dtype}: maxdiff {diff}")
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["blocking", "async"])
+def test_past_the_slots_every_op_and_dtype_with_nan(async_op):
+    """Just past the small collectives' bound, where the header goes through the slots and the data by
+    our ring (2 ranks, blocking) or MPI's all-reduce: NumPy's answer, and with a NaN, -0.0 and +0.0 in
+    every float input the same bits on every rank."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    wrong, digests = [], []
+    for dtype in DTYPES:
+        n = dist._C.shm_info()["small_bytes"] // np.dtype(dtype).itemsize + 3
+        for op in OPS:
+            if not valid(op, dtype):
+                continue
+            inputs = [make_input(11, r, (n,), dtype, op) for r in range(size)]
+            if np.dtype(dtype).kind in "fc":
+                for r, x in enumerate(inputs):   # rank r: NaN at r, -0.0 at n - 1 - r, +0.0 at the middle
+                    x[r], x[n - 1 - r], x[n // 2] = np.nan, -0.0, 0.0
+            expected = reference(op, inputs)
+            x = inputs[rank].copy()
+            w = dist.all_reduce(x, op=op, async_op=async_op)
+            if async_op:
+                w.wait()
+            if not np.array_equal(x, expected, equal_nan=True):
+                wrong.append((dtype, op.name))
+            digests.append(zlib.crc32(x.tobytes()))
+    mine = np.array(digests, np.int64)
+    every = [np.zeros_like(mine) for _ in range(size)]
+    dist.all_gather(every, mine)
+    alike = all(np.array_equal(d, every[0]) for d in every)
+    parallel_assert(not wrong and alike, f"{wrong[:6]} alike={alike}")
 
 
 def test_shapes_are_preserved_and_in_place():

@@ -574,3 +574,4 @@ def test_c_mpi_info():
     assert info["mpi_version"] >= 4
     assert "MPICH" in info["library_version"]
     assert re.fullmatch(r"\d", str(info["thread_level"]))
+    assert isinstance(info["wait_spin"], bool)   # whether the wait loop spins without yielding
