@@ -14,7 +14,7 @@ line per epoch; the table is read from those files. Samples/s counts the trainin
 Scaling efficiency = samples/s at R / (R x samples/s at R=1).
 
 The arithmetic floor: one step's forward and backward is pydist.engine.step_flops(lenet5(), batch)
-floating-point operations; the machine's single-core peak is the fastest of --peak-reps 1024 x 1024
+floating-point operations; the machine's single-core peak is the fastest of --peak-reps 2048 x 2048
 float32 GEMMs through the engine's own BLAS on one thread (_C.sgemm_seconds), measured in this process
 before and after the jobs. Each run's GFLOP/s per rank (samples/s / R x FLOPs per example) is printed
 beside that peak, with the samples/s a rank would reach at the peak.
@@ -46,7 +46,7 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="1 epoch at R = 1 2 (smoke test)")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per job (default 60 + 60 per epoch)")
-    ap.add_argument("--peak-reps", type=int, default=10, help="1024 x 1024 GEMMs for the single-core peak (default 10)")
+    ap.add_argument("--peak-reps", type=int, default=10, help="2048 x 2048 GEMMs for the single-core peak (default 10)")
     args = ap.parse_args(argv)
     if args.quick:
         args.epochs, args.ranks = 1, [1, 2]
@@ -79,7 +79,7 @@ def load1():
     return os.getloadavg()[0]
 
 
-def sgemm_peak(reps, n=1024):
+def sgemm_peak(reps, n=2048):
     """GFLOP/s of the fastest n x n x n float32 GEMM on one thread of the engine's BLAS."""
     _C.set_blas_threads(1)
     return 2 * n ** 3 / _C.sgemm_seconds(n, reps) / 1e9
@@ -89,7 +89,7 @@ def print_floor(results, args, peak):
     flops = step_flops(lenet5(), args.batch_size) / args.batch_size   # per example
     print(f"\narithmetic floor: LeNet-5 forward + backward {flops * args.batch_size / 1e6:.1f} MFLOP per step of "
           f"{args.batch_size} ({flops / 1e6:.2f} per example); single-core sgemm peak {peak:.1f} GFLOP/s "
-          f"(1024 x 1024, 1 thread, the best before and after the jobs): at most {peak * 1e9 / flops:.0f} "
+          f"(2048 x 2048, 1 thread, OpenBLAS {_C.blas_core()} kernels, the best before and after the jobs): at most {peak * 1e9 / flops:.0f} "
           f"samples/s per rank")
     for (program, ranks), recs in results.items():
         per_rank = sum(r["samples_per_s"] for r in recs) / len(recs) / ranks

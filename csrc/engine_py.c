@@ -361,6 +361,46 @@ static PyObject *engine_loss_and_grad(EngineObject *e, PyObject *const *args, Py
     return Py_BuildValue("(di)", loss, correct);
 }
 
+// profile(x, labels, reps) -> (forward seconds per layer, backward seconds per layer, loss seconds): the
+// fastest of reps timed steps, per layer (model_profile); grads hold the last step's gradient.
+static PyObject *engine_profile(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
+    int B;
+    long reps;
+    if (pd_check_nargs(nargs, 3, "Engine.profile") < 0 || batch_args(e, args, 1, "Engine.profile", &B) < 0 ||
+        pd_arg_long(args[2], "Engine.profile", "reps", &reps) < 0) {
+        return NULL;
+    }
+    if (reps < 1 || reps > 100000) {
+        PyErr_Format(PyExc_ValueError, "Engine.profile(): reps must be in [1, 100000]; got %ld", reps);
+        return NULL;
+    }
+    int L = e->model.num_layers;
+    double *times = PyMem_Calloc(2 * (size_t)L + 1, sizeof(double));
+    if (times == NULL) return PyErr_NoMemory();
+    if (engine_enter(e, "Engine.profile") < 0) {
+        PyMem_Free(times);
+        return NULL;
+    }
+    const float *x = PyArray_DATA((PyArrayObject *)args[0]);
+    const int32_t *y = PyArray_DATA((PyArrayObject *)args[1]);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = model_profile(&e->model, x, y, B, (int)reps, times);
+    Py_END_ALLOW_THREADS
+    e->busy = 0;
+    PyObject *fwd = rc == 0 ? PyList_New(L) : NULL, *bwd = rc == 0 ? PyList_New(L) : NULL, *out = NULL;
+    for (int i = 0; fwd != NULL && bwd != NULL && i < L; i++) {
+        PyList_SET_ITEM(fwd, i, PyFloat_FromDouble(times[i]));
+        PyList_SET_ITEM(bwd, i, PyFloat_FromDouble(times[L + i]));
+    }
+    if (fwd != NULL && bwd != NULL && !PyErr_Occurred()) out = Py_BuildValue("(OOd)", fwd, bwd, times[2 * L]);
+    else if (rc != 0) PyErr_NoMemory();
+    Py_XDECREF(fwd);
+    Py_XDECREF(bwd);
+    PyMem_Free(times);
+    return out;
+}
+
 static int sgd_args(PyObject *const *args, const char *fn, SgdConfig *c) {
     double v[4];
     static const char *names[4] = {"lr", "momentum", "dampening", "weight_decay"};
@@ -1179,6 +1219,8 @@ static PyMethodDef engine_methods[] = {
     METHOD("init_params", engine_init_params, "init_params(seed): PyTorch's default initialisation"),
     METHOD("forward", engine_forward, "forward(x) -> logits (B, classes)"),
     METHOD("loss_and_grad", engine_loss_and_grad, "loss_and_grad(x, labels) -> (loss, correct); fills grads"),
+    METHOD("profile", engine_profile,
+           "profile(x, labels, reps) -> (forward s per layer, backward s per layer, loss s), fastest of reps"),
     METHOD("sgd_step", engine_sgd_step, "sgd_step(lr, momentum, dampening, weight_decay, nesterov)"),
     METHOD("train_steps", engine_train_steps,
            "train_steps(images, labels, perm, step_begin, step_end, batch, group, lr, momentum, dampening, "
@@ -1339,6 +1381,14 @@ PyObject *pd_set_blas_threads(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     openblas_set_num_threads((int)n);
     Py_RETURN_NONE;
+}
+
+// blas_core() -> the kernel family the engine's OpenBLAS runs ("SkylakeX", "Haswell", ...): a generic one
+// ("Prescott") on a modern CPU means five times slower GEMMs, which benchmarks print so it shows.
+PyObject *pd_blas_core(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    const char *name = openblas_get_corename();
+    return PyUnicode_FromString(name != NULL ? name : "unknown");
 }
 
 // sgemm_seconds(n, reps) -> seconds of the fastest of `reps` products of two n x n float32 matrices

@@ -66,6 +66,7 @@ static PyMethodDef module_methods[] = {
     FAST("load_idx", pd_load_idx, "load_idx(images_path, labels_path) -> (images float32 (n, rows, cols), labels int32)"),
     FAST("epoch_permutation", pd_epoch_permutation, "epoch_permutation(n, seed, epoch) -> int32 array"),
     FAST("set_blas_threads", pd_set_blas_threads, "set_blas_threads(n): OpenBLAS threads in this process"),
+    {"blas_core", pd_blas_core, METH_NOARGS, "blas_core() -> the kernel family of the engine's OpenBLAS"},
     FAST("sgemm_seconds", pd_sgemm_seconds,
          "sgemm_seconds(n, reps) -> the fastest of reps n x n x n float32 GEMMs through the engine's BLAS"),
     FAST("check_op", pd_check_op, "check_op(op, dtype): raise if the op is not defined for the dtype"),

@@ -560,6 +560,7 @@ int pd_compressor_type_init(PyObject *module);   // _C.Compressor (compress_py.c
 PyObject *pd_load_idx(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_epoch_permutation(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_set_blas_threads(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *pd_blas_core(PyObject *self, PyObject *unused);
 PyObject *pd_sgemm_seconds(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 // ---------------------------------------------------------------------------------------------------

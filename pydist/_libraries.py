@@ -37,6 +37,26 @@ def _pypi_libraries():
     return _build_config.PYPI_LIBRARIES
 
 
+# OpenBLAS picks its kernels from the CPU model it reads at load time, and an OpenBLAS older than the
+# CPU does not know the model: Debian 12's 0.3.21 on a Xeon of model 207 (Emerald Rapids) falls back to
+# its generic "Prescott" kernels, 34 GFLOP/s for a float32 GEMM where its SkylakeX kernels reach 160.
+# The instruction sets the CPU reports settle which kernels can run, so the engine's OpenBLAS is told
+# the family by name (OPENBLAS_CORETYPE) unless the user set one. Newer CPUs of a family run the same
+# float32 kernels (OpenBLAS' Cooperlake and SapphireRapids use SkylakeX's sgemm; Zen uses Haswell's).
+_CORE_BY_FLAGS = (("SKYLAKEX", {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}),
+                  ("HASWELL", {"avx2", "fma"}))
+
+
+def blas_coretype(cpuinfo="/proc/cpuinfo"):
+    """The OPENBLAS_CORETYPE for this CPU's instruction sets, or None (no file, or none of ours)."""
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return None
+    return next((core for core, needs in _CORE_BY_FLAGS if needs <= set(flags)), None)
+
+
 def load():
     import ctypes
     for name in _pypi_libraries():

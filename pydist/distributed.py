@@ -28,19 +28,22 @@ def _load_C():
     init_process_group at 2 ranks 110 ms instead of 30 (benchmarks/startup.py). The engine runs one BLAS
     thread per rank anyway (Trainer's blas_threads, which may raise it). A user's own setting wins.
     Libraries the build took from PyPI packages are loaded just before it (_libraries.py), under the
-    same setting: PyPI's OpenBLAS starts its pool when that load runs."""
+    same setting: PyPI's OpenBLAS starts its pool when that load runs. The engine's OpenBLAS is also
+    told which kernels this CPU runs (_libraries.blas_coretype): one older than the CPU would take
+    its generic ones, five times slower."""
     def load():
         _libraries.load()
         from . import _C
         return _C
 
-    if "OPENBLAS_NUM_THREADS" in os.environ:
-        return load()
-    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    setting = {"OPENBLAS_NUM_THREADS": "1", "OPENBLAS_CORETYPE": _libraries.blas_coretype()}
+    setting = {k: v for k, v in setting.items() if v is not None and k not in os.environ}
+    os.environ.update(setting)
     try:
         return load()
     finally:
-        del os.environ["OPENBLAS_NUM_THREADS"]
+        for k in setting:
+            del os.environ[k]
 
 
 _C = _load_C()

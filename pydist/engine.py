@@ -257,12 +257,18 @@ def _strategy_options(strategy, given):
 
 def layer_costs(model):
     """Each layer's floating-point operations per example, forward and backward (multiply-adds count
-    2): a Linear or Conv2d layer's backward computes its weights' gradient (as many operations as its
-    forward) and, except in the first layer, its input's (as many again); the other layers' backward
-    costs what their forward does."""
+    2). A Linear or Conv2d layer's backward computes its weights' gradient (as many operations as its
+    forward) and, when a layer before it has parameters, its input's (as many again); another layer's
+    backward costs what its forward does, and nothing before the first layer with parameters, whose
+    input gradient nobody needs (the MLP's leading Flatten)."""
     flops = _C.Engine(model.specs(), model.input_shape, 1).layer_flops
-    return [f * ((2 if i == 0 else 3) if spec[0] in (_LINEAR, _CONV2D) else 2)
-            for i, (f, spec) in enumerate(zip(flops, model.specs()))]
+    costs, params_before = [], False
+    for f, spec in zip(flops, model.specs()):
+        has_params = spec[0] in (_LINEAR, _CONV2D)
+        backward = (2 if params_before else 1) * f if has_params else (f if params_before else 0)
+        costs.append(f + backward)
+        params_before = params_before or has_params
+    return costs
 
 
 def step_flops(model, batch):

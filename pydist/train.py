@@ -52,6 +52,9 @@ def parse_args(argv=None):
     ap.add_argument("--plot", default="curves.png", help="PNG of the curves, if matplotlib is installed ('' for none)")
     ap.add_argument("--blas-threads", type=int, default=None, help="OpenBLAS threads per rank (default 1)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar and epoch lines")
+    ap.add_argument("--profile", action="store_true",
+                    help="print the model's per-layer time and GFLOP/s at --batch-size on one core and exit "
+                         "(python -m pydist.profile)")
     st = ap.add_argument_group("strategy (how the ranks cooperate; README \"Strategies\")")
     st.add_argument("--strategy", choices=tuple(STRATEGIES), default="allreduce")
     st.add_argument("--servers", type=int, default=None,
@@ -155,6 +158,11 @@ def resumed_where(trainer):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.profile:   # one process, no MPI: where the step's time goes
+        from . import profile
+        model = lenet5() if args.model == "lenet5" else mlp(tuple(args.hidden))
+        print(profile.report(model, [args.batch_size]), flush=True)
+        return
     dist.init_process_group(backend="mpi")
     rank, world = dist.get_rank(), dist.get_world_size()
     model = lenet5() if args.model == "lenet5" else mlp(tuple(args.hidden))

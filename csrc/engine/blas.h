@@ -9,6 +9,7 @@
 #ifdef BLAS_SYMBOL_PREFIX_SCIPY
 #define cblas_sgemm scipy_cblas_sgemm
 #define openblas_set_num_threads scipy_openblas_set_num_threads
+#define openblas_get_corename scipy_openblas_get_corename
 #endif
 
 #endif

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const char *const LAYER_NAMES[] = {"linear", "conv2d", "maxpool2d", "relu", "flatten"};
 
@@ -347,6 +348,20 @@ double layer_forward_flops(const Layer *L) {
     }
 }
 
+static double seconds_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+// Adds the seconds since *t0 to m->profile[slot] (when profiling) and restarts *t0.
+static void profile_mark(Model *m, int slot, double *t0) {
+    if (m->profile == NULL) return;
+    double t = seconds_now();
+    m->profile[slot] += t - *t0;
+    *t0 = t;
+}
+
 float *model_input(Model *m) {
     return m->act[0];
 }
@@ -355,25 +370,31 @@ const float *model_forward(Model *m, const float *x, int B) {
     if (x != m->act[0]) {
         memcpy(m->act[0], x, sizeof(float) * (size_t)B * act_size(m->in_c, m->in_h, m->in_w));
     }
+    double t0 = m->profile != NULL ? seconds_now() : 0.0;
     for (int i = 0; i < m->num_layers; i++) {
         if (relu_into_pool(m, i)) {
             const Layer *P = &m->layers[i + 1];
             relu_maxpool_forward(m->act[i], m->act[i + 2], m->argmax[i + 1], B * P->in_c, P->in_h, P->in_w,
                                  P->spec.kernel);
-            i++;
+            profile_mark(m, ++i, &t0);
             continue;
         }
         layer_forward(&m->layers[i], m->params, m->act[i], m->act[i + 1], m->cols[i], m->argmax[i], m->scratch, B);
+        profile_mark(m, i, &t0);
     }
     return m->act[m->num_layers];
 }
 
 double model_forward_loss(Model *m, const float *x, const int32_t *labels, int B, int *correct) {
     const float *logits = model_forward(m, x, B);
-    return log_softmax_nll(logits, labels, m->dact[m->num_layers], B, m->classes, correct);
+    double t0 = m->profile != NULL ? seconds_now() : 0.0;
+    double loss = log_softmax_nll(logits, labels, m->dact[m->num_layers], B, m->classes, correct);
+    profile_mark(m, 2 * m->num_layers, &t0);
+    return loss;
 }
 
 void model_backward(Model *m, int B) {
+    double t0 = m->profile != NULL ? seconds_now() : 0.0;
     for (int i = m->num_layers - 1; i >= 0; i--) {
         if (i > 0 && relu_into_pool(m, i - 1)) {   // the max-pool and its ReLU (no parameters)
             const Layer *P = &m->layers[i];
@@ -381,12 +402,30 @@ void model_backward(Model *m, int B) {
                 relu_maxpool_backward(m->dact[i + 1], m->act[i + 1], m->argmax[i], m->dact[i - 1], B * P->in_c,
                                       P->in_h, P->in_w, P->spec.kernel);
             }
+            profile_mark(m, m->num_layers + i, &t0);
             i--;
             continue;
         }
         layer_backward(&m->layers[i], m->params, m->grads + m->layers[i].weight_offset, m->act[i], m->act[i + 1],
                        m->dact[i + 1], m->dact[i], m->cols[i], m->argmax[i], m->scratch, B, 0);
+        profile_mark(m, m->num_layers + i, &t0);
     }
+}
+
+int model_profile(Model *m, const float *x, const int32_t *labels, int B, int reps, double *out) {
+    int slots = 2 * m->num_layers + 1;
+    double *run = malloc(sizeof(double) * (size_t)slots);
+    if (run == NULL) return -1;
+    for (int r = 0; r < reps; r++) {
+        memset(run, 0, sizeof(double) * (size_t)slots);
+        m->profile = run;
+        model_forward_loss(m, x, labels, B, NULL);
+        model_backward(m, B);
+        m->profile = NULL;
+        for (int k = 0; k < slots; k++) out[k] = r == 0 || run[k] < out[k] ? run[k] : out[k];
+    }
+    free(run);
+    return 0;
 }
 
 double model_loss_backward(Model *m, const float *x, const int32_t *labels, int B, int *correct) {

@@ -45,6 +45,9 @@ typedef struct {
     float **cols;            // per convolution: its im2col, kept from forward for backward
     float *scratch;          // the GEMM output of the largest convolution
     float *workspace;
+    // NULL, or [2 * num_layers + 1] seconds that the passes add to: layer i's forward at i, its backward
+    // at num_layers + i, the loss at 2 * num_layers (model_profile; a fused ReLU's time is its pool's).
+    double *profile;
 } Model;
 
 // Check the layer list against the input shape and allocate everything for batches up to max_batch.
@@ -73,6 +76,11 @@ double model_loss_backward(Model *m, const float *x, const int32_t *labels, int 
 // model_backward then overwrites grads with d(loss)/d(params) from it (the same B).
 double model_forward_loss(Model *m, const float *x, const int32_t *labels, int B, int *correct);
 void model_backward(Model *m, int B);
+
+// The fastest of `reps` timings of each layer's forward and backward and of the loss on the batch (x,
+// labels), into out[2 * num_layers + 1] as model.profile lays it out. Leaves grads as a step would.
+// Returns 0, or -1 out of memory.
+int model_profile(Model *m, const float *x, const int32_t *labels, int B, int reps, double *out);
 
 // One layer on B examples, as model_forward/model_loss_backward run it: params is the model's flat
 // buffer (the layer reads its own offsets), dparams the layer's own gradient (its weights', then its

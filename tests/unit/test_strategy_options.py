@@ -1,6 +1,10 @@
 """Strategy options at world size 1: each strategy takes its own options and refuses the others', a
 group too small for a strategy is a clear error, the straggler sleep is real, and the command line
 says the same."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -155,6 +159,13 @@ def test_layer_costs_count_forward_and_backward_flops():
     assert layer_costs(m) == [2 * conv, 2 * 2 * 26 * 26, 2 * 2 * 26 * 26, 2 * 2 * 13 * 13, 3 * 2 * 338 * 10]
 
 
+def test_layer_costs_before_the_first_parameters_have_no_backward():
+    from pydist.engine import layer_costs, mlp
+    # mlp: Flatten, Linear 784->16, ReLU, Linear 16->10; the Flatten's and the first Linear's input
+    # gradients are never computed
+    assert layer_costs(mlp((16,))) == [784, 2 * 2 * 784 * 16, 2 * 16, 3 * 2 * 16 * 10]
+
+
 def test_step_flops_counts_forward_and_backward():
     from pydist.engine import Conv2d, Flatten, Linear, Model, ReLU, lenet5, step_flops
     m = Model([Conv2d(1, 2, 3), ReLU(), Flatten(), Linear(2 * 26 * 26, 10)], input_shape=(1, 28, 28))
@@ -164,6 +175,35 @@ def test_step_flops_counts_forward_and_backward():
     # LeNet-5's step of 64: about 147 MFLOP, most of it the two convolutions
     convs = 2 * (6 * 25) * 28 * 28 * 2 + 3 * 2 * (16 * 6 * 25) * 10 * 10
     assert convs / step_flops(lenet5(), 1) > 0.8 and 140e6 < step_flops(lenet5(), 64) < 150e6
+
+
+def test_blas_coretype_follows_the_cpus_instruction_sets(tmp_path):
+    from pydist import _libraries
+    avx512 = "fpu sse2 avx avx2 fma avx512f avx512cd avx512bw avx512dq avx512vl"
+    for flags, core in ((avx512, "SKYLAKEX"), ("sse2 avx avx2 fma", "HASWELL"), ("sse2 avx", None),
+                        ("sse2 avx2 avx512f", None)):
+        (tmp_path / "cpuinfo").write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+        assert _libraries.blas_coretype(str(tmp_path / "cpuinfo")) == core, flags
+    assert _libraries.blas_coretype(str(tmp_path / "missing")) is None
+
+
+def test_the_engines_blas_runs_this_cpus_kernels():
+    # Debian 12's OpenBLAS does not know newer Xeons and would take its generic Prescott kernels, five
+    # times slower; pydist names the family while it loads it (unless the user did), and leaves no
+    # setting behind for NumPy or child processes.
+    from pydist import _libraries
+    from unit_helpers import subprocess_env
+    env = {k: v for k, v in subprocess_env().items() if k != "OPENBLAS_CORETYPE"}
+    code = "import os, pydist; print(os.environ.get('OPENBLAS_CORETYPE'), pydist._C.blas_core())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    left, core = out.stdout.split()
+    assert left == "None"
+    expected = _libraries.blas_coretype()
+    if expected == "SKYLAKEX":
+        assert core.upper() in ("SKYLAKEX", "COOPERLAKE", "SAPPHIRERAPIDS"), core
+    elif expected == "HASWELL":
+        assert core.upper() in ("HASWELL", "ZEN"), core
 
 
 def test_sgemm_seconds_times_the_engines_blas():
