@@ -70,7 +70,8 @@ LD_PRELOAD=$ASAN_LIB PYTHONPATH=$PWD/build/asan $PY -P -c \
 asan_unit() {
   LD_PRELOAD=$ASAN_LIB PYTHONPATH=$PWD/build/asan $PY -P -m pytest -q -p no:cacheprovider \
     tests/unit/test_api.py tests/unit/test_errors.py tests/unit/test_float16.py tests/unit/test_gil.py \
-    tests/unit/test_engine.py tests/unit/test_ring_args.py tests/unit/test_strategy_options.py \
+    tests/unit/test_engine.py tests/unit/test_engine_torch.py tests/unit/test_profile.py \
+    tests/unit/test_ring_args.py tests/unit/test_strategy_options.py \
     tests/unit/test_shm_args.py tests/unit/test_compression_kernels.py
 }
 # LeakSanitizer's own tracer (the thread that stops the others for the leak check at exit) has died

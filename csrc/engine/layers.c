@@ -44,10 +44,12 @@ void linear_backward(const float *x, const float *W, const float *dy, float *dW,
 // of sample n; tmp is (out_c, B*ohw), the GEMM's output before it is put back into NCHW order.
 
 long conv_cols_floats(const ConvShape *s, int B) {
+    if (conv_direct_applies(s)) return conv_direct_cols_floats(s, B);
     return (long)s->in_c * s->k * s->k * B * s->out_h * s->out_w;
 }
 
 long conv_tmp_floats(const ConvShape *s, int B) {
+    if (conv_direct_applies(s)) return conv_direct_tmp_floats(s, B);
     return (long)s->out_c * B * s->out_h * s->out_w;
 }
 
@@ -178,6 +180,10 @@ void conv2d_forward(const ConvShape *s, const float *x, const float *W, const fl
                     float *tmp, int B) {
     int patch = s->in_c * s->k * s->k;
     long ohw = (long)s->out_h * s->out_w, width = B * ohw;
+    if (conv_direct_applies(s)) {
+        conv_direct_forward(s, x, W, b, y, cols, B);
+        return;
+    }
     im2col(s, x, cols, B);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s->out_c, (int)width, patch, 1.0f, W, patch, cols,
                 (int)width, 0.0f, tmp, (int)width);
@@ -203,6 +209,10 @@ void conv2d_backward(const ConvShape *s, float *cols, const float *W, const floa
                      float *dx, float *dtmp, int B, int accumulate) {
     int patch = s->in_c * s->k * s->k;
     long ohw = (long)s->out_h * s->out_w, width = B * ohw;
+    if (conv_direct_applies(s)) {
+        conv_direct_backward(s, cols, W, dy, dW, db, dx, dtmp, B, accumulate);
+        return;
+    }
     for (int oc = 0; oc < s->out_c; oc++) {
         float *row = dtmp + oc * width;   // (B, ohw): this channel's gradients, from NCHW
         for (int n = 0; n < B; n++) {
@@ -254,62 +264,18 @@ static inline void pool_take(float v, int at, float *top, int *best) {
     *top = take ? v : *top;
 }
 
-// LeNet's case, a 2 x 2 window: one output row from input rows r0 and r1 (at0: r0's offset in the
-// plane), the four candidates in torch's (raster) order. Four outputs at a time with SSE2 (every
-// x86-64 has it): scalar, the compiler turns each select on floats into a branch, and a mispredicted
-// branch per element made the pooling cost as much as a GEMM.
-static void pool2_row(const float *restrict r0, const float *restrict r1, float *restrict out,
-                      int32_t *restrict arg, int ow, int w, int at0, int relu) {
-    int oj = 0;
-#ifdef __SSE2__
-    const __m128i one = _mm_set1_epi32(1), below = _mm_set1_epi32(w), lane = _mm_setr_epi32(0, 2, 4, 6);
-    const __m128 zero = _mm_setzero_ps();
-    for (; oj + 4 <= ow; oj += 4) {
-        __m128 a0 = _mm_loadu_ps(r0 + 2 * oj), a1 = _mm_loadu_ps(r0 + 2 * oj + 4);
-        __m128 b0 = _mm_loadu_ps(r1 + 2 * oj), b1 = _mm_loadu_ps(r1 + 2 * oj + 4);
-        __m128 cand[3] = {_mm_shuffle_ps(a0, a1, _MM_SHUFFLE(3, 1, 3, 1)),   // r0's odd columns
-                          _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(2, 0, 2, 0)),   // r1's even
-                          _mm_shuffle_ps(b0, b1, _MM_SHUFFLE(3, 1, 3, 1))};  // r1's odd
-        __m128i offs[3] = {one, below, _mm_add_epi32(below, one)};
-        __m128 top = _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(2, 0, 2, 0));       // r0's even
-        __m128i best = _mm_setzero_si128();
-        for (int c = 0; c < 3; c++) {
-            // larger, or a NaN (which wins as in torch): !(v <= top), unless top is a NaN already
-            __m128 take = _mm_and_ps(_mm_cmpnle_ps(cand[c], top), _mm_cmpord_ps(top, top));
-            top = _mm_or_ps(_mm_and_ps(take, cand[c]), _mm_andnot_ps(take, top));
-            __m128i t = _mm_castps_si128(take);
-            best = _mm_or_si128(_mm_and_si128(t, offs[c]), _mm_andnot_si128(t, best));
-        }
-        if (relu) top = _mm_andnot_ps(_mm_cmple_ps(top, zero), top);   // relu_of: +0 for <= 0, NaN stays
-        _mm_storeu_ps(out + oj, top);
-        __m128i at = _mm_add_epi32(_mm_set1_epi32(at0 + 2 * oj), _mm_add_epi32(lane, best));
-        _mm_storeu_si128((__m128i *)(arg + oj), at);
-    }
-#endif
-    for (; oj < ow; oj++) {
-        int best = at0 + 2 * oj;
-        float top = r0[2 * oj];
-        pool_take(r0[2 * oj + 1], best + 1, &top, &best);
-        pool_take(r1[2 * oj], at0 + 2 * oj + w, &top, &best);
-        pool_take(r1[2 * oj + 1], at0 + 2 * oj + w + 1, &top, &best);
-        out[oj] = relu ? relu_of(top) : top;
-        arg[oj] = best;
-    }
-}
-
 static void pool_forward(const float *restrict x, float *restrict y, int32_t *restrict argmax, int planes, int h,
                          int w, int k, int relu) {
+    if (k == 2) {   // LeNet's: pool2.c, in vectors
+        pool2_forward(x, y, argmax, planes, h, w, relu);
+        return;
+    }
     int oh = h / k, ow = w / k;
     for (long p = 0; p < planes; p++) {
         const float *in = x + p * h * w;
         float *out = y + p * oh * ow;
         int32_t *arg = argmax + p * oh * ow;
         for (int oi = 0; oi < oh; oi++) {
-            if (k == 2) {
-                pool2_row(in + 2 * oi * w, in + (2 * oi + 1) * w, out + oi * ow, arg + oi * ow, ow, w, 2 * oi * w,
-                          relu);
-                continue;
-            }
             for (int oj = 0; oj < ow; oj++) {
                 int best = (oi * k) * w + oj * k;
                 float top = in[best];
@@ -334,37 +300,6 @@ void relu_maxpool_forward(const float *x, float *y, int32_t *argmax, int planes,
     pool_forward(x, y, argmax, planes, h, w, k, 1);
 }
 
-// The adjoint of pool2_row: dr0, dr1 get dy at the argmax (masked by y > 0 when y is given), 0 elsewhere.
-static void pool2_row_backward(const float *restrict dy, const float *restrict y, const int32_t *restrict arg,
-                               float *restrict dr0, float *restrict dr1, int ow, int w, int at0) {
-    int oj = 0;
-#ifdef __SSE2__
-    const __m128i one = _mm_set1_epi32(1), below = _mm_set1_epi32(w), lane = _mm_setr_epi32(0, 2, 4, 6);
-    for (; oj + 4 <= ow; oj += 4) {
-        __m128 g = _mm_loadu_ps(dy + oj);
-        if (y != NULL) g = _mm_and_ps(g, _mm_cmpgt_ps(_mm_loadu_ps(y + oj), _mm_setzero_ps()));
-        __m128i at = _mm_sub_epi32(_mm_loadu_si128((const __m128i *)(arg + oj)),
-                                   _mm_add_epi32(_mm_set1_epi32(at0 + 2 * oj), lane));   // 0, 1, w or w + 1
-        __m128 g00 = _mm_and_ps(g, _mm_castsi128_ps(_mm_cmpeq_epi32(at, _mm_setzero_si128())));
-        __m128 g01 = _mm_and_ps(g, _mm_castsi128_ps(_mm_cmpeq_epi32(at, one)));
-        __m128 g10 = _mm_and_ps(g, _mm_castsi128_ps(_mm_cmpeq_epi32(at, below)));
-        __m128 g11 = _mm_and_ps(g, _mm_castsi128_ps(_mm_cmpeq_epi32(at, _mm_add_epi32(below, one))));
-        _mm_storeu_ps(dr0 + 2 * oj, _mm_unpacklo_ps(g00, g01));
-        _mm_storeu_ps(dr0 + 2 * oj + 4, _mm_unpackhi_ps(g00, g01));
-        _mm_storeu_ps(dr1 + 2 * oj, _mm_unpacklo_ps(g10, g11));
-        _mm_storeu_ps(dr1 + 2 * oj + 4, _mm_unpackhi_ps(g10, g11));
-    }
-#endif
-    for (; oj < ow; oj++) {
-        float g = y == NULL || y[oj] > 0.0f ? dy[oj] : 0.0f;
-        int at = arg[oj] - at0 - 2 * oj;
-        dr0[2 * oj] = at == 0 ? g : 0.0f;
-        dr0[2 * oj + 1] = at == 1 ? g : 0.0f;
-        dr1[2 * oj] = at == w ? g : 0.0f;
-        dr1[2 * oj + 1] = at == w + 1 ? g : 0.0f;
-    }
-}
-
 // y == NULL: plain max pooling; else relu's mask too (gradient only where the output is > 0).
 static void pool_backward(const float *restrict dy, const float *restrict y, const int32_t *restrict argmax,
                           float *restrict dx, int planes, int h, int w, int k) {
@@ -378,16 +313,7 @@ static void pool_backward(const float *restrict dy, const float *restrict y, con
         }
         return;
     }
-    // 2 x 2 windows tiling the plane: each input is written once, with its gradient or 0 (no memset),
-    // in selects the compiler vectorizes.
-    for (long p = 0; p < planes; p++) {
-        float *plane = dx + p * h * w;
-        for (int oi = 0; oi < oh; oi++) {
-            long o = (p * oh + oi) * ow;
-            pool2_row_backward(dy + o, y != NULL ? y + o : NULL, argmax + o, plane + 2 * oi * w,
-                               plane + (2 * oi + 1) * w, ow, w, 2 * oi * w);
-        }
-    }
+    pool2_backward(dy, y, argmax, dx, planes, h, w);   // 2 x 2 windows tiling the plane: pool2.c
 }
 
 void maxpool_backward(const float *dy, const int32_t *argmax, float *dx, int planes, int h, int w, int k) {

@@ -35,6 +35,17 @@ void conv2d_forward(const ConvShape *s, const float *x, const float *W, const fl
 void conv2d_backward(const ConvShape *s, float *cols, const float *W, const float *dy, float *dW, float *db,
                      float *dx, float *tmp, int B, int accumulate);
 
+// Stride-1 convolutions with pad <= k - 1 and k <= 7 (LeNet's) run directly (conv_direct.c), with no
+// im2col: `cols` then holds the padded input and packed weights, `tmp` dy's padded copies. The
+// functions above take that path themselves; these are its parts.
+int conv_direct_applies(const ConvShape *s);
+long conv_direct_cols_floats(const ConvShape *s, int B);
+long conv_direct_tmp_floats(const ConvShape *s, int B);
+void conv_direct_forward(const ConvShape *s, const float *x, const float *W, const float *b, float *y, float *cols,
+                         int B);
+void conv_direct_backward(const ConvShape *s, const float *cols, const float *W, const float *dy, float *dW,
+                          float *db, float *dx, float *tmp, int B, int accumulate);
+
 // Max pooling with a k x k window and stride k over (B*C) planes of h x w; out is (h/k) x (w/k).
 // argmax records, per output, the input offset of the maximum (the first one on ties, as PyTorch).
 void maxpool_forward(const float *x, float *y, int32_t *argmax, int planes, int h, int w, int k);
@@ -44,6 +55,11 @@ void maxpool_backward(const float *dy, const int32_t *argmax, float *dx, int pla
 void relu_maxpool_forward(const float *x, float *y, int32_t *argmax, int planes, int h, int w, int k);
 void relu_maxpool_backward(const float *dy, const float *y, const int32_t *argmax, float *dx, int planes, int h,
                            int w, int k);
+
+// The k = 2 cases of the above (pool2.c): y, argmax of (h / 2) x (w / 2) outputs per plane, relu or not;
+// backward needs h and w even (windows tiling the plane), y NULL for plain pooling.
+void pool2_forward(const float *x, float *y, int32_t *argmax, int planes, int h, int w, int relu);
+void pool2_backward(const float *dy, const float *y, const int32_t *argmax, float *dx, int planes, int h, int w);
 
 void relu_forward(const float *x, float *y, long n);
 // dx = dy where y > 0, else 0 (PyTorch's threshold_backward on the output)

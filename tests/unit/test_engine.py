@@ -112,10 +112,14 @@ def relu_pool_reference(x, wc, bc, wl, bl, y, k):
     return loss, np.concatenate([dwc.ravel(), dbc, dwl.ravel(), dbl])
 
 
-# The model runs a ReLU followed by a max-pool as one pass (relu_maxpool_*, with an SSE2 path for 2 x 2
-# windows four outputs at a time, and a general one). Shapes: 2 x 2 with a whole vector per row, a
-# vector and a tail, inputs the windows leave uncovered, and a 3 x 3 window.
-@pytest.mark.parametrize("k,h,w", [(2, 8, 16), (2, 10, 12), (2, 7, 9), (3, 9, 10)])
+# The model runs a ReLU followed by a max-pool as one pass (relu_maxpool_*; 2 x 2 windows in vectors of
+# outputs, csrc/engine/pool2.c, and a general path). Shapes: 2 x 2 with rows shorter than a vector
+# (LeNet's 14 and 5 outputs), one of 33 outputs (two vectors and a tail), inputs the windows leave
+# uncovered, and a 3 x 3 window.
+POOL_SHAPES = [(2, 8, 16), (2, 10, 12), (2, 28, 28), (2, 10, 10), (2, 4, 66), (2, 7, 9), (3, 9, 10)]
+
+
+@pytest.mark.parametrize("k,h,w", POOL_SHAPES)
 def test_relu_maxpool_fused_equals_unfused_numpy(k, h, w):
     B, C, O, classes = 3, 2, 3, 4
     oh, ow = h // k, w // k
@@ -140,6 +144,42 @@ def test_relu_maxpool_fused_equals_unfused_numpy(k, h, w):
     np.testing.assert_allclose(e.grads, ref_grads, rtol=1e-5, atol=1e-6)
     conv_grads = e.grads[:O * C + O]
     assert np.abs(conv_grads).max() > 1e-3, "no gradient reached the conv: the comparison would be empty"
+
+
+POOL_BUILDS_SCRIPT = r"""
+import sys
+import numpy as np
+from pydist import _C
+from pydist.engine import Conv2d, Flatten, Linear, MaxPool2d, Model, ReLU
+out = []
+for k, h, w in %r:
+    for relu in (True, False):
+        layers = [Conv2d(2, 3, 1)] + ([ReLU()] if relu else []) + [MaxPool2d(k), Flatten(),
+                  Linear(3 * (h // k) * (w // k), 4)]
+        model = Model(layers, input_shape=(2, h, w))
+        e = _C.Engine(model.specs(), model.input_shape, 3)
+        e.init_params(1)
+        rng = np.random.default_rng(h * w)
+        x = (rng.integers(-4, 5, (3, 2 * h * w)) / 2).astype(np.float32)   # ties, and values <= 0
+        x[0, ::7] = np.nan                                                 # NaNs win, as in torch
+        e.loss_and_grad(x, rng.integers(0, 4, 3).astype(np.int32))
+        out += [e.forward(x), e.grads.copy()]
+sys.stdout.buffer.write(b"".join(a.tobytes() for a in out))
+"""
+
+
+def test_pool_builds_give_the_same_bits():
+    # pool2.c has one build per instruction set (16, 8 and 4 lanes); PYDIST_SIMD caps which one runs.
+    # All of them must give bit for bit what the widest gives (the in-process tests check that one).
+    script = POOL_BUILDS_SCRIPT % (POOL_SHAPES,)
+    results = {}
+    for simd in ("avx512", "avx2", "sse2"):
+        env = dict(subprocess_env(), PYDIST_SIMD=simd)
+        proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr.decode()
+        results[simd] = proc.stdout
+    assert len(results["sse2"]) > 1000
+    assert results["avx2"] == results["avx512"] and results["sse2"] == results["avx512"]
 
 
 def test_loss_is_cross_entropy_of_forward():

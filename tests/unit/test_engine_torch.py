@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pydist import _C
-from pydist.engine import Conv2d, Flatten, Linear, MaxPool2d, ReLU, lenet5, load_fashion_mnist, mlp
+from pydist.engine import Conv2d, Flatten, Linear, MaxPool2d, Model, ReLU, lenet5, load_fashion_mnist, mlp
 
 if os.environ.get("PYDIST_REQUIRE_PEERS") == "1":
     import torch
@@ -87,3 +87,36 @@ def test_layout_is_torch_parameters_order():
         if w_n:
             sizes += [w_n, b_n]
     assert sizes == [int(np.prod(s)) for s in shapes]
+
+
+# Convolutions of many shapes against torch in float64: the direct kernels (csrc/engine/conv_direct.c:
+# stride 1, pad <= k - 1, k <= 7) at tile edges (output widths about 16 and 32, channel counts about
+# the blocks of 4, 8, 12 and 16), and im2col + GEMM for the rest (stride 2, pad >= k).
+CONV_SHAPES = [  # (in_c, out_c, k, pad, stride, h, w, batch)
+    (1, 6, 5, 2, 1, 28, 28, 3), (6, 16, 5, 0, 1, 14, 14, 2), (3, 4, 3, 1, 1, 17, 15, 2),
+    (2, 12, 3, 0, 1, 18, 34, 1), (5, 9, 7, 3, 1, 9, 40, 2), (4, 17, 1, 0, 1, 5, 16, 3),
+    (2, 33, 2, 1, 1, 8, 33, 1), (7, 3, 4, 2, 1, 6, 50, 2), (3, 20, 6, 5, 1, 7, 7, 2),
+    (2, 5, 3, 1, 2, 11, 12, 2), (3, 4, 2, 2, 1, 5, 5, 2),
+]
+
+
+@pytest.mark.parametrize("shape", CONV_SHAPES, ids=lambda s: "c{}-o{}-k{}-p{}-s{}-{}x{}-b{}".format(*s))
+def test_convolution_shapes_equal_torch_float64(shape):
+    in_c, out_c, k, pad, stride, h, w, batch = shape
+    oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+    model = Model([Conv2d(in_c, out_c, k, stride=stride, padding=pad), Flatten(), Linear(out_c * oh * ow, 3)],
+                  input_shape=(in_c, h, w))
+    e = _C.Engine(model.specs(), model.input_shape, batch)
+    e.init_params(5)
+    rng = np.random.default_rng(sum(shape))
+    x = rng.standard_normal((batch, in_c * h * w)).astype(np.float32)
+    y = rng.integers(0, 3, batch).astype(np.int32)
+    net = torch_model(model).double()
+    torch.nn.utils.vector_to_parameters(torch.from_numpy(e.params.astype(np.float64)), net.parameters())
+    tx = torch.from_numpy(x.astype(np.float64)).reshape(batch, in_c, h, w)
+    close(e.forward(x), net(tx).detach().numpy(), "logits")
+    loss, _ = e.loss_and_grad(x, y)
+    tloss = F.cross_entropy(net(tx), torch.from_numpy(y).long())
+    tloss.backward()
+    close([loss], [tloss.item()], "loss")
+    close(e.grads, flat_grads(net), "gradients")
