@@ -60,13 +60,6 @@ typedef void BackwardFn(const float *, const float *, const int32_t *, float *, 
 #define LOW {0, 4, 1, 5}
 #define HIGH {2, 6, 3, 7}
 #include "pool2_body.h"
-#undef NAME
-#undef TARGET
-#undef PV
-#undef EVEN
-#undef ODD
-#undef LOW
-#undef HIGH
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define NAME(f) f##_avx2
 #define TARGET __attribute__((target("avx2")))
@@ -76,13 +69,6 @@ typedef void BackwardFn(const float *, const float *, const int32_t *, float *, 
 #define LOW {0, 8, 1, 9, 2, 10, 3, 11}
 #define HIGH {4, 12, 5, 13, 6, 14, 7, 15}
 #include "pool2_body.h"
-#undef NAME
-#undef TARGET
-#undef PV
-#undef EVEN
-#undef ODD
-#undef LOW
-#undef HIGH
 #define NAME(f) f##_avx512
 #define TARGET __attribute__((target("avx512f,avx512dq")))
 #define PV 16
@@ -91,13 +77,6 @@ typedef void BackwardFn(const float *, const float *, const int32_t *, float *, 
 #define LOW {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23}
 #define HIGH {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31}
 #include "pool2_body.h"
-#undef NAME
-#undef TARGET
-#undef PV
-#undef EVEN
-#undef ODD
-#undef LOW
-#undef HIGH
 #define HAVE_BUILDS 1
 #endif
 

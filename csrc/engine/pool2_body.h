@@ -1,7 +1,7 @@
 /*
  * pool2_body.h: pool2.c's kernels, included once per instruction set: NAME(f) names that build's f,
  * TARGET is its target attribute, PV its lanes per vector and EVEN, ODD, LOW, HIGH its shuffle masks
- * (as brace lists). GCC lowers a vector comparison by the instruction set of the function it is written
+ * (as brace lists), all undefined again at the end. GCC lowers a vector comparison by the instruction set of the function it is written
  * in, so helpers shared between the builds (compiled for baseline x86-64) would compare lane by lane
  * even inside an AVX-512 function: everything here is written once per build.
  */
@@ -105,3 +105,10 @@ TARGET static void NAME(backward)(const float *dy, const float *y, const int32_t
 #undef VL
 #undef vload
 #undef iload
+#undef NAME
+#undef TARGET
+#undef PV
+#undef EVEN
+#undef ODD
+#undef LOW
+#undef HIGH
