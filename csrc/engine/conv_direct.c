@@ -2,18 +2,19 @@
  * conv_direct.c: stride-1 convolutions computed directly, without im2col (layers.h says when). LeNet's
  * convolutions have 6 and 16 output channels: as im2col and one GEMM, BLAS multiplies matrices 6 or 16
  * rows tall, where it reaches a tenth of its peak, after copying the input 25 times over. Here a tile of
- * output (a block of channels x up to 32 columns of one row) lives in vector registers, and each filter
- * tap is one load of the input row per 16 columns and a multiply-add per channel, with the tap's weights
- * broadcast from a packed copy.
+ * output (a block of channels x up to 32 columns of one row, or 16 columns of two rows) lives in vector
+ * registers, and each filter tap is one load of the input row per 16 columns and a multiply-add per
+ * channel, with the tap's weights broadcast from a packed copy.
  *
  *   forward:  y = b + W * x, over x padded once per call into `cols` (kept for the backward pass)
  *   dx:       the same kernel, on dy padded by k - 1 - pad and W flipped with its channels swapped
- *   dW:       per (channel block, input channel, kernel row) the sums over the batch and the output rows,
- *             in vector registers across 16 columns, one per (channel, kernel column)
+ *   dW:       sums over the batch (in cache-sized chunks) and the output pixels, in vector registers:
+ *             across 16 columns, one accumulator per (channel, kernel column) of a kernel row; or, with
+ *             12 output channels or more, across 16 channels, one accumulator per tap
  *
- * The vectors are GCC's generic 16-float vectors; each entry point is built for AVX-512, AVX2 + FMA
+ * The vectors are GCC's generic 16-float vectors; each entry point is built for AVX-512, AVX with FMA
  * and baseline x86-64 and picked at load time (target_clones), as the shared-memory kernels are. Every
- * sum is taken in a fixed order: the results do not depend on anything but the inputs.
+ * sum is taken in a fixed order: the results do not depend on anything but the inputs and the batch.
  */
 #include "layers.h"
 
