@@ -30,6 +30,7 @@ from mpi_jobs import MPIEXEC, ROOT, run
 sys.path.insert(0, ROOT)
 from pydist import _C  # noqa: E402  (the engine's BLAS, for the single-core peak; no MPI is started)
 from pydist.engine import lenet5, step_flops  # noqa: E402
+from pydist.profile import peak_gflops  # noqa: E402
 
 TORCH_PEER = os.path.join(ROOT, "benchmarks", "torch_ddp_train.py")
 PROGRAMS = ("pydist", "torch", "torch+pd")   # torch+pd: the same torch program, DDP over pydist
@@ -77,12 +78,6 @@ def run_job(program, ranks, args, metrics):
 
 def load1():
     return os.getloadavg()[0]
-
-
-def sgemm_peak(reps, n=2048):
-    """GFLOP/s of the fastest n x n x n float32 GEMM on one thread of the engine's BLAS."""
-    _C.set_blas_threads(1)
-    return 2 * n ** 3 / _C.sgemm_seconds(n, reps) / 1e9
 
 
 def print_floor(results, args, peak):
@@ -139,7 +134,8 @@ def main(argv=None):
     print(f"LeNet-5, {args.epochs} epoch(s), batch {args.batch_size} per rank, lr {args.lr}, momentum "
           f"{args.momentum}, seed {args.seed}, R in {args.ranks}; load average (1 min) before: {load1():.2f}",
           flush=True)
-    peak = sgemm_peak(args.peak_reps)
+    _C.set_blas_threads(1)
+    peak = peak_gflops(reps=args.peak_reps)
     results = {}
     with tempfile.TemporaryDirectory(prefix="train_compare.") as tmp:
         for ranks in args.ranks:
@@ -149,7 +145,7 @@ def main(argv=None):
                 print(f"  {program} R={ranks}: {sum(r['epoch_s'] for r in recs):.1f} s training, "
                       f"test accuracy {recs[-1]['test_accuracy']:.4f}", flush=True)
     print_tables(results, args)
-    print_floor(results, args, max(peak, sgemm_peak(args.peak_reps)))
+    print_floor(results, args, max(peak, peak_gflops(reps=args.peak_reps)))
     print(f"\nload average (1 min) after: {load1():.2f}")
     return 0
 

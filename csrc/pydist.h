@@ -129,8 +129,8 @@ extern int pd_wait_mode;
 // MPI gave MPI_THREAD_SERIALIZED, not MULTIPLE: the wait loop keeps the GIL while it calls MPI, so
 // the GIL serialises every MPI call of ours (set by group.c at init).
 extern int pd_wait_serialized;
-// The node's ranks fit its cores (pd_wait_set_cores at init): the wait loop spins on MPI_Test without
-// yielding, as MPI's blocking calls do, since no rank of ours needs the core we would give away.
+// The node's ranks fit its cores (pd_wait_set_cores at init): the wait loop's first 200 us of a slice
+// test without yielding, as MPI's blocking calls do, since no rank of ours needs the core.
 extern int pd_wait_spin;
 // Decide pd_wait_spin from the node's rank count (0: unknown, which keeps yielding).
 void pd_wait_set_cores(int node_ranks);

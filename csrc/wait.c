@@ -7,9 +7,9 @@
  * call is therefore a nonblocking call plus pd_wait: MPI_Test in a loop, spinning briefly and then
  * calling sched_yield() between tests, with the GIL released. When the node's ranks fit its cores
  * (pd_wait_spin) nobody of ours is waiting for the core, and the loop spins its first 200 us without
- * yielding, as MPI's blocking calls do: each sched_yield is a system call that the test after it waits behind
- * (benchmarks/wait_probe.c, 2 ranks on 2 cores: an Ibcast of 64 KiB 3.6 us with tests alone, 4.5 us
- * yielding after 64 tests). Every few milliseconds the loop takes the GIL back to run Python's signal
+ * yielding, as MPI's blocking calls do: each sched_yield is a system call that the test after it
+ * waits behind (benchmarks/wait_probe.c, 2 ranks on 2 cores: an Ibcast of 64 KiB 3.6 us with tests
+ * alone, 4.5 us yielding after 64 tests). Every few milliseconds the loop takes the GIL back to run Python's signal
  * handlers (Ctrl-C), to run the caller's check (group.c uses it to notice ranks that have exited) and
  * to check the deadline (timeout=), as the lock wait in CPython's Python/thread.c does.
  * PYDIST_WAIT=mpi (or _C.set_wait_mode(1)) switches to a plain MPI_Wait for benchmarks. pd_wait_any is
@@ -30,7 +30,6 @@
  */
 #include "pydist.h"
 
-#include <limits.h>
 #include <sched.h>
 
 int pd_wait_mode = PD_WAIT_POLL;
@@ -86,20 +85,20 @@ static int test_for_a_slice(int n, MPI_Request *reqs, int first, int *index, MPI
     // Spinning ends SPIN_SECONDS into the slice: a collective that is microseconds away gets no system
     // call in its way, and a thread that waits long (the torch backend's worker, during a backward
     // pass) still hands the core to the rank's own computing thread.
-    long spin = pd_wait_spin ? LONG_MAX : SPIN_TESTS;
-    double spin_end = slice_end - SLICE_SECONDS + SPIN_SECONDS;
+    int spinning = pd_wait_spin;
+    double spin_end = slice_end - (SLICE_SECONDS - SPIN_SECONDS);
     Py_BEGIN_ALLOW_THREADS
     for (long tests = 1; !*done; tests++) {
         rc = test_round(n, reqs, first, index, status, done);
         if (rc != MPI_SUCCESS) {
             break;
         }
-        if (tests > spin) {
+        if (tests > SPIN_TESTS && !spinning) {
             sched_yield();
         }
         if ((tests & 31) == 0) {
             double now = MPI_Wtime();
-            if (now > spin_end) spin = SPIN_TESTS;
+            spinning = spinning && now < spin_end;
             if (now > slice_end) break;
         }
     }

@@ -158,14 +158,13 @@ def resumed_where(trainer):
 
 def main(argv=None):
     args = parse_args(argv)
+    model = lenet5() if args.model == "lenet5" else mlp(tuple(args.hidden))
     if args.profile:   # one process, no MPI: where the step's time goes
         from . import profile
-        model = lenet5() if args.model == "lenet5" else mlp(tuple(args.hidden))
         print(profile.report(model, [args.batch_size]), flush=True)
         return
     dist.init_process_group(backend="mpi")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = lenet5() if args.model == "lenet5" else mlp(tuple(args.hidden))
     (images, labels), test = load_fashion_mnist(args.data)
     trainer = Trainer(model, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
                       nesterov=args.nesterov, batch_size=args.batch_size, seed=args.seed,

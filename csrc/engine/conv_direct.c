@@ -455,7 +455,7 @@ void conv_direct_forward(const ConvShape *s, const float *x, const float *W, con
 }
 
 // The bias' gradient: per example in float (16 lanes, then across them), over examples in double.
-HOT static void bias_grad(const ConvShape *s, const float *dy, float *db, int B, int accumulate) {
+HOT void conv_bias_grad(const ConvShape *s, const float *dy, float *db, int B, int accumulate) {
     long ohw = (long)s->out_h * s->out_w;
     for (int oc = 0; oc < s->out_c; oc++) {
         double sum = 0.0;
@@ -479,7 +479,7 @@ void conv_direct_backward(const ConvShape *s, const float *cols, const float *W,
     Dims d = dims_of(s);
     int ob = dw_block_channels(s->k);
     long row = round_up(s->out_w, VL);
-    bias_grad(s, dy, db, B, accumulate);
+    conv_bias_grad(s, dy, db, B, accumulate);
     if (by_channels(&d)) {
         channels_last(&d, dy, tmp, B);
         weight_grad_by_channels(&d, cols, tmp, dW, B, accumulate);

@@ -194,17 +194,6 @@ void conv2d_forward(const ConvShape *s, const float *x, const float *W, const fl
     }
 }
 
-// sums[j] = the sum of v[j*stride + 0 .. n) for j < m <= 8, each in float from 0 in index order (the bits
-// of one running sum), the m sums interleaved: one running sum is a chain of dependent adds, which cost
-// a third of the convolution's backward outside the GEMMs.
-static void sum_rows(double *sums, const float *v, long stride, int m, long n) {
-    float part[8] = {0};
-    for (long i = 0; i < n; i++) {
-        for (int j = 0; j < m; j++) part[j] += v[j * stride + i];
-    }
-    for (int j = 0; j < m; j++) sums[j] = part[j];
-}
-
 void conv2d_backward(const ConvShape *s, float *cols, const float *W, const float *dy, float *dW, float *db,
                      float *dx, float *dtmp, int B, int accumulate) {
     int patch = s->in_c * s->k * s->k;
@@ -213,18 +202,12 @@ void conv2d_backward(const ConvShape *s, float *cols, const float *W, const floa
         conv_direct_backward(s, cols, W, dy, dW, db, dx, dtmp, B, accumulate);
         return;
     }
+    conv_bias_grad(s, dy, db, B, accumulate);
     for (int oc = 0; oc < s->out_c; oc++) {
         float *row = dtmp + oc * width;   // (B, ohw): this channel's gradients, from NCHW
         for (int n = 0; n < B; n++) {
             memcpy(row + n * ohw, dy + ((long)n * s->out_c + oc) * ohw, sizeof(float) * (size_t)ohw);
         }
-        double sum = 0.0, part[8];   // the bias' gradient: per example in float, over examples in double
-        for (int n = 0; n < B; n += 8) {
-            int m = B - n < 8 ? B - n : 8;
-            sum_rows(part, row + n * ohw, ohw, m, ohw);
-            for (int j = 0; j < m; j++) sum += part[j];
-        }
-        db[oc] = accumulate ? db[oc] + (float)sum : (float)sum;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s->out_c, patch, (int)width, 1.0f, dtmp, (int)width,
                 cols, (int)width, accumulate ? 1.0f : 0.0f, dW, patch);
@@ -237,32 +220,6 @@ void conv2d_backward(const ConvShape *s, float *cols, const float *W, const floa
 
 // ---------------------------------------------------------------------------------------------------
 // MaxPool2d (kernel k, stride k), ReLU
-
-// Branch-free for the same reason as max pooling: keep the bits where the mask is all ones. NaN
-// passes through (it is not <= 0), as in torch.
-static inline float keep_if(float v, int keep) {
-    uint32_t bits;
-    memcpy(&bits, &v, sizeof bits);
-    bits &= (uint32_t)-keep;
-    memcpy(&v, &bits, sizeof v);
-    return v;
-}
-
-static inline float relu_of(float v) {
-    return keep_if(v, !(v <= 0.0f));
-}
-
-// The comparisons below are written without branches (they become conditional moves): which
-// element is largest is a coin toss on real data, and a mispredicted branch per element cost more
-// than the rest of the pooling. `relu`: the output is relu(max), which equals max(relu(x)) (the two
-// commute), so a ReLU before the pooling costs a comparison per output instead of a pass over its
-// input. The argmax is then that of x; it differs from that of relu(x) only where the output is <= 0,
-// and there backward passes no gradient either way.
-static inline void pool_take(float v, int at, float *top, int *best) {
-    int take = !(v <= *top) & (*top == *top);  // larger, or a NaN, which wins as in torch
-    *best = take ? at : *best;
-    *top = take ? v : *top;
-}
 
 static void pool_forward(const float *restrict x, float *restrict y, int32_t *restrict argmax, int planes, int h,
                          int w, int k, int relu) {

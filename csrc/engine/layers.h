@@ -10,6 +10,7 @@
 #define PYDIST_ENGINE_LAYERS_H
 
 #include <stdint.h>
+#include <string.h>
 
 // y (B, out) = x (B, in) W^T + b
 void linear_forward(const float *x, const float *W, const float *b, float *y, int B, int in, int out);
@@ -45,6 +46,35 @@ void conv_direct_forward(const ConvShape *s, const float *x, const float *W, con
                          int B);
 void conv_direct_backward(const ConvShape *s, const float *cols, const float *W, const float *dy, float *dW,
                           float *db, float *dx, float *tmp, int B, int accumulate);
+// db (added to when accumulate) = the sum of dy over examples and pixels, per example in float, over
+// examples in double (both paths use it).
+void conv_bias_grad(const ConvShape *s, const float *dy, float *db, int B, int accumulate);
+
+// Branch-free for the same reason as pool_take below: keep the bits where the mask is all ones. NaN
+// passes through (it is not <= 0), as in torch.
+static inline float keep_if(float v, int keep) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    bits &= (uint32_t)-keep;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+static inline float relu_of(float v) {
+    return keep_if(v, !(v <= 0.0f));
+}
+
+// Max pooling's comparison (layers.c and pool2.c), without branches (they become conditional moves):
+// which element is largest is a coin toss on real data, and a mispredicted branch per element cost
+// more than the rest of the pooling. `relu`: the output is relu(max), which equals max(relu(x)) (the two
+// commute), so a ReLU before the pooling costs a comparison per output instead of a pass over its
+// input. The argmax is then that of x; it differs from that of relu(x) only where the output is <= 0,
+// and there backward passes no gradient either way.
+static inline void pool_take(float v, int at, float *top, int *best) {
+    int take = !(v <= *top) & (*top == *top);  // larger, or a NaN, which wins as in torch
+    *best = take ? at : *best;
+    *top = take ? v : *top;
+}
 
 // Max pooling with a k x k window and stride k over (B*C) planes of h x w; out is (h/k) x (w/k).
 // argmax records, per output, the input offset of the maximum (the first one on ties, as PyTorch).

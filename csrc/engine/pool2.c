@@ -9,7 +9,7 @@
  * row, which is there, and write into the next row (or plane), which is written after, in order; only
  * where that would pass the end of the buffers does a row finish one output at a time.
  *
- * The comparisons are those of layers.c's pool_take: larger, or a NaN, which wins as in torch; the
+ * The comparisons are those of layers.h's pool_take: larger, or a NaN, which wins as in torch; the
  * first maximum in raster order on ties; with relu, relu(max) = max(relu(x)), the argmax that of x.
  */
 #include "layers.h"
@@ -21,19 +21,15 @@
 
 #define SELECT(take, a, b) (((take) & (a)) | (~(take) & (b)))
 
-// One output: the window at r0[2 oj], r0[2 oj + 1], r1[2 oj], r1[2 oj + 1].
+// One output: the window at r0[2 oj], r0[2 oj + 1], r1[2 oj], r1[2 oj + 1], by layers.h's pool_take.
 static void pool_one(const float *r0, const float *r1, float *out, int32_t *arg, int oj, int w, int at0, int relu) {
-    const float cand[4] = {r0[2 * oj], r0[2 * oj + 1], r1[2 * oj], r1[2 * oj + 1]};
-    const int off[4] = {0, 1, w, w + 1};
-    float top = cand[0];
-    int best = 0;
-    for (int c = 1; c < 4; c++) {
-        int take = !(cand[c] <= top) & (top == top);
-        best = take ? off[c] : best;
-        top = take ? cand[c] : top;
-    }
-    out[oj] = relu && top <= 0.0f ? 0.0f : top;
-    arg[oj] = at0 + 2 * oj + best;
+    int best = at0 + 2 * oj;
+    float top = r0[2 * oj];
+    pool_take(r0[2 * oj + 1], best + 1, &top, &best);
+    pool_take(r1[2 * oj], at0 + 2 * oj + w, &top, &best);
+    pool_take(r1[2 * oj + 1], at0 + 2 * oj + w + 1, &top, &best);
+    out[oj] = relu ? relu_of(top) : top;
+    arg[oj] = best;
 }
 
 // One output's gradient into its window: g at the argmax, 0 at the other three.
