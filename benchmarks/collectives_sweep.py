@@ -10,7 +10,8 @@ Run it directly, not under mpiexec: it launches the jobs itself. It compiles col
 raw-C baseline) into benchmarks/.build/, calibrates an iteration count per program, collective and size
 from one short probe job each (so each cell takes about --target-seconds), then runs the programs in
 turn, C, pydist, mpi4py, C, pydist, mpi4py ..., so that noise on this shared machine falls on all of
-them. Each run is one `mpiexec -n R` job under a hard timeout. Tables show the median over repeats.
+them. Each run is one `mpiexec -n R` job under a hard timeout. Tables show the median over repeats (or, with
+--stat min, the fastest run).
 
 What is timed, float32, SIZE being the whole buffer as nccl-tests counts it (R ranks, chunk = SIZE/R):
     all_reduce      SUM in place on SIZE bytes       dist.all_reduce              / comm.Allreduce(IN_PLACE)
@@ -295,7 +296,8 @@ def sweep(args, ranks, sizes, programs):
             runs[p].append(run_job(p, ranks, plans[p], args.timeout, args.raw_flags.split()))
         print(f"# {ranks} ranks: repeat {rep + 1}/{args.repeats} done ({time.monotonic() - args.started:.0f} s)",
               file=sys.stderr, flush=True)
-    med = {p: {c: statistics.median(r[c] for r in runs[p]) for c in cells_of[p]} for p in programs}
+    stat = min if args.stat == "min" else statistics.median
+    med = {p: {c: stat(r[c] for r in runs[p]) for c in cells_of[p]} for p in programs}
     for op in args.ops:
         print_table(op, ranks, items_of[op], med, programs)
     print()
@@ -316,6 +318,9 @@ def main():
     ap.add_argument("--factor", type=int, default=4, help="size step of the sweep (default 4)")
     ap.add_argument("--sizes", type=int, nargs="+", help="message sizes in bytes, instead of the sweep")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each program, median shown (default 3)")
+    ap.add_argument("--stat", choices=("median", "min"), default="median",
+                    help="each cell's figure over the repeats: the median (default), or the fastest run, "
+                         "which a machine whose speed swings from run to run (a shared VM) distorts least")
     ap.add_argument("--target-seconds", type=float, default=0.05,
                     help="timed seconds per cell per run, which sets the iteration counts (default 0.05)")
     ap.add_argument("--raw-flags", default="",
@@ -361,7 +366,7 @@ def main():
     load_before = os.getloadavg()[0]
     compile_baseline()
     wait = "MPI_Wait (PYDIST_WAIT=mpi)" if os.environ.get("PYDIST_WAIT", "").lower() == "mpi" else "poll (default)"
-    print(f"float32 collectives; median of {args.repeats} interleaved runs of {', '.join(programs)}; "
+    print(f"float32 collectives; {'fastest' if args.stat == 'min' else 'median'} of {args.repeats} interleaved runs of {', '.join(programs)}; "
           f"pydist wait: {wait}; raw C flags: '{args.raw_flags}'; {os.cpu_count()} CPUs")
     for ranks in args.ranks:
         sweep(args, ranks, sizes, programs)

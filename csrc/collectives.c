@@ -134,7 +134,7 @@ _Static_assert(sizeof(MPI_Aint) == sizeof(ptrdiff_t), "MPI_Aint is not ptrdiff_t
 // 0: use MPI's.
 static int try_small(const char *fn, long group, int async_op, SmallCall call, PyObject *a, PyObject *b,
                      PyObject *result, PyObject **ret) {
-    if (!pd_shm_small_wanted(group, shm_small_contribution(&call, pd_group_size(group)))) {
+    if (!pd_shm_small_takes(group, &call)) {
         return 0;
     }
     PyObject *list = NULL;

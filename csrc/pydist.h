@@ -316,6 +316,11 @@ typedef struct {
 } PdMpiCall;
 // Start it on `comm` (request.c): MPI's return code.
 int pd_mpi_call_start(const PdMpiCall *c, MPI_Comm comm, MPI_Request *req);
+// The same data as point-to-point at 2 ranks, this rank being group rank `me` (request.c): MPI's return
+// code, or -1 for a call that is not one block each way (then pd_mpi_call_start).
+int pd_mpi_call_start_pair(const PdMpiCall *c, int me, MPI_Comm comm, int tag, MPI_Request *req);
+// Whether a call is of that kind (the same answer on every rank whose call matched).
+int pd_mpi_call_pairs(const PdMpiCall *c);
 // An all-to-all-v whose blocks are all one size and in rank order on both sides, as the plain all-to-all
 // in *out: 1, else 0. Only where every rank's call is known to convert alike (MPI matches them only
 // with each other).
@@ -369,6 +374,9 @@ PyObject *pd_shm_empty(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 extern Py_ssize_t pd_shm_small_bytes;
 // Whether this call goes through them: depends only on the size and the group, so every rank agrees.
 int pd_shm_small_wanted(long group, size_t contribution);
+// Whether the call's data goes through them (pd_shm_small_wanted for its contribution, but for a 2-rank
+// broadcast past 32 KiB): the same answer on every rank whose call matches.
+int pd_shm_small_takes(long group, const SmallCall *c);
 // Run `call` (filled in but for dtype codes the caller took from pd_shm_dtype) on the group's channel:
 // `a` and `b` are the arrays it reads and writes (kept until it completes), `list` what an async Work's
 // result() returns. None, or a Work (async_op); NULL with an exception; NULL with *fallback = 1: the

@@ -96,6 +96,79 @@ int pd_mpi_call_start(const PdMpiCall *c, MPI_Comm comm, MPI_Request *req) {
     }
 }
 
+// Two ranks: a broadcast, an all-gather and an all-to-all each move one block each way, so the data
+// goes as one point-to-point request (MPI_Isend, MPI_Irecv or MPI_Isendrecv on `comm` with `tag`) and
+// this rank's own block is copied here, at the start. MPICH runs its nonblocking collectives through a
+// schedule; its Iallgather at 2 ranks took 4-5x the exchange's time from 256 KiB to 4 MiB
+// (benchmarks/pair_probe.c). Like MPI's call, the request never waits for the peer to start, and any
+// MPI call moves it along. Byte-typed calls only (collectives.c sends these as bytes).
+int pd_mpi_call_pairs(const PdMpiCall *c) {
+    switch (c->kind) {
+    case PD_MPI_BCAST: case PD_MPI_ALLGATHER: case PD_MPI_ALLGATHERV:
+        return c->type == MPI_BYTE;
+    case PD_MPI_ALLTOALL: case PD_MPI_ALLTOALLV:   // never made in place (collectives.c stages an aliased input)
+        return c->type == MPI_BYTE && c->send != MPI_IN_PLACE;
+    default:
+        return 0;
+    }
+}
+
+int pd_mpi_call_start_pair(const PdMpiCall *c, int me, MPI_Comm comm, int tag, MPI_Request *req) {
+    if (!pd_mpi_call_pairs(c) || (me != 0 && me != 1)) {
+        return -1;
+    }
+    int p = 1 - me;
+    const char *send = c->send == MPI_IN_PLACE ? NULL : (const char *)c->send;
+    char *recv = c->recv;
+    const char *src = NULL, *mine_in = NULL;   // the block sent to p; this rank's own block (NULL: in place)
+    char *dst = NULL, *mine_out = NULL;        // where p's block lands; where this rank's own block goes
+    MPI_Count scount = 0, rcount = 0, own = 0;
+    switch (c->kind) {
+    case PD_MPI_BCAST:
+        return me == c->root ? MPI_Isend_c(recv, c->rcount, MPI_BYTE, p, tag, comm, req)
+                             : MPI_Irecv_c(recv, c->rcount, MPI_BYTE, p, tag, comm, req);
+    case PD_MPI_ALLGATHER:
+        scount = rcount = own = c->rcount;
+        mine_out = recv + (size_t)me * (size_t)own;
+        dst = recv + (size_t)p * (size_t)own;
+        mine_in = send;
+        src = send != NULL ? send : mine_out;
+        break;
+    case PD_MPI_ALLGATHERV:
+        scount = own = c->scount;
+        rcount = c->rcounts[p];
+        mine_out = recv + c->rdispls[me];
+        dst = recv + c->rdispls[p];
+        mine_in = send;
+        src = send != NULL ? send : mine_out;
+        own = own < c->rcounts[me] ? own : c->rcounts[me];
+        break;
+    case PD_MPI_ALLTOALL:
+        scount = rcount = own = c->scount;
+        src = send + (size_t)p * (size_t)own;
+        dst = recv + (size_t)p * (size_t)own;
+        mine_in = send + (size_t)me * (size_t)own;
+        mine_out = recv + (size_t)me * (size_t)own;
+        break;
+    case PD_MPI_ALLTOALLV:   // this rank's own block is as large on both sides (collectives.c checks)
+        scount = c->scounts[p];
+        rcount = c->rcounts[p];
+        own = c->scounts[me] < c->rcounts[me] ? c->scounts[me] : c->rcounts[me];
+        src = send + c->sdispls[p];
+        dst = recv + c->rdispls[p];
+        mine_in = send + c->sdispls[me];
+        mine_out = recv + c->rdispls[me];
+        break;
+    default:
+        return -1;
+    }
+    int rc = MPI_Isendrecv_c(src, scount, MPI_BYTE, p, tag, dst, rcount, MPI_BYTE, p, tag, comm, req);
+    if (rc == MPI_SUCCESS && mine_in != NULL && mine_in != mine_out && own > 0) {
+        memmove(mine_out, mine_in, (size_t)own);   // while the peer's block is in flight
+    }
+    return rc;
+}
+
 // MPICH 4.0.2's alltoallv sends each rank's block to itself through its point-to-point layer, where
 // its alltoall copies it (benchmarks/wait_probe.c, 2 ranks, Ialltoallv against Ialltoall: 256 KiB 12.0
 // against 9.7 us, 1 MiB 52.7 against 47.9, 64 MiB 8.0 against 6.8 ms), so equal blocks may take the

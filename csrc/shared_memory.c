@@ -564,6 +564,21 @@ int pd_shm_small_wanted(long group, size_t contribution) {
            group_on_one_node(group);
 }
 
+// A 2-rank broadcast's data crosses cores one way only: each round the root writes into slot lines the
+// receiver has just read, and on some CPUs taking those lines back costs more than the copies (AMD EPYC
+// here: 64 KiB written back into lines the other core had read took 7.5 us, reading them 1.9 us). Past
+// PAIR_BCAST_BYTES it goes as one MPI message (the pair path, large_data), which the receiver reads.
+#define PAIR_BCAST_BYTES ((size_t)32 << 10)
+
+int pd_shm_small_takes(long group, const SmallCall *c) {
+    int size = pd_group_size(group);
+    size_t bytes = shm_small_contribution(c, size);
+    if ((c->kind & ~SMALL_HEADER_ONLY) == SMALL_BCAST && size == 2 && bytes > PAIR_BCAST_BYTES) {
+        return 0;
+    }
+    return pd_shm_small_wanted(group, bytes);
+}
+
 static void pending_clear(Pending *e) {
     Py_CLEAR(e->a);
     Py_CLEAR(e->b);
@@ -691,13 +706,23 @@ static void large_data(GroupChannel *g, Pending *e) {
     // has its path, and this may run in another call's progress.
     pd_call_path = w->call.t0 == 0 ? "shm header + MPI" : pd_call_path;
     PdMpiCall mpi = x->mpi, even;
-    if (size == 2 && (and_ & LARGE_EVEN) && pd_mpi_call_even(&x->mpi, size, &even)) {
-        // Every rank's blocks are even: every rank makes the plain call (pd_mpi_call_even). Only at 2
-        // ranks: at 4 on 2 cores MPICH's alltoall (pairwise steps) lost to its alltoallv (every block
-        // posted at once), 256 KiB 109 against 88 us.
-        mpi = even;
+    // Two ranks: a broadcast, all-gather or all-to-all as one point-to-point exchange (request.c), by
+    // every rank alike (its kind matched). Tagged by the round, as a ring: the private communicator's
+    // point-to-point never meets another call's.
+    rc = size == 2 && comm != NULL ? pd_mpi_call_start_pair(&mpi, pd_group_rank(group), *comm,
+                                                            pd_group_ring_tag(g->small.completed - 1), &w->req)
+                                   : -1;
+    if (rc >= 0) {
+        pd_call_path = w->call.t0 == 0 ? "shm header + pair" : pd_call_path;
+    } else {
+        if (size == 2 && (and_ & LARGE_EVEN) && pd_mpi_call_even(&x->mpi, size, &even)) {
+            // Every rank's blocks are even: every rank makes the plain call (pd_mpi_call_even). Only at 2
+            // ranks: at 4 on 2 cores MPICH's alltoall (pairwise steps) lost to its alltoallv (every block
+            // posted at once), 256 KiB 109 against 88 us.
+            mpi = even;
+        }
+        rc = comm == NULL ? MPI_ERR_COMM : pd_mpi_call_start(&mpi, *comm, &w->req);
     }
-    rc = comm == NULL ? MPI_ERR_COMM : pd_mpi_call_start(&mpi, *comm, &w->req);
     if (rc != MPI_SUCCESS) {
         pd_raise_mpi(rc, mpi.name);
         pd_work_fail(w);
@@ -975,12 +1000,15 @@ PyObject *pd_shm_header_run(const char *fn, long group, int async_op, const Smal
     call.flags = LARGE_ASYNC;   // MPI's path for the data, whatever it is
     call.flags |= pd_mpi_call_even(mpi, pd_group_size(group), &even) ? LARGE_EVEN : 0;
     if ((call.src == NULL && call.dst == NULL) ||
-        !pd_shm_small_wanted(group, shm_small_contribution(&call, pd_group_size(group)))) {
+        !pd_shm_small_takes(group, &call)) {
         call.kind |= SMALL_HEADER_ONLY;
         call.src = NULL;
         call.dst = NULL;
     }
-    pd_call_path = call.kind & SMALL_HEADER_ONLY ? "shm header + MPI" : "small shm";   // large_data may say MPI
+    // large_data may say otherwise, for a call still on this thread when its headers match
+    pd_call_path = !(call.kind & SMALL_HEADER_ONLY)                        ? "small shm"
+                   : pd_group_size(group) == 2 && pd_mpi_call_pairs(mpi) ? "shm header + pair"
+                                                                          : "shm header + MPI";
     return header_run(fn, group, async_op, &call, mpi, keep, list, avg, fallback);
 }
 
@@ -1230,12 +1258,12 @@ PyObject *pd_shm_info(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
     Session *s = session;
-    return Py_BuildValue("{s:O,s:s,s:n,s:n,s:i,s:i,s:n,s:n,s:L,s:L,s:L,s:n,s:L}", "segment", s ? Py_True : Py_False,
+    return Py_BuildValue("{s:O,s:s,s:n,s:n,s:i,s:i,s:n,s:n,s:L,s:L,s:L,s:n,s:L,s:n}", "segment", s ? Py_True : Py_False,
                          "unavailable", unavailable, "region_bytes", (Py_ssize_t)(s ? s->view.region_bytes : 0),
                          "heap_used", (Py_ssize_t)(s ? s->heap.used : 0), "node_rank", s ? s->view.node_rank : -1,
                          "node_size", s ? s->view.node_size : 0, "auto_min_bytes", (Py_ssize_t)PD_SHM_AUTO_BYTES,
                          "stage_bytes", (Py_ssize_t)pd_env_bytes("PYDIST_SHM_STAGE", DEFAULT_STAGE_BYTES),
                          "calls_copied", calls_copied, "calls_in_place", calls_in_place,
                          "calls_declined", calls_declined, "small_bytes", pd_shm_small_bytes,
-                         "calls_small", calls_small);
+                         "calls_small", calls_small, "pair_broadcast_bytes", (Py_ssize_t)PAIR_BCAST_BYTES);
 }

@@ -187,3 +187,67 @@ def test_inputs_that_are_part_of_the_output(n):
         if not np.array_equal(out, make_input(11, root * 10 + rank, (n,), "float32")):
             wrong.append(f"scatter from {root} into the root's own entry")
     parallel_assert(not wrong, "; ".join(wrong))
+
+
+# Past the slots (64 KiB per rank), and a broadcast past 32 KiB: at 2 ranks one point-to-point exchange
+# on the group's private communicator (request.c's pair path), elsewhere MPI's collective. Every form
+# the pair path takes, blocking and async (several outstanding, waited out of order), from every root.
+@pytest.mark.parametrize("nbytes", [40 << 10, 80 << 10, 1 << 20])
+@pytest.mark.parametrize("dtype", ["uint8", "float64", "complex128"])
+def test_past_the_slots_every_form(nbytes, dtype):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    n = nbytes // np.dtype(dtype).itemsize
+    seed = nbytes % 997
+    wrong = []
+    for root in range(size):
+        for async_op in (False, True):
+            x = make_input(seed, root, (n,), dtype) if rank == root else np.zeros(n, dtype)
+            w = dist.broadcast(x, root, async_op=async_op)
+            if async_op:
+                w.wait()
+            if not np.array_equal(x, make_input(seed, root, (n,), dtype)):
+                wrong.append(f"broadcast from {root}, async_op={async_op}")
+    mine = make_input(seed + 1, rank, (n,), dtype)
+    every = [make_input(seed + 1, r, (n,), dtype) for r in range(size)]
+    flat, outs = np.zeros(n * size, dtype), [np.zeros(n, dtype) for _ in range(size)]
+    in_place = np.zeros(n * size, dtype)
+    in_place[rank * n:(rank + 1) * n] = mine
+    # all_to_all_single: even rows, then uneven (rank r sends r + p + 1 rows to p)
+    rows = lambda r: make_input(seed + 2, r, (size, n // size), dtype)  # noqa: E731
+    a2a = np.zeros((size, n // size), dtype)
+    splits = lambda r: [r + p + 1 for p in range(size)]  # noqa: E731
+    ragged = lambda r: make_input(seed + 3, r, (sum(splits(r)), 3), dtype)  # noqa: E731
+    recv_splits = [splits(r)[rank] for r in range(size)]
+    uneven = np.zeros((sum(recv_splits), 3), dtype)
+    list_outs = [np.zeros(n // size, dtype) for _ in range(size)]
+    works = [dist.all_gather_into_tensor(flat, mine, async_op=True),
+             dist.all_gather(outs, mine, async_op=True),
+             dist.all_gather_into_tensor(in_place, in_place[rank * n:(rank + 1) * n], async_op=True),
+             dist.all_to_all_single(a2a, rows(rank), async_op=True),
+             dist.all_to_all_single(uneven, ragged(rank), output_split_sizes=recv_splits,
+                                    input_split_sizes=splits(rank), async_op=True),
+             dist.all_to_all(list_outs, list(rows(rank)), async_op=True)]
+    for w in reversed(works):
+        w.wait()
+    if not np.array_equal(flat, np.concatenate(every)):
+        wrong.append("all_gather_into_tensor")
+    if not all(np.array_equal(o, e) for o, e in zip(outs, every)):
+        wrong.append("all_gather")
+    if not np.array_equal(in_place, np.concatenate(every)):
+        wrong.append("all_gather_into_tensor in place")
+    if not np.array_equal(a2a, np.stack([rows(r)[rank] for r in range(size)])):
+        wrong.append("all_to_all_single")
+    expected = [ragged(r)[sum(splits(r)[:rank]):sum(splits(r)[:rank + 1])] for r in range(size)]
+    if not np.array_equal(uneven, np.concatenate(expected)):
+        wrong.append("all_to_all_single uneven")
+    if not all(np.array_equal(list_outs[r], rows(r)[rank]) for r in range(size)):
+        wrong.append("all_to_all lists")
+    # the same blocking, once more each
+    flat[:] = 0
+    dist.all_gather_into_tensor(flat, mine)
+    a2a[:] = 0
+    dist.all_to_all_single(a2a, rows(rank))
+    if not (np.array_equal(flat, np.concatenate(every)) and
+            np.array_equal(a2a, np.stack([rows(r)[rank] for r in range(size)]))):
+        wrong.append("blocking all_gather_into_tensor / all_to_all_single")
+    parallel_assert(not wrong, f"rank {rank}: wrong results: {wrong}")

@@ -17,7 +17,8 @@ import pytest
 import pydist as dist
 from helpers import parallel_assert
 
-PATHS = {"small shm", "shm", "shm header + MPI", "shm header + ring", "ring", "persistent", "MPI"}
+PATHS = {"small shm", "shm", "shm header + MPI", "shm header + ring", "shm header + pair", "ring", "persistent",
+         "MPI"}
 SMALL, LARGE = 1, 1 << 16   # float32 elements per block: 4 B, and 256 KiB (past the slots' 64 KiB)
 
 
@@ -116,7 +117,7 @@ def check_collectives(events, size, expected, async_op):
             assert c["peer"] == -1 and c["end"] is not None and c["end"] >= c["ts"], (r, c)
             if not async_op:
                 assert c["ph"] == "X", f"rank {r}: blocking {c['name']} #{c['seq']} is {c['ph']}, not a span"
-            elif c["path"] in ("MPI", "persistent", "shm header + MPI", "shm header + ring"):
+            elif c["path"] in ("MPI", "persistent", "shm header + MPI", "shm header + ring", "shm header + pair"):
                 # these return a pending Work: the span ends when it completes (a call through the slots
                 # may be complete on return, and is then a span like a blocking one)
                 assert c["ph"] == "b" and c.get("failed") == 0, f"rank {r}: async {c['name']} #{c['seq']}: {c}"
@@ -194,7 +195,17 @@ def all_reduce_paths(size, one_node):
     # past the slots: the header through them, the data by our ring when 2 ranks block in it, else by
     # MPI's all-reduce
     large = ("shm header + ring" if size == 2 else "shm header + MPI") if several else "MPI"
+    # a broadcast, all-gather or all-to-all past the slots: at 2 ranks one point-to-point exchange
+    moved = ("shm header + pair" if size == 2 else "shm header + MPI") if several else "MPI"
+    out = np.zeros(LARGE * size, np.float32)
+    medium = np.ones(12 << 10, np.float32)   # 48 KiB: in the slots, but a 2-rank broadcast's pair path
     return [
+        ("large broadcast", lambda: dist.broadcast(y, 0), moved),
+        ("large broadcast async", lambda: dist.broadcast(y, 0, async_op=True).wait(), moved),
+        ("48 KiB broadcast", lambda: dist.broadcast(medium, 0),
+         moved if size == 2 else "small shm" if several else "MPI"),
+        ("large all_gather", lambda: dist.all_gather_into_tensor(out, y), moved),
+        ("large all_to_all", lambda: dist.all_to_all_single(out, np.ones(LARGE * size, np.float32)), moved),
         ("small", lambda: dist.all_reduce(x), "small shm" if several else "persistent"),
         ("small, slots off", small_off(lambda: dist.all_reduce(x)), "persistent"),
         ("ring", lambda: dist.all_reduce(y, algorithm="ring"), "ring"),
