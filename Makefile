@@ -1,6 +1,6 @@
 # Every target installs what it needs first (scripts/setup.sh is idempotent), so on a fresh machine
 # `make train` or `make test` is the only command to type.
-.PHONY: setup setup-test train test bench clean
+.PHONY: setup setup-test train test bench docs clean
 
 setup:
 	scripts/setup.sh
@@ -19,9 +19,13 @@ train: setup
 test: setup-test
 	scripts/test.sh
 
+# The documentation site (Sphinx) from docs/ into docs/_build/html; open docs/_build/html/index.html.
+docs: setup-test
+	.venv/bin/python -m sphinx -W --keep-going -b html docs docs/_build/html
+
 # pydist beside raw MPI in C and mpi4py: five collectives, 4 B .. 64 MiB, at 2 and 4 ranks.
 bench: setup-test
 	.venv/bin/python benchmarks/collectives_sweep.py
 
 clean:
-	rm -rf build pydist/*.so .venv
+	rm -rf build pydist/*.so .venv docs/_build

@@ -2,7 +2,8 @@
 # Install everything pydist needs on a fresh Debian/Ubuntu machine, then build pydist into .venv.
 #
 #   scripts/setup.sh          MPICH, OpenBLAS, Fashion-MNIST and the package (what `make train` needs)
-#   scripts/setup.sh --test   also the test and benchmark peers: pytest, hypothesis, torch (CPU), mpi4py
+#   scripts/setup.sh --test   also the test and benchmark peers: pytest, hypothesis, torch (CPU), mpi4py,
+#                             and Sphinx for the documentation site
 #
 # Safe to run again: it installs only what is missing. Needs root (or sudo) for apt-get.
 set -euo pipefail
@@ -38,6 +39,8 @@ if [ "${1:-}" = "--test" ]; then
   # cases on every machine.
   # ml_dtypes: bfloat16 as a NumPy dtype (JAX's), which pydist reduces as torch's bfloat16.
   "${PIP[@]}" "pytest>=7" "hypothesis==6.170.15" "torch==2.13.0" "ml_dtypes==0.6.0"
+  # The documentation site (make docs; make test builds it): Sphinx, MyST for the Markdown pages, furo.
+  "${PIP[@]}" "sphinx==9.0.4" "myst-parser==5.2.0" "furo==2025.12.19"
   # mpi4py from source against MPICH (about 2 minutes, once): the PyPI wheel wants another libmpi.
   if ! .venv/bin/python -c "import mpi4py" 2>/dev/null; then
     echo "setup: building mpi4py against MPICH"

@@ -2,6 +2,7 @@
 # The whole test suite (what `make test` and CI run), after scripts/setup.sh --test.
 #   1. tests/unit   world size 1, plain pytest (argument errors, dtype x op matrix, leaks, jobs
 #                   under mpiexec: examples, a dying rank, the wrong launcher, the build's own checks)
+#   1b. docs/       the site builds with warnings as errors; its examples run (tests/docs)
 #   2. tests/mpi    under real mpiexec at world sizes 1, 2, 3 and 4 (tests/run_mpi.py)
 #   3. the same core tests on an AddressSanitizer build of the extension
 #   4. pip install with no system MPI (MPICH 5 and OpenBLAS from PyPI), the manylinux wheel, and the
@@ -36,6 +37,10 @@ trap on_exit EXIT
 echo "== unit tests (world size 1)"
 $PY -P -m pytest tests/unit -q -p no:cacheprovider
 stage_done "unit tests"
+
+echo "== the documentation site: built with warnings as errors, every example run"
+$PY -P -m pytest tests/docs docs --doctest-glob='*.md' -q -p no:cacheprovider
+stage_done "docs"
 
 echo "== multi-rank tests under mpiexec (1, 2, 3, 4 ranks)"
 MPI_OUT=$(mktemp)

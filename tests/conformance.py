@@ -60,13 +60,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 # Thresholds the sizes are drawn around (bytes per rank): the persistent cache's bound, the small
-# shared-memory path's bound, the automatic shm all-reduce's crossover, and the staging chunk we set.
+# shared-memory path's bound, the automatic shm all-reduce's crossover, the staging chunk we set, and
+# where a 2-rank broadcast leaves the slots for the pair path (shm_info()["pair_broadcast_bytes"]).
 PERSISTENT_BYTES = 8192
 SMALL_BYTES = 65536
 SHM_AUTO_BYTES = 65536
 STAGE_BYTES = 4096
 BIG_BYTES = 32 << 20          # SHM_AUTO_COPY_BYTES: automatic shm on ordinary arrays (only with --big)
-THRESHOLDS = [STAGE_BYTES, PERSISTENT_BYTES, SMALL_BYTES]
+PAIR_BCAST_BYTES = 32768
+THRESHOLDS = [STAGE_BYTES, PERSISTENT_BYTES, PAIR_BCAST_BYTES, SMALL_BYTES]
 PRIMES = [2, 3, 5, 7, 13, 31, 61, 127, 257, 1021, 4093]
 MAX_PROGRAM_BYTES = 24 << 20  # per rank: keeps 4 ranks x 4 paths within a small machine
 

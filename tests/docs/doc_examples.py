@@ -1,0 +1,126 @@
+"""The runnable examples of the documentation site (docs/), found where a reader sees them.
+
+A multi-rank example is a fenced ``python`` block (or a ``{literalinclude}`` of a file) whose first line
+is ``# run: mpiexec -n N ...``. What it prints is the ``text`` block that follows it (before any other
+``python`` block), if there is one: every rank's lines, in any order (they interleave), compared as a
+sorted list; ``...`` in an expected line stands for any text. Single-process examples are ``>>>``
+sessions, which pytest's doctest runs (``--doctest-glob='*.md'``, docs/conftest.py).
+
+Docstring examples marked ``Example (``mpiexec -n N``)::`` run as doctests on every rank of an N-rank
+job (tests/docs/run_docstrings.py).
+"""
+import os
+import re
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DOCS = os.path.join(ROOT, "docs")
+RUN = re.compile(r"^#\s*run:\s*mpiexec\s+-n\s+(\d+)\b")
+FENCE = re.compile(r"^(`{3,}|:{3,})\s*(\{[\w-]+\})?\s*([^\s`]*)\s*(.*)$")
+
+
+class Example:
+    def __init__(self, page, line, ranks, code, expected):
+        self.page, self.line, self.ranks, self.code, self.expected = page, line, ranks, code, expected
+
+    @property
+    def name(self):
+        return f"{os.path.relpath(self.page, DOCS)}:{self.line}"
+
+
+def pages():
+    for top, dirs, files in os.walk(DOCS):
+        dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
+        for f in sorted(files):
+            if f.endswith(".md"):
+                yield os.path.join(top, f)
+
+
+def blocks(path):
+    """(line, kind, argument, body) of each fenced block: kind is the language, or the directive's
+    name without braces ('literalinclude'), with its argument."""
+    with open(path) as f:
+        lines = f.read().split("\n")
+    out, i = [], 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        fence, directive, word, rest = m.group(1), m.group(2), m.group(3), m.group(4)
+        start, body = i + 1, []
+        i += 1
+        while i < len(lines) and not lines[i].startswith(fence):
+            body.append(lines[i])
+            i += 1
+        i += 1
+        if directive:
+            kind, arg = directive.strip("{}"), (word + " " + rest).strip()
+        else:
+            kind, arg = word, rest
+        out.append((start, kind, arg, body))
+    return out
+
+
+def examples():
+    found = []
+    for page in pages():
+        bs = blocks(page)
+        for k, (line, kind, arg, body) in enumerate(bs):
+            if kind == "literalinclude":
+                with open(os.path.normpath(os.path.join(os.path.dirname(page), arg.split()[0]))) as f:
+                    code = f.read()
+            elif kind == "python":
+                code = "\n".join(b for b in body if not b.startswith(":"))   # directive options
+            else:
+                continue
+            first = next((c for c in code.split("\n") if c.strip()), "")
+            m = RUN.match(first)
+            if not m:
+                continue
+            expected = None
+            for line2, kind2, _, body2 in bs[k + 1:]:
+                if kind2 in ("python", "literalinclude"):
+                    break
+                if kind2 == "text":
+                    expected = [b for b in body2 if b.strip() and not b.startswith(":")]
+                    break
+            found.append(Example(page, line, int(m.group(1)), code, expected))
+    return found
+
+
+def matches(expected, got):
+    """Whether the lines `got` are the lines `expected` in some order, '...' in an expected line
+    matching any text. Exact lines are matched first, so a wildcard never takes an exact line's match."""
+    if len(expected) != len(got):
+        return False
+    left = [g.rstrip() for g in got]
+    for e in sorted(expected, key=lambda e: "..." in e):
+        regex = ".*".join(re.escape(part) for part in e.rstrip().split("..."))
+        hit = next((g for g in left if re.fullmatch(regex, g)), None)
+        if hit is None:
+            return False
+        left.remove(hit)
+    return True
+
+
+DOCSTRING_RUN = re.compile(r"Example \(``mpiexec -n (\d+)``")
+PUBLIC_MODULES = ("pydist", "pydist.engine")
+
+
+def docstring_examples():
+    """(ranks, qualified name, object) of every public object whose docstring has a marked example."""
+    import importlib
+    found = []
+    for mod in PUBLIC_MODULES:
+        m = importlib.import_module(mod)
+        for name in m.__all__:
+            obj = getattr(m, name)
+            doc = getattr(obj, "__doc__", None) or ""
+            hit = DOCSTRING_RUN.search(doc) if callable(obj) else None
+            if hit:
+                found.append((int(hit.group(1)), f"{mod}.{name}", obj))
+    return found
+
+
+def docstring_rank_counts():
+    return sorted({n for n, _, _ in docstring_examples()})

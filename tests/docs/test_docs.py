@@ -1,0 +1,57 @@
+"""The documentation site cannot rot: it builds with warnings as errors (a broken reference, an
+undocumented public name, a docstring that does not parse), and every multi-rank example on its pages
+runs under mpiexec at the rank count it states and prints what the page shows (doc_examples.py).
+The single-process ``>>>`` sessions run as doctests in the same pytest call (scripts/test.sh)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import doc_examples  # noqa: E402
+
+sys.path.insert(0, os.path.join(doc_examples.ROOT, "tests"))
+from run_mpi import MPIEXEC, mpi_env  # noqa: E402
+
+EXAMPLES = doc_examples.examples()
+TIMEOUT = 180   # per example: the longest (a few epochs of training) takes about 30 s here
+
+
+def test_the_site_builds_with_warnings_as_errors():
+    out = os.path.join(doc_examples.DOCS, "_build", "html")
+    proc = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
+                           doc_examples.DOCS, out], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"sphinx-build failed:\n{proc.stdout}\n{proc.stderr}"
+    assert os.path.exists(os.path.join(out, "index.html")) and os.path.exists(os.path.join(out, "search.html"))
+
+
+def test_the_pages_have_examples():
+    assert len(EXAMPLES) >= 10, [e.name for e in EXAMPLES]
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e.name for e in EXAMPLES])
+def test_example(example, tmp_path):
+    script = tmp_path / "example.py"
+    script.write_text(example.code)
+    proc = subprocess.run([MPIEXEC, "-n", str(example.ranks), sys.executable, str(script)], cwd=tmp_path,
+                          env=mpi_env(TIMEOUT), capture_output=True, text=True, timeout=TIMEOUT + 30)
+    assert proc.returncode == 0, f"{example.name} exited with {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    if example.expected is not None:
+        got = [line for line in proc.stdout.split("\n") if line.strip()]
+        assert doc_examples.matches(example.expected, got), (
+            f"{example.name}: the page shows\n" + "\n".join(example.expected) + "\nbut the example printed\n" +
+            "\n".join(got))
+
+
+@pytest.mark.parametrize("ranks", doc_examples.docstring_rank_counts())
+def test_docstring_examples(ranks, tmp_path):
+    """The API reference's examples (docstrings marked ``Example (``mpiexec -n N``)::``) as doctests
+    on every rank of an N-rank job; each rank writes how many it ran and which failed."""
+    runner = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run_docstrings.py")
+    proc = subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, runner, str(ranks), str(tmp_path)],
+                          env=mpi_env(TIMEOUT), capture_output=True, text=True, timeout=TIMEOUT + 30)
+    reports = sorted(tmp_path.glob("rank*.txt"))
+    assert proc.returncode == 0 and len(reports) == ranks, f"{proc.stdout}\n{proc.stderr}"
+    for r in reports:
+        ran, failed = r.read_text().split("\n", 1)
+        assert int(ran) > 0 and not failed.strip(), f"{r.name}: {failed}"
