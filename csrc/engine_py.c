@@ -172,13 +172,15 @@ static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     if ((e = (EngineObject *)alloc(type, 0)) == NULL) {
         goto done;
     }
+    // Before anything can fail: dealloc frees a communicator that is not MPI_COMM_NULL (alloc's zeroes
+    // are not MPICH's MPI_COMM_NULL), and a model refused before init_process_group must raise, not abort.
+    e->strategy_comm = MPI_COMM_NULL;
     char err[512];
     if (model_create(&e->model, specs, (int)n, in_c, in_h, in_w, max_batch, err, sizeof err) < 0) {
         PyErr_Format(PyExc_ValueError, "Engine(): %s", err);
         Py_CLEAR(e);
         goto done;
     }
-    e->strategy_comm = MPI_COMM_NULL;
     // The gradients in pydist's shared segment when there is one, so that the data-parallel all-reduce
     // of replicas on one node reduces them in place (shared_memory.c); else they stay malloc'd.
     void *owner = NULL;

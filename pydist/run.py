@@ -295,11 +295,11 @@ def main(argv=None):
         if sep != "--":
             raise SystemExit("pydist.run --watch FOLDER -- COMMAND")
         return watch(folder, argv[3:])
-    if "--" not in argv:
+    if "--" not in argv and not {"-h", "--help"} & set(argv):
         print(__doc__.strip(), file=sys.stderr)
         print("\npython -m pydist.run: the program to run goes after `--`", file=sys.stderr)
         return 2
-    at = argv.index("--")
+    at = argv.index("--") if "--" in argv else len(argv)
     ap = argparse.ArgumentParser(prog="python -m pydist.run", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, required=True, help="ranks to start")

@@ -450,3 +450,15 @@ def test_killed_run_keeps_its_last_checkpoint(tmp_path):
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "resumed from" in resumed.stdout
     assert Trainer(mlp((64,)), batch_size=600).load(ckpt).epoch == t.epoch + 1
+
+
+def test_a_refused_model_before_init_raises():
+    """A model the engine refuses, built before init_process_group, is a ValueError: the half-made
+    engine's dealloc once freed a communicator that was not MPI_COMM_NULL, and MPICH aborted the
+    process for an MPI call before MPI_Init."""
+    code = ("from pydist.engine import Model, Flatten, Linear\n"
+            "try:\n    Model([Flatten(), Linear(100, 10)])\n"
+            "except ValueError as e:\n    print('ValueError:', e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "ValueError: Engine(): layer 1 (linear 100 -> 10)" in proc.stdout, proc.stdout + proc.stderr

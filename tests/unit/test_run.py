@@ -5,6 +5,8 @@ ranks, down to --min-ranks; the failed rank's exit status comes through when the
 import os
 import re
 import signal
+import subprocess
+import sys
 import textwrap
 import time
 
@@ -110,6 +112,16 @@ def test_arguments_are_checked(tmp_path):
         proc = launch(args, tmp_path, ["x.py"])
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 2 and message in out, out
+
+
+def test_help_and_a_missing_program():
+    """--help prints the options and exits 0 with or without `--` (the docs' command-line reference runs
+    it); no `--` at all is a usage error (2) that says where the program goes."""
+    for argv in (["--help"], ["--help", "--"]):
+        proc = subprocess.run([sys.executable, "-m", "pydist.run", *argv], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0 and "--max-restarts" in proc.stdout, proc.stdout + proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "pydist.run", "-n", "2"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "the program to run goes after `--`" in proc.stderr, proc.stderr
 
 
 def test_a_rank_that_ucx_ended_for_its_dead_peer_is_not_blamed(tmp_path):
