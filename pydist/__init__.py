@@ -1,4 +1,4 @@
-"""pydist: torch.distributed semantics on NumPy arrays, over MPI (MPICH), with a C core.
+"""pydist: torch.distributed semantics on NumPy arrays, over MPI (MPICH), with a C core::
 
     import pydist as dist
     dist.init_process_group(backend="mpi")

@@ -115,16 +115,21 @@ class Backend(str):
 
 
 class ProcessGroup:
-    """A group of ranks with its own MPI communicator. ``GroupMember.WORLD`` is the default group."""
+    """A group of ranks with its own MPI communicator. ``GroupMember.WORLD`` is the default group.
+
+    Made by :func:`new_group` (and by init_process_group for the default group), not directly.
+    ``ranks`` holds the group's global ranks in group rank order."""
 
     def __init__(self, handle, ranks):
         self._handle = handle   # slot in _C's communicator table; -1 on ranks outside the group
         self.ranks = list(ranks)
 
     def size(self):
+        """The number of ranks in the group."""
         return len(self.ranks)
 
     def rank(self):
+        """This process's rank in the group; -1 if it is not a member."""
         return self.ranks.index(get_rank()) if self._handle >= 0 else -1
 
     def __repr__(self):
@@ -132,6 +137,9 @@ class ProcessGroup:
 
 
 class GroupMember:
+    """As ``torch.distributed.GroupMember``: ``WORLD`` is the default group (a :class:`ProcessGroup`,
+    None before init_process_group), ``NON_GROUP_MEMBER`` the marker torch uses for a rank outside a
+    group."""
     WORLD = None             # set by init_process_group
     NON_GROUP_MEMBER = -100
 
@@ -318,11 +326,18 @@ def init_process_group(backend="mpi", init_method=None, timeout=None, world_size
     (this one included, and any collective, send or receive) raises ``DistError`` saying MPI belongs
     to the parent rank. A child that needs to communicate does it through its parent.
 
-    Example::
+    Example (``mpiexec -n 2``)::
 
         >>> import pydist as dist
-        >>> dist.init_process_group(backend="mpi")
-        >>> dist.get_rank(), dist.get_world_size()   # under mpiexec -n 2: (0, 2) and (1, 2)
+        >>> if not dist.is_initialized():             # once per process
+        ...     dist.init_process_group(backend="mpi")
+        >>> dist.get_rank(), dist.get_world_size()     # (0, 2) on rank 0, (1, 2) on rank 1
+        (..., 2)
+        >>> dist.init_process_group(backend="mpi")     # a second time
+        Traceback (most recent call last):
+            ...
+        ValueError: init_process_group(): the default process group is already initialized;
+        call destroy_process_group() before initializing it again
     """
     global _world, _atexit_registered
     fn = "init_process_group"
@@ -452,11 +467,19 @@ def get_world_size(group=None):
 def send(tensor, dst, group=None, tag=0):
     """Send `tensor` to global rank `dst` and wait until its buffer may be reused.
 
+    `dst` is a global rank even when `group` is given; sending to oneself is a ``ValueError``.
+    Blocking: it returns once `tensor` may be written again, which for a small message may be before
+    the receiver has received it.
+
     Example (``mpiexec -n 2``)::
 
         >>> x = np.array([1., -1.]) if dist.get_rank() == 0 else np.zeros(2)
-        >>> if dist.get_rank() == 0: dist.send(x, dst=1)
-        ... else: dist.recv(x, src=0)        # rank 1 now holds [1., -1.]
+        >>> if dist.get_rank() == 0:
+        ...     dist.send(x, dst=1)
+        ... else:
+        ...     sender = dist.recv(x, src=0)     # returns the sender's rank, 0
+        >>> x                                     # on both ranks now
+        array([ 1., -1.])
     """
     handle = 0 if group is None else _group_handle(group, "send")
     if handle < 0:
@@ -477,7 +500,18 @@ def recv(tensor, src=None, group=None, tag=0):
 
 
 def isend(tensor, dst, group=None, tag=0):
-    """Start sending `tensor` to `dst`; returns a Work. The array is kept alive until it completes."""
+    """Start sending `tensor` to `dst`; returns a Work. The array is kept alive until it completes.
+
+    Example (``mpiexec -n 2``, each rank sending its rank to the other)::
+
+        >>> peer = 1 - dist.get_rank()
+        >>> mine, theirs = np.full(2, float(dist.get_rank())), np.zeros(2)
+        >>> works = [dist.isend(mine, dst=peer), dist.irecv(theirs, src=peer)]
+        >>> all(w.wait() for w in works)
+        True
+        >>> bool((theirs == peer).all())
+        True
+    """
     handle = 0 if group is None else _group_handle(group, "isend")
     if handle < 0:
         return None
@@ -515,6 +549,13 @@ def broadcast(tensor, src, group=None, async_op=False):
 
     Returns:
         None, or a Work when ``async_op=True`` (which never waits for another rank).
+
+    Example (``mpiexec -n 2``)::
+
+        >>> t = np.arange(3.) if dist.get_rank() == 0 else np.zeros(3)
+        >>> dist.broadcast(t, src=0)
+        >>> t                                # on both ranks
+        array([0., 1., 2.])
     """
     handle = 0 if group is None else _group_handle(group, "broadcast")
     if handle < 0:
@@ -546,31 +587,34 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm
         array([0.])
 
     Args:
-        algorithm: ``None`` (automatic): on a group whose ranks share one node, up to 64 KiB
-            (``PYDIST_SHM_SMALL_BYTES``) pydist's small collectives in shared memory (as every
-            collective there), and pydist's shared-memory all-reduce, in place, when every rank
-            passes an array from :func:`empty`/:func:`zeros` of more than ``_C.SHM_AUTO_BYTES`` (64 KiB)
-            or any array of at least ``_C.SHM_AUTO_COPY_BYTES`` (32 MiB), and no rank calls it with
-            ``async_op=True``; else, at 2 ranks that all block, pydist's ring (below: MPICH reduces
-            with pydist's float ops, whose NaN is canonical, by recursive doubling, each rank reducing
-            the whole buffer, where the ring reduces half on each), and MPI's otherwise (between 64 KiB
-            and 32 MiB MPICH's all-reduce is about as fast as copying through shared memory).
-            ``"mpi"``: MPI's own all-reduce (MPICH picks its algorithm by size).
-            ``"shm"``: pydist's shared-memory all-reduce (each rank reduces 1/R of the elements of every
-            rank's contribution in a segment the node's ranks share); arrays from :func:`empty` /
-            :func:`zeros` on every rank are reduced in place with no copy at all. On a group spanning
-            nodes it falls back to MPI's. With ``async_op=True`` on any rank the data goes through MPI's
-            nonblocking all-reduce instead (the shm all-reduce needs every rank inside it at once, and
-            an async call never waits). Every member must pass the same count, dtype and op (a
-            mismatch is a ``ValueError`` on every rank).
-            ``"ring"``: pydist's ring (scatter-reduce, then all-gather around the ring of the group's
-            ranks, 2(R-1) steps each moving about n/R elements to the next rank), which sends the
-            least data per rank of any all-reduce (2(R-1)/R of the buffer) but pays R-1 latencies
-            twice: use it for large buffers (see benchmarks/collectives_sweep.py for where it
-            overtakes MPI on a given machine), or to get exactly the same result as the training
-            engine's ring. Every rank ends with bitwise the same array. Every member must pass the
-            same `algorithm`; with ``async_op=True`` the steps advance whenever this rank waits in
-            pydist (any ``wait()``, ``is_completed()`` or blocking call).
+        algorithm: which implementation reduces (every member must pass the same one):
+
+            - ``None`` (automatic): on a group whose ranks share one node, up to 64 KiB
+              (``PYDIST_SHM_SMALL_BYTES``) pydist's small collectives in shared memory (as every
+              collective there), and pydist's shared-memory all-reduce, in place, when every rank
+              passes an array from :func:`empty`/:func:`zeros` of more than ``_C.SHM_AUTO_BYTES``
+              (64 KiB) or any array of at least ``_C.SHM_AUTO_COPY_BYTES`` (32 MiB), and no rank calls
+              it with ``async_op=True``; else, at 2 ranks that all block, pydist's ring (below: MPICH
+              reduces with pydist's float ops, whose NaN is canonical, by recursive doubling, each rank
+              reducing the whole buffer, where the ring reduces half on each), and MPI's otherwise
+              (between 64 KiB and 32 MiB MPICH's all-reduce is about as fast as copying through
+              shared memory).
+            - ``"mpi"``: MPI's own all-reduce (MPICH picks its algorithm by size).
+            - ``"shm"``: pydist's shared-memory all-reduce (each rank reduces 1/R of the elements of
+              every rank's contribution in a segment the node's ranks share); arrays from
+              :func:`empty` / :func:`zeros` on every rank are reduced in place with no copy at all. On
+              a group spanning nodes it falls back to MPI's. With ``async_op=True`` on any rank the
+              data goes through MPI's nonblocking all-reduce instead (the shm all-reduce needs every
+              rank inside it at once, and an async call never waits). Every member must pass the same
+              count, dtype and op (a mismatch is a ``ValueError`` on every rank).
+            - ``"ring"``: pydist's ring (scatter-reduce, then all-gather around the ring of the
+              group's ranks, 2(R-1) steps each moving about n/R elements to the next rank), which
+              sends the least data per rank of any all-reduce (2(R-1)/R of the buffer) but pays R-1
+              latencies twice: use it for large buffers (see benchmarks/collectives_sweep.py for where
+              it overtakes MPI on a given machine), or to get exactly the same result as the training
+              engine's ring. Every rank ends with bitwise the same array. With ``async_op=True`` the
+              steps advance whenever this rank waits in pydist (any ``wait()``, ``is_completed()`` or
+              blocking call).
 
     MIN and MAX on floats give every rank the same bits on every path: any NaN gives NaN (as
     ``np.minimum``/``np.maximum``; the canonical quiet NaN when ranks combine), ``MIN(-0.0, +0.0)``
@@ -628,7 +672,9 @@ def empty(shape, dtype="float32", group=None):
 
         >>> g = dist.zeros(1 << 20)            # float32, in the segment
         >>> g += dist.get_rank() + 1
-        >>> dist.all_reduce(g)                  # no copies: g == 3 on both ranks
+        >>> dist.all_reduce(g)                  # no copies
+        >>> float(g.min()), float(g.max())      # 1 + 2 on both ranks
+        (3.0, 3.0)
     """
     return _factory("empty", shape, dtype, group, False)
 
@@ -716,7 +762,16 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False):
     """`input` holds group-size blocks of `output`'s size; group rank i receives the reduction of
-    every rank's block i."""
+    every rank's block i.
+
+    Example (``mpiexec -n 2``)::
+
+        >>> inp = np.arange(4.) * (dist.get_rank() + 1)   # rank 0: [0, 1, 2, 3], rank 1: [0, 2, 4, 6]
+        >>> out = np.zeros(2)
+        >>> dist.reduce_scatter_tensor(out, inp)
+        >>> out.tolist() == [[0., 3.], [6., 9.]][dist.get_rank()]
+        True
+    """
     handle = 0 if group is None else _group_handle(group, "reduce_scatter_tensor")
     if handle < 0:
         return None
@@ -968,7 +1023,15 @@ def _gather_sizes(fn, obj, handle, group):
 
 
 def all_gather_object(object_list, obj, group=None):
-    """``object_list[i]`` becomes group rank i's `obj`, on every rank. Trusted peers only (pickle)."""
+    """``object_list[i]`` becomes group rank i's `obj`, on every rank. Trusted peers only (pickle).
+
+    Example (``mpiexec -n 2``)::
+
+        >>> out = [None, None]
+        >>> dist.all_gather_object(out, {"rank": dist.get_rank()})
+        >>> out                          # on both ranks
+        [{'rank': 0}, {'rank': 1}]
+    """
     import numpy as np
     handle = 0 if group is None else _group_handle(group, "all_gather_object")
     if handle < 0:

@@ -32,6 +32,7 @@ __all__ = ["Linear", "Conv2d", "MaxPool2d", "ReLU", "Flatten", "Model", "lenet5"
            "load_idx", "load_fashion_mnist", "DEFAULT_DATA_DIR", "STRATEGIES", "SCHEDULES", "layer_costs",
            "balanced_split", "step_flops"]
 
+#: The folder :func:`load_fashion_mnist` reads by default, where Debian's ``dataset-fashion-mnist`` puts it.
 DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"   # Debian's dataset-fashion-mnist
 _LINEAR, _CONV2D, _MAXPOOL2D, _RELU, _FLATTEN = range(5)  # csrc/engine/model.h LayerType
 
@@ -92,6 +93,8 @@ class MaxPool2d:
 
 
 class ReLU:
+    """max(x, 0) elementwise, as torch.nn.ReLU."""
+
     def spec(self):
         return (_RELU, 0, 0, 0, 0, 0)
 
@@ -100,6 +103,8 @@ class ReLU:
 
 
 class Flatten:
+    """(channels, height, width) to one vector per example, as torch.nn.Flatten."""
+
     def spec(self):
         return (_FLATTEN, 0, 0, 0, 0, 0)
 
@@ -183,6 +188,8 @@ def load_fashion_mnist(data_dir=None):
 # ---------------------------------------------------------------------------------------------------
 # Strategies (csrc/strategies/): the options each takes, with their defaults
 
+#: Every ``Trainer(strategy=...)``, mapped to the options it takes and their defaults (an option it
+#: does not take is a ``ValueError``). The comments in pydist/engine.py say what each does.
 STRATEGIES = {
     "allreduce": {},   # MPI's all-reduce of the gradients (the default)
     "ring": {},        # the same with our ring all-reduce
@@ -205,6 +212,7 @@ ASYNC = ("downpour", "adag", "aeasgd", "dynsgd")
 # Every worker holds the whole model (all but the pipeline): the strategies benchmarks/strategies.py compares.
 DATA_PARALLEL = tuple(s for s in STRATEGIES if s != "pipeline")
 _PLACEMENTS = ("local", "average", "reset")   # csrc/strategies/strategy.h MomentumPlacement
+#: The pipeline strategy's schedules (``Trainer(strategy="pipeline", schedule=...)``).
 SCHEDULES = ("gpipe", "1f1b")                 # csrc/strategies/strategy.h PipelineSchedule
 # The weights each strategy evaluates and checkpoints (Trainer.weights()).
 EVALUATES = {"average": "the workers' average", "easgd": "the center", **{k: "the center" for k in ASYNC},
@@ -532,10 +540,13 @@ class Trainer:
 
     @property
     def params(self):
-        """The flat parameter buffer (a view: writing to it changes the model)."""
+        """The flat float32 parameter buffer, every layer's weights and biases in order. It is a view,
+        so writing to it changes the model."""
         return self.engine.params
 
     def steps_per_epoch(self, n):
+        """Steps in an epoch of `n` examples: whole global batches (the rest is dropped, as
+        DataLoader(drop_last=True) does)."""
         return n // (self.workers * self.batch_size)
 
     @property

@@ -63,6 +63,7 @@ from . import timeline as _timeline
 
 __all__ = ["ProcessGroupPydist", "BACKEND", "monitored_barrier"]
 
+#: The backend name, for ``torch.distributed.init_process_group(backend="pydist")``.
 BACKEND = "pydist"
 
 _OPS = [

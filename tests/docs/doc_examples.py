@@ -24,10 +24,11 @@ class Example:
 
     @property
     def name(self):
-        return f"{os.path.relpath(self.page, DOCS)}:{self.line}"
+        return f"{os.path.relpath(self.page, DOCS if self.page.startswith(DOCS) else ROOT)}:{self.line}"
 
 
 def pages():
+    yield os.path.join(ROOT, "README.md")   # its example is the first a reader runs
     for top, dirs, files in os.walk(DOCS):
         dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
         for f in sorted(files):

@@ -17,6 +17,15 @@ EXAMPLES = doc_examples.examples()
 TIMEOUT = 180   # per example: the longest (a few epochs of training) takes about 30 s here
 
 
+def example_env():
+    """The jobs' environment, with Python's output buffered as a reader's would be: unbuffered (as
+    PYTHONUNBUFFERED makes it), print() writes a line's text and its newline apart, and another rank's
+    line can land between them."""
+    env = mpi_env(TIMEOUT)
+    env.pop("PYTHONUNBUFFERED", None)
+    return env
+
+
 def test_the_site_builds_with_warnings_as_errors():
     out = os.path.join(doc_examples.DOCS, "_build", "html")
     proc = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
@@ -34,7 +43,7 @@ def test_example(example, tmp_path):
     script = tmp_path / "example.py"
     script.write_text(example.code)
     proc = subprocess.run([MPIEXEC, "-n", str(example.ranks), sys.executable, str(script)], cwd=tmp_path,
-                          env=mpi_env(TIMEOUT), capture_output=True, text=True, timeout=TIMEOUT + 30)
+                          env=example_env(), capture_output=True, text=True, timeout=TIMEOUT + 30)
     assert proc.returncode == 0, f"{example.name} exited with {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
     if example.expected is not None:
         got = [line for line in proc.stdout.split("\n") if line.strip()]
@@ -49,7 +58,7 @@ def test_docstring_examples(ranks, tmp_path):
     on every rank of an N-rank job; each rank writes how many it ran and which failed."""
     runner = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run_docstrings.py")
     proc = subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, runner, str(ranks), str(tmp_path)],
-                          env=mpi_env(TIMEOUT), capture_output=True, text=True, timeout=TIMEOUT + 30)
+                          env=example_env(), capture_output=True, text=True, timeout=TIMEOUT + 30)
     reports = sorted(tmp_path.glob("rank*.txt"))
     assert proc.returncode == 0 and len(reports) == ranks, f"{proc.stdout}\n{proc.stderr}"
     for r in reports:
