@@ -87,7 +87,8 @@ def report(model, batches, reps=50):
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m pydist.profile", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=("lenet5", "mlp"), default="lenet5")
     ap.add_argument("--hidden", type=int, nargs="+", default=[256, 128], help="MLP hidden widths (default 256 128)")
     ap.add_argument("--batch-size", type=int, nargs="+", default=[64, 256], help="default 64 256")
