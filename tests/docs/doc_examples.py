@@ -3,7 +3,9 @@
 A multi-rank example is a fenced ``python`` block (or a ``{literalinclude}`` of a file) whose first line
 is ``# run: mpiexec -n N ...``. What it prints is the ``text`` block that follows it (before any other
 ``python`` block), if there is one: every rank's lines, in any order (they interleave), compared as a
-sorted list; ``...`` in an expected line stands for any text. Single-process examples are ``>>>``
+sorted list; ``...`` in an expected line stands for any text. An example whose marker ends with
+``(exits non-zero)`` shows a failure: it must exit non-zero, and each line shown must be among the
+lines it printed (stdout and stderr, where a traceback goes). Single-process examples are ``>>>``
 sessions, which pytest's doctest runs (``--doctest-glob='*.md'``, docs/conftest.py).
 
 Docstring examples marked ``Example (``mpiexec -n N``)::`` run as doctests on every rank of an N-rank
@@ -14,13 +16,14 @@ import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS = os.path.join(ROOT, "docs")
-RUN = re.compile(r"^#\s*run:\s*mpiexec\s+-n\s+(\d+)\b")
+RUN = re.compile(r"^#\s*run:\s*mpiexec\s+-n\s+(\d+)\b.*?(\(exits non-zero\))?\s*$")
 FENCE = re.compile(r"^(`{3,}|:{3,})\s*(\{[\w-]+\})?\s*([^\s`]*)\s*(.*)$")
 
 
 class Example:
-    def __init__(self, page, line, ranks, code, expected):
+    def __init__(self, page, line, ranks, code, expected, fails=False):
         self.page, self.line, self.ranks, self.code, self.expected = page, line, ranks, code, expected
+        self.fails = fails
 
     @property
     def name(self):
@@ -85,8 +88,20 @@ def examples():
                 if kind2 == "text":
                     expected = [b for b in body2 if b.strip() and not b.startswith(":")]
                     break
-            found.append(Example(page, line, int(m.group(1)), code, expected))
+            ex = Example(page, line, int(m.group(1)), code, expected, fails=m.group(2) is not None)
+            named = re.search(r"\bpython\s+(\w+\.py)\b", first)
+            ex.script = named.group(1) if named else "example.py"   # the name the page runs it under
+            found.append(ex)
     return found
+
+
+def line_regex(expected_line):
+    return ".*".join(re.escape(part) for part in expected_line.rstrip().split("..."))
+
+
+def contains(expected, got):
+    """Whether every line of `expected` ('...' matching any text) is among the lines `got`."""
+    return all(any(re.fullmatch(line_regex(e), g.rstrip()) for g in got) for e in expected)
 
 
 def matches(expected, got):
@@ -96,8 +111,7 @@ def matches(expected, got):
         return False
     left = [g.rstrip() for g in got]
     for e in sorted(expected, key=lambda e: "..." in e):
-        regex = ".*".join(re.escape(part) for part in e.rstrip().split("..."))
-        hit = next((g for g in left if re.fullmatch(regex, g)), None)
+        hit = next((g for g in left if re.fullmatch(line_regex(e), g)), None)
         if hit is None:
             return False
         left.remove(hit)

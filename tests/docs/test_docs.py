@@ -40,10 +40,17 @@ def test_the_pages_have_examples():
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[e.name for e in EXAMPLES])
 def test_example(example, tmp_path):
-    script = tmp_path / "example.py"
+    script = tmp_path / example.script
     script.write_text(example.code)
     proc = subprocess.run([MPIEXEC, "-n", str(example.ranks), sys.executable, str(script)], cwd=tmp_path,
                           env=example_env(), capture_output=True, text=True, timeout=TIMEOUT + 30)
+    if example.fails:   # a failure shown on purpose: its lines are among what it printed anywhere
+        printed = [line for line in (proc.stdout + proc.stderr).split("\n") if line.strip()]
+        assert proc.returncode != 0, f"{example.name} was shown failing, but exited 0:\n{proc.stdout}"
+        assert example.expected and doc_examples.contains(example.expected, printed), (
+            f"{example.name}: the page shows\n" + "\n".join(example.expected or []) + "\nbut it printed\n" +
+            "\n".join(printed))
+        return
     assert proc.returncode == 0, f"{example.name} exited with {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
     if example.expected is not None:
         got = [line for line in proc.stdout.split("\n") if line.strip()]
