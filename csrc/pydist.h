@@ -317,8 +317,10 @@ typedef struct {
 // Start it on `comm` (request.c): MPI's return code.
 int pd_mpi_call_start(const PdMpiCall *c, MPI_Comm comm, MPI_Request *req);
 // The same data as point-to-point at 2 ranks, this rank being group rank `me` (request.c): MPI's return
-// code, or -1 for a call that is not one block each way (then pd_mpi_call_start).
-int pd_mpi_call_start_pair(const PdMpiCall *c, int me, MPI_Comm comm, int tag, MPI_Request *req);
+// code with *what the MPI call made (for its error), or -1 for a call that is not one block each way
+// (then pd_mpi_call_start).
+int pd_mpi_call_start_pair(const PdMpiCall *c, int me, MPI_Comm comm, int tag, MPI_Request *req,
+                           const char **what);
 // Whether a call is of that kind (the same answer on every rank whose call matched).
 int pd_mpi_call_pairs(const PdMpiCall *c);
 // An all-to-all-v whose blocks are all one size and in rank order on both sides, as the plain all-to-all

@@ -98,9 +98,9 @@ int pd_mpi_call_start(const PdMpiCall *c, MPI_Comm comm, MPI_Request *req) {
 
 // Two ranks: a broadcast, an all-gather and an all-to-all each move one block each way, so the data
 // goes as one point-to-point request (MPI_Isend, MPI_Irecv or MPI_Isendrecv on `comm` with `tag`) and
-// this rank's own block is copied here, at the start. MPICH runs its nonblocking collectives through a
-// schedule; its Iallgather at 2 ranks took 4-5x the exchange's time from 256 KiB to 4 MiB
-// (benchmarks/pair_probe.c). Like MPI's call, the request never waits for the peer to start, and any
+// this rank's own block is copied here, at the start. MPICH's all-gather at 2 ranks, blocking or not,
+// took 2.4x the exchange's time at 256 KiB and 7.4x at 1 MiB (benchmarks/pair_probe.c); its broadcast
+// and all-to-all tie with it, less the schedule of the nonblocking call. Like MPI's call, the request never waits for the peer to start, and any
 // MPI call moves it along. Byte-typed calls only (collectives.c sends these as bytes).
 int pd_mpi_call_pairs(const PdMpiCall *c) {
     switch (c->kind) {
@@ -113,10 +113,12 @@ int pd_mpi_call_pairs(const PdMpiCall *c) {
     }
 }
 
-int pd_mpi_call_start_pair(const PdMpiCall *c, int me, MPI_Comm comm, int tag, MPI_Request *req) {
+int pd_mpi_call_start_pair(const PdMpiCall *c, int me, MPI_Comm comm, int tag, MPI_Request *req,
+                           const char **what) {
     if (!pd_mpi_call_pairs(c) || (me != 0 && me != 1)) {
         return -1;
     }
+    *what = "MPI_Isendrecv_c";
     int p = 1 - me;
     const char *send = c->send == MPI_IN_PLACE ? NULL : (const char *)c->send;
     char *recv = c->recv;
@@ -125,6 +127,7 @@ int pd_mpi_call_start_pair(const PdMpiCall *c, int me, MPI_Comm comm, int tag, M
     MPI_Count scount = 0, rcount = 0, own = 0;
     switch (c->kind) {
     case PD_MPI_BCAST:
+        *what = me == c->root ? "MPI_Isend_c" : "MPI_Irecv_c";
         return me == c->root ? MPI_Isend_c(recv, c->rcount, MPI_BYTE, p, tag, comm, req)
                              : MPI_Irecv_c(recv, c->rcount, MPI_BYTE, p, tag, comm, req);
     case PD_MPI_ALLGATHER:
@@ -135,13 +138,13 @@ int pd_mpi_call_start_pair(const PdMpiCall *c, int me, MPI_Comm comm, int tag, M
         src = send != NULL ? send : mine_out;
         break;
     case PD_MPI_ALLGATHERV:
-        scount = own = c->scount;
+        scount = c->scount;
         rcount = c->rcounts[p];
+        own = scount < c->rcounts[me] ? scount : c->rcounts[me];
         mine_out = recv + c->rdispls[me];
         dst = recv + c->rdispls[p];
         mine_in = send;
         src = send != NULL ? send : mine_out;
-        own = own < c->rcounts[me] ? own : c->rcounts[me];
         break;
     case PD_MPI_ALLTOALL:
         scount = rcount = own = c->scount;

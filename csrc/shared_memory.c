@@ -710,7 +710,8 @@ static void large_data(GroupChannel *g, Pending *e) {
     // every rank alike (its kind matched). Tagged by the round, as a ring: the private communicator's
     // point-to-point never meets another call's.
     rc = size == 2 && comm != NULL ? pd_mpi_call_start_pair(&mpi, pd_group_rank(group), *comm,
-                                                            pd_group_ring_tag(g->small.completed - 1), &w->req)
+                                                            pd_group_ring_tag(g->small.completed - 1), &w->req,
+                                                            &mpi.name)
                                    : -1;
     if (rc >= 0) {
         pd_call_path = w->call.t0 == 0 ? "shm header + pair" : pd_call_path;
