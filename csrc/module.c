@@ -8,8 +8,16 @@
  */
 #define PD_IMPORT_NUMPY
 #include "pydist.h"
+#include "simd.h"
 
 #define FAST(name, fn, doc) {name, (PyCFunction)(void (*)(void))fn, METH_FASTCALL, doc}
+
+// simd_info() -> {"level": the instruction-set level every vector kernel runs at, "cpu": the widest
+// this CPU runs} (simd.h)
+static PyObject *simd_info(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return Py_BuildValue("{ssss}", "level", pd_simd_name(pd_simd_level()), "cpu", pd_simd_name(pd_simd_cpu_level()));
+}
 
 static PyMethodDef module_methods[] = {
     FAST("init", pd_init, "init(timeout_seconds) -> (rank, size, thread_level)"),
@@ -66,6 +74,7 @@ static PyMethodDef module_methods[] = {
     FAST("load_idx", pd_load_idx, "load_idx(images_path, labels_path) -> (images float32 (n, rows, cols), labels int32)"),
     FAST("epoch_permutation", pd_epoch_permutation, "epoch_permutation(n, seed, epoch) -> int32 array"),
     FAST("set_blas_threads", pd_set_blas_threads, "set_blas_threads(n): OpenBLAS threads in this process"),
+    {"simd_info", simd_info, METH_NOARGS, "simd_info() -> {'level': the kernels' instruction set, 'cpu': the CPU's widest}"},
     {"blas_core", pd_blas_core, METH_NOARGS, "blas_core() -> the kernel family of the engine's OpenBLAS"},
     FAST("sgemm_seconds", pd_sgemm_seconds,
          "sgemm_seconds(n, reps) -> the fastest of reps n x n x n float32 GEMMs through the engine's BLAS"),
@@ -83,6 +92,11 @@ static int add_exception(PyObject *m, PyObject **slot, const char *name, PyObjec
 
 static int module_exec(PyObject *m) {
     import_array1(-1);
+    char err[256];
+    if (pd_simd_check(err, sizeof err) < 0) {   // a cap this CPU cannot run: refused before any kernel runs
+        PyErr_SetString(PyExc_ValueError, err);
+        return -1;
+    }
     if (pd_DistError == NULL) {  // the types are process-wide: MPI is too
         if (add_exception(m, &pd_DistError, "pydist.DistError", PyExc_RuntimeError,
                           "A distributed operation failed.") < 0 ||

@@ -20,8 +20,10 @@ from .distributed import _abort, _excepthook, _rank_prefix
 def version():
     from . import __version__, _build_config
     mpi = _C.mpi_info()["library_version"].strip().splitlines()[0]
+    from .profile import simd_summary
     return (f"pydist {__version__}\n  built with MPI from {_build_config.MPI}\n  running on {mpi}\n"
-            f"  BLAS from {_build_config.BLAS}\n  zlib from {_build_config.ZLIB}")
+            f"  BLAS from {_build_config.BLAS}, running its {_C.blas_core()} kernels\n  zlib from {_build_config.ZLIB}\n"
+            f"  vector kernels: {simd_summary()}")
 
 
 def main():

@@ -7,6 +7,7 @@ the `mpich` and `scipy-openblas32` packages, satisfies the extension's needs by 
 before any other libmpi.so.12 the system's loader would find (a Debian MPICH), so that libmpi and the
 mpiexec beside it always come from the same MPICH.
 """
+import os
 from pathlib import Path
 
 # What each PyPI package provides, and where in its files.
@@ -43,18 +44,26 @@ def _pypi_libraries():
 # The instruction sets the CPU reports settle which kernels can run, so the engine's OpenBLAS is told
 # the family by name (OPENBLAS_CORETYPE) unless the user set one. Newer CPUs of a family run the same
 # float32 kernels (OpenBLAS' Cooperlake and SapphireRapids use SkylakeX's sgemm; Zen uses Haswell's).
+# PYDIST_SIMD, the cap on every vector kernel of pydist's (csrc/simd.h), caps the BLAS's family too:
+# sse2 takes Prescott's (SSE3, the oldest family OpenBLAS builds for x86-64).
 _CORE_BY_FLAGS = (("SKYLAKEX", {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}),
                   ("HASWELL", {"avx2", "fma"}))
 
 
-def blas_coretype(cpuinfo="/proc/cpuinfo"):
-    """The OPENBLAS_CORETYPE for this CPU's instruction sets, or None (no file, or none of ours)."""
+def blas_coretype(cpuinfo="/proc/cpuinfo", simd=None):
+    """The OPENBLAS_CORETYPE for this CPU's instruction sets, capped at the level PYDIST_SIMD (or `simd`)
+    names; None where there is no file, or no cap and none of ours. A PYDIST_SIMD that names no level
+    is left to pydist._C's import, which refuses it."""
+    simd = os.environ.get("PYDIST_SIMD") if simd is None else simd
+    if simd == "sse2":
+        return "PRESCOTT"
     try:
         with open(cpuinfo) as f:
             flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
     except OSError:
         return None
-    return next((core for core, needs in _CORE_BY_FLAGS if needs <= set(flags)), None)
+    families = _CORE_BY_FLAGS[1:] if simd == "avx2" else _CORE_BY_FLAGS
+    return next((core for core, needs in families if needs <= set(flags)), None)
 
 
 def load():

@@ -11,6 +11,7 @@ fastest of 2048 x 2048 GEMMs through the engine's own BLAS, which is what the st
 A ReLU that feeds a max-pool runs inside it (one pass); its time is the pool's.
 """
 import argparse
+import os
 
 import numpy as np
 
@@ -76,10 +77,20 @@ def table(rows, peak, title):
     return "\n".join(lines)
 
 
+def simd_summary():
+    """The instruction-set level the vector kernels run at, and why: 'avx2 (the widest this CPU runs)'
+    or 'sse2 (PYDIST_SIMD=sse2; this CPU runs avx2)'."""
+    info = _C.simd_info()
+    if info["level"] == info["cpu"]:
+        return f"{info['level']} (the widest this CPU runs; PYDIST_SIMD=sse2|avx2|avx512 caps it)"
+    return f"{info['level']} (PYDIST_SIMD={os.environ.get('PYDIST_SIMD')}; this CPU runs {info['cpu']})"
+
+
 def report(model, batches, reps=50):
     """The tables for `model` at each batch size, with the peak and BLAS kernels they are measured against."""
     peak = peak_gflops()
-    out = [f"engine's BLAS: OpenBLAS {_C.blas_core()} kernels, peak {peak:.1f} GFLOP/s (2048^3 GEMM, one thread)"]
+    out = [f"engine's kernels: {simd_summary()}",
+           f"engine's BLAS: OpenBLAS {_C.blas_core()} kernels, peak {peak:.1f} GFLOP/s (2048^3 GEMM, one thread)"]
     for batch in batches:
         out.append("")
         out.append(table(profile(model, batch, reps), peak, f"{model.name}, batch {batch} (fastest of {reps})"))

@@ -4,7 +4,7 @@
  * finite value, not infinity: the error feedback then sends the rest later, where an infinity would
  * poison the sum and the residual for good. NaN stays NaN.
  *
- * Where the CPU has F16C and AVX2 (checked once; PYDIST_COMPRESS_SCALAR=1 says no), eight values at a
+ * Where the CPU has F16C and AVX2 (the avx2 level of simd.h; PYDIST_SIMD=sse2 says no), eight values at a
  * time: vcvtps2ph rounds to nearest even and keeps a NaN quiet with its payload's top bits, as the
  * scalar conversion does, so both give the same bits (tests/unit/test_compression_kernels.py compares
  * them over every kind of value). The scalar conversions, a call per value, took 10 ns a value.

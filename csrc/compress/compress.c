@@ -11,19 +11,10 @@
 #include <string.h>
 
 #include "engine/blas.h"
+#include "simd.h"
 
 int compress_vector_ok(void) {
-    static int known = -1;   // threads that race here all write the same answer
-    if (known < 0) {
-#if defined(__GNUC__) && defined(__x86_64__)
-        const char *off = getenv("PYDIST_COMPRESS_SCALAR");
-        __builtin_cpu_init();
-        known = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && !(off && *off && strcmp(off, "0"));
-#else
-        known = 0;
-#endif
-    }
-    return known;
+    return pd_simd_level() >= PD_SIMD_AVX2;   // AVX2 and F16C (simd.h); PYDIST_SIMD=sse2 keeps the loops scalar
 }
 
 int compress_parse(const char *text, CompressSpec *spec, char *err, size_t errlen) {

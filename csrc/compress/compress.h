@@ -91,8 +91,8 @@ void compress_encode(Compressor *z, long lo, const float *in, long len, void *pa
 // out[0..len) += scale * what `payload` (from compress_encode with the same z's spec, lo and len) holds.
 void compress_decode_add(const Compressor *z, long lo, const void *payload, long len, float scale, float *out);
 
-// Whether the encodings may use AVX2 and F16C (the CPU has them and PYDIST_COMPRESS_SCALAR is not set;
-// the vector and scalar loops give the same bits: the switch is for tests).
+// Whether the encodings may use AVX2 and F16C: the level of simd.h is avx2 or wider (PYDIST_SIMD=sse2
+// keeps the scalar loops; both give the same bits).
 int compress_vector_ok(void);
 
 // The encodings (cast16.c, topk.c, sign.c, powersgd.c), on x[0..len) in place: x (the input plus the

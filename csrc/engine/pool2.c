@@ -13,6 +13,7 @@
  * first maximum in raster order on ties; with relu, relu(max) = max(relu(x)), the argmax that of x.
  */
 #include "layers.h"
+#include "simd.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -41,14 +42,14 @@ static void unpool_one(float g, int at, float *dr0, float *dr1, int oj, int w) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// One build per instruction set (pool2_body.h), picked on first use. Not target_clones: a vector
+// One build per instruction set (pool2_body.h), picked on first use by the level of simd.h. Not target_clones: a vector
 // comparison's result as a vector of lanes needs AVX512DQ (vpmovm2d), which GCC 12's clones cannot ask
 // for, and an always-inline helper's comparisons would be lowered for baseline x86-64 anyway.
 
 typedef void ForwardFn(const float *, float *, int32_t *, int, int, int, int);
 typedef void BackwardFn(const float *, const float *, const int32_t *, float *, int, int, int);
 
-#define NAME(f) f##_base   // SSE2: 4 lanes
+#define NAME(f) f##_sse2   // SSE2: 4 lanes
 #define TARGET
 #define PV 4
 #define EVEN {0, 2, 4, 6}
@@ -56,7 +57,7 @@ typedef void BackwardFn(const float *, const float *, const int32_t *, float *, 
 #define LOW {0, 4, 1, 5}
 #define HIGH {2, 6, 3, 7}
 #include "pool2_body.h"
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#ifdef PD_SIMD_BUILDS
 #define NAME(f) f##_avx2
 #define TARGET __attribute__((target("avx2")))
 #define PV 8
@@ -73,36 +74,16 @@ typedef void BackwardFn(const float *, const float *, const int32_t *, float *, 
 #define LOW {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23}
 #define HIGH {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31}
 #include "pool2_body.h"
-#define HAVE_BUILDS 1
-#endif
-
-// The widest build this CPU runs, capped by PYDIST_SIMD (sse2, avx2 or avx512; for tests and benchmarks
-// that compare the builds): 0 baseline, 1 AVX2, 2 AVX-512.
-static int simd_level(void) {
-#ifdef HAVE_BUILDS
-    const char *cap = getenv("PYDIST_SIMD");
-    int most = cap == NULL ? 2 : strcmp(cap, "sse2") == 0 ? 0 : strcmp(cap, "avx2") == 0 ? 1 : 2;
-    int level = __builtin_cpu_supports("avx512dq") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
-    return level < most ? level : most;
-#else
-    return 0;
-#endif
-}
-
-#ifdef HAVE_BUILDS
-#define PICK(fn) (simd_level() == 2 ? fn##_avx512 : simd_level() == 1 ? fn##_avx2 : fn##_base)
-#else
-#define PICK(fn) fn##_base
 #endif
 
 void pool2_forward(const float *x, float *y, int32_t *argmax, int planes, int h, int w, int relu) {
     static ForwardFn *volatile picked;   // the same answer on every thread: a race only repeats it
-    if (picked == NULL) picked = PICK(forward);
+    if (picked == NULL) picked = PD_SIMD_PICK(forward);
     picked(x, y, argmax, planes, h, w, relu);
 }
 
 void pool2_backward(const float *dy, const float *y, const int32_t *argmax, float *dx, int planes, int h, int w) {
     static BackwardFn *volatile picked;
-    if (picked == NULL) picked = PICK(backward);
+    if (picked == NULL) picked = PD_SIMD_PICK(backward);
     picked(dy, y, argmax, dx, planes, h, w);
 }

@@ -1,5 +1,5 @@
 """The compressors' vector loops (AVX2 and F16C, csrc/compress/cast16.c and sign.c) give the same bits as
-their scalar loops, which PYDIST_COMPRESS_SCALAR=1 selects, over every kind of value: each rounding case,
+their scalar loops, which PYDIST_SIMD=sse2 selects, over every kind of value: each rounding case,
 subnormals of either width, the edge of float16's range, infinities, NaNs with payloads, and lengths
 that leave a scalar tail. And both give NumPy's float16 rounding (with saturation) bit for bit.
 """
@@ -66,7 +66,7 @@ def outcomes(spec, n):
 def scalar(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("kernels") / "scalar.npz")
     code = RUN.format(here=os.path.dirname(os.path.abspath(__file__)), specs=SPECS, lengths=LENGTHS, path=path)
-    env = dict(os.environ, PYDIST_COMPRESS_SCALAR="1")
+    env = dict(os.environ, PYDIST_SIMD="sse2")
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
     return dict(np.load(path))
 

@@ -183,8 +183,14 @@ def test_blas_coretype_follows_the_cpus_instruction_sets(tmp_path):
     for flags, core in ((avx512, "SKYLAKEX"), ("sse2 avx avx2 fma", "HASWELL"), ("sse2 avx", None),
                         ("sse2 avx2 avx512f", None)):
         (tmp_path / "cpuinfo").write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
-        assert _libraries.blas_coretype(str(tmp_path / "cpuinfo")) == core, flags
-    assert _libraries.blas_coretype(str(tmp_path / "missing")) is None
+        assert _libraries.blas_coretype(str(tmp_path / "cpuinfo"), simd="") == core, flags
+    assert _libraries.blas_coretype(str(tmp_path / "missing"), simd="") is None
+    # PYDIST_SIMD caps the BLAS's kernels with pydist's own
+    (tmp_path / "cpuinfo").write_text(f"processor\t: 0\nflags\t\t: {avx512}\n")
+    for simd, core in (("avx512", "SKYLAKEX"), ("avx2", "HASWELL"), ("sse2", "PRESCOTT")):
+        assert _libraries.blas_coretype(str(tmp_path / "cpuinfo"), simd=simd) == core, simd
+    (tmp_path / "cpuinfo").write_text("processor\t: 0\nflags\t\t: sse2 avx avx2 fma\n")
+    assert _libraries.blas_coretype(str(tmp_path / "cpuinfo"), simd="avx2") == "HASWELL"
 
 
 def test_the_engines_blas_runs_this_cpus_kernels():
@@ -204,6 +210,8 @@ def test_the_engines_blas_runs_this_cpus_kernels():
         assert core.upper() in ("SKYLAKEX", "COOPERLAKE", "SAPPHIRERAPIDS"), core
     elif expected == "HASWELL":
         assert core.upper() in ("HASWELL", "ZEN"), core
+    elif expected == "PRESCOTT":   # PYDIST_SIMD=sse2
+        assert core.upper() == "PRESCOTT", core
 
 
 def test_sgemm_seconds_times_the_engines_blas():

@@ -86,6 +86,15 @@ LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_", "SLURM_", "MPI
 SUBPROCESS_TIMEOUT_S = 60
 
 
+SIMD_LEVELS = ("sse2", "avx2", "avx512")   # csrc/simd.h, narrowest first
+
+
+def simd_levels():
+    """The instruction-set levels this CPU runs (PYDIST_SIMD's values it accepts), narrowest first."""
+    from pydist import _C
+    return SIMD_LEVELS[:SIMD_LEVELS.index(_C.simd_info()["cpu"]) + 1]
+
+
 def subprocess_env(**extra):
     """Environment for a fresh singleton interpreter that imports the same pydist as this one
     (the in-place build, an installed one, or the AddressSanitizer build scripts/test.sh points to)."""

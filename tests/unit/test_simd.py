@@ -1,0 +1,95 @@
+"""PYDIST_SIMD: one cap for every vector kernel (csrc/simd.h). Each level this CPU runs is taken and
+reported; a level it lacks, or a name that is no level, is refused with a clear error at import; and the
+levels agree on LeNet-5's gradients within float32 rounding, while each level repeats its own bits.
+
+The engine's and the reductions' own tests run again under each cap in scripts/test.sh ("every
+instruction-set level"), so a wrong or missing build fails there against the independent references.
+"""
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+
+from unit_helpers import SIMD_LEVELS, simd_levels, subprocess_env
+
+
+def run_python(code, simd, timeout=120):
+    env = subprocess_env()
+    env.pop("OPENBLAS_CORETYPE", None)   # pydist's own cap on the BLAS is part of what is tested
+    if simd is not None:
+        env["PYDIST_SIMD"] = simd
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=timeout)
+
+
+def test_each_level_this_cpu_runs_is_taken_and_reported():
+    from pydist import _C
+    cpu = _C.simd_info()["cpu"]
+    assert cpu in SIMD_LEVELS
+    code = ("import pydist, pydist.__main__ as m; from pydist import _C; "
+            "print(_C.simd_info()['level'], _C.blas_core()); print(m.version())")
+    for simd in simd_levels() + (None,):
+        proc = run_python(code, simd)
+        assert proc.returncode == 0, proc.stderr.decode()
+        first, version = proc.stdout.decode().split("\n", 1)
+        level, blas = first.split()
+        assert level == (simd or cpu), (simd, level)
+        assert f"vector kernels: {level} (" in version, version
+        if simd == "sse2":
+            assert blas.upper() == "PRESCOTT", blas   # the BLAS is capped with pydist's kernels
+
+
+def test_a_level_this_cpu_lacks_or_no_level_is_refused_at_import():
+    cpu = simd_levels()[-1]
+    cases = [("avx1024", "PYDIST_SIMD must be sse2, avx2 or avx512"), ("AVX2", "PYDIST_SIMD must be")]
+    cases += [(level, f"this CPU runs at most {cpu}") for level in SIMD_LEVELS[len(simd_levels()):]]
+    for simd, message in cases:
+        proc = run_python("import pydist", simd)
+        err = proc.stderr.decode()
+        assert proc.returncode == 1 and "ValueError" in err and message in err, (simd, err)
+        assert "Segmentation" not in err and "Illegal instruction" not in err
+
+
+LEVELS_SCRIPT = r"""
+import pickle, sys
+import numpy as np
+from pydist import _C
+from pydist.engine import lenet5
+model = lenet5()
+out = []
+for B in (1, 5, 64):   # 5: a batch whose tiles and chunks do not divide evenly
+    e = _C.Engine(model.specs(), model.input_shape, B)
+    e.init_params(3)
+    rng = np.random.default_rng(B)
+    x = rng.random((B, 28 * 28), dtype=np.float32)
+    y = rng.integers(0, 10, B).astype(np.int32)
+    runs = []
+    for _ in range(2):
+        loss, _ = e.loss_and_grad(x, y)
+        runs.append((loss, e.forward(x).copy(), e.grads.copy()))
+    out.append(runs)
+sys.stdout.buffer.write(pickle.dumps(out))
+"""
+
+
+def test_levels_agree_on_lenet5_and_each_repeats_its_bits():
+    results = {}
+    for simd in simd_levels():
+        proc = run_python(LEVELS_SCRIPT, simd, timeout=300)
+        assert proc.returncode == 0, proc.stderr.decode()
+        results[simd] = pickle.loads(proc.stdout)
+    widest = results[simd_levels()[-1]]
+    for simd, batches in results.items():
+        for (first, again), (ref, _) in zip(batches, widest):
+            # bitwise repeatable on one level
+            assert first[0] == again[0] and first[1].tobytes() == again[1].tobytes(), simd
+            assert first[2].tobytes() == again[2].tobytes(), simd
+            # within float32 rounding of the widest level (the levels' sums differ in their last bits)
+            assert abs(first[0] - ref[0]) < 1e-5 * max(1.0, abs(ref[0])), (simd, first[0], ref[0])
+            np.testing.assert_allclose(first[1], ref[1], rtol=1e-4, atol=1e-5, err_msg=simd)
+            scale = np.abs(ref[2]).max()
+            assert scale > 0
+            diff = np.abs(first[2] - ref[2]).max()
+            print(f"{simd}: batch {len(first[1])}: max gradient difference from the widest level {diff:.2e} "
+                  f"(largest gradient {scale:.2e})")
+            assert diff <= 1e-4 * scale, (simd, diff, scale)
