@@ -1,22 +1,15 @@
 /*
- * conv_direct.c: stride-1 convolutions computed directly, without im2col (layers.h says when). LeNet's
- * convolutions have 6 and 16 output channels: as im2col and one GEMM, BLAS multiplies matrices 6 or 16
- * rows tall, where it reaches a tenth of its peak, after copying the input 25 times over. Here a tile of
- * output (a block of channels x up to 32 columns of one row, or 16 columns of two rows) lives in vector
- * registers, and each filter tap is one load of the input row per 16 columns and a multiply-add per
- * channel, with the tap's weights broadcast from a packed copy.
- *
- *   forward:  y = b + W * x, over x padded once per call into `cols` (kept for the backward pass)
- *   dx:       the same kernel, on dy padded by k - 1 - pad and W flipped with its channels swapped
- *   dW:       sums over the batch (in cache-sized chunks) and the output pixels, in vector registers:
- *             across 16 columns, one accumulator per (channel, kernel column) of a kernel row; or, with
- *             12 output channels or more, across 16 channels, one accumulator per tap
- *
- * The vectors are GCC's generic 16-float vectors; each entry point is built for AVX-512, AVX with FMA
- * and baseline x86-64 and picked at load time (target_clones), as the shared-memory kernels are. Every
- * sum is taken in a fixed order: the results do not depend on anything but the inputs and the batch.
+ * conv_direct_kernels.h: conv_direct.c's kernels, compiled once per instruction-set level by
+ * conv_direct_sse2.c, conv_direct_avx2.c and conv_direct_avx512.c, which set the level's target and:
+ *   VL            floats per vector (4, 8, 16)
+ *   REGS          vector registers (16 xmm, 16 ymm, 32 zmm): every tile below is sized so that its
+ *                 accumulators, the operands it loads and a broadcast fit, with no spills
+ *   CONV_KERNELS  the name of the level's table of entry points (conv_direct.h)
+ * One source for every level: the loops are the same, only the vector width and the tile sizes change.
+ * Every sum is taken in a fixed order for a level, so results are bitwise repeatable on it; between
+ * levels they differ in the last bits (vector width, FMA).
  */
-#include "layers.h"
+#include "conv_direct.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -27,14 +20,20 @@
 // off): one rounding instead of two, and half the instructions.
 #pragma GCC optimize("fp-contract=fast")
 
-#define VL 16
+// -O3's predictive commoning carries a loop's loads over to its next iteration in registers: in dW by
+// channels that is K - 1 broadcast inputs on top of the accumulators, which 16 registers cannot hold
+// (AVX2 and SSE2 spilled accumulators to the stack for them). With 32 the carried values are scalars
+// beside the accumulators, as they have always been in the AVX-512 build.
+#if REGS < 32
+#pragma GCC optimize("no-predictive-commoning")
+#endif
+
 typedef float vec __attribute__((vector_size(VL * sizeof(float))));
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define HOT __attribute__((target_clones("avx512f", "fma", "default")))
-#else
-#define HOT
-#endif
+// The most accumulators a forward tile keeps: with 16 registers, 12 leave room for the tile's input
+// vectors and the broadcast weight (AVX2's 16 ymm at 6 channels x 2 vectors: 12 + 2 + 1).
+#define TILE_ACC (REGS >= 32 ? 16 : 12)
+
 #define INLINE static inline __attribute__((always_inline))
 
 INLINE vec vload(const float *p) {
@@ -47,7 +46,7 @@ INLINE vec vload(const float *p) {
 // itself; GCC would turn these loops back into such calls (its loop distribution), hence the pragma.
 #pragma GCC optimize("no-tree-loop-distribute-patterns")
 
-// dst[0, n) = the first n lanes of *v (n <= 16)
+// dst[0, n) = the first n lanes of *v (n <= VL)
 INLINE void store_lanes(float *dst, const vec *v, int n) {
     if (n == VL) {
         memcpy(dst, v, sizeof *v);
@@ -58,7 +57,7 @@ INLINE void store_lanes(float *dst, const vec *v, int n) {
     for (int l = 0; l < n; l++) dst[l] = lanes[l];
 }
 
-// dst[0, n) = src[0, n), 16 floats at a time
+// dst[0, n) = src[0, n), a vector at a time
 INLINE void copy_floats(float *restrict dst, const float *restrict src, long n) {
     long i = 0;
     for (; i + VL <= n; i += VL) memcpy(dst + i, src + i, sizeof(vec));
@@ -80,7 +79,7 @@ typedef struct {
     int in_c, in_h, in_w, out_c, out_h, out_w, k, pad;
 } Dims;
 
-// Output columns per tile: 16 or 32.
+// Output vectors per tile along a row: 1 or 2.
 static int tile_vectors(int out_w) {
     return out_w <= VL ? 1 : 2;
 }
@@ -95,11 +94,11 @@ static long padded_floats(const Dims *d, int B) {
     return (long)B * d->in_c * (d->in_h + 2L * d->pad) * padded_width(d);
 }
 
-// Output channels per tile: 4, 6 or 8 x 32 columns, or 4, 6, 8, 12 or 16 x 16 (16 accumulators at most);
+// Output channels per tile: 4, 6, 8, 12 or 16, at most TILE_ACC accumulators (channels x vectors);
 // the smallest that holds out_c, so that LeNet's 6 channels waste no multiply-adds.
 static int channel_block(const Dims *d) {
     static const int blocks[] = {4, 6, 8, 12, 16};
-    int most = tile_vectors(d->out_w) == 2 ? 8 : 16;
+    int most = TILE_ACC / tile_vectors(d->out_w);
     for (int i = 0; i < 5 && blocks[i] <= most; i++) {
         if (d->out_c <= blocks[i]) return blocks[i];
     }
@@ -111,7 +110,7 @@ static long packed_floats(const Dims *d) {
 }
 
 // x (B, in_c, in_h, in_w) into xp (B, in_c, in_h + 2 pad, padded_width), zeros around.
-HOT static void pad_input(const Dims *d, const float *x, float *xp, int B) {
+static void pad_input(const Dims *d, const float *x, float *xp, int B) {
     long pw = padded_width(d), ph = d->in_h + 2L * d->pad;
     for (long p = 0; p < (long)B * d->in_c; p++) {
         float *plane = xp + p * ph * pw;
@@ -154,13 +153,14 @@ static void pack_weights(const Dims *d, const float *W, float *wp, int flipped) 
 // ---------------------------------------------------------------------------------------------------
 // The forward tile: OCB channels x J vectors of output, from the padded input rows at x (channel planes
 // `plane` floats apart, rows pw apart) and the block's packed weights w. Vector j reads its input at
-// x + j * xstep and writes its first n[j] lanes at dst[o] + j * ystep: J = 2 is either 32 columns of a
-// row (xstep = ystep = 16) or the same 16 columns of two rows, which keeps 2 x OCB multiply-adds in
-// flight where one row of a block of 6 or 8 channels would wait on the FMA latency.
+// x + j * xstep and writes its first n[j] lanes at dst[o] + j * ystep: J = 2 is either two vectors of a
+// row (xstep = ystep = VL) or the same VL columns of two rows, which keeps 2 x OCB multiply-adds in
+// flight where one row of a block of 6 or 8 channels would wait on the FMA latency. Registers: OCB x J
+// accumulators, J inputs and the broadcast weight (TILE_ACC).
 
 INLINE void tile(const float *x, long plane, long pw, int in_c, int k, const float *w, const float *bias,
                  float *const *dst, long xstep, long ystep, const int *n, const int OCB, const int J) {
-    vec acc[16][2];
+    vec acc[TILE_ACC][2];
     for (int o = 0; o < OCB; o++) {
         for (int j = 0; j < J; j++) acc[o][j] = (vec){0} + bias[o];
     }
@@ -185,7 +185,7 @@ INLINE void tile(const float *x, long plane, long pw, int in_c, int k, const flo
 }
 
 // One tile of ocb channels and `vectors` vectors, the block sizes spelled out so each is compiled with
-// its accumulators in registers.
+// its accumulators in registers (only those channel_block can pick: at most TILE_ACC accumulators).
 INLINE void run_tile(const float *x, long plane, long pw, int in_c, int k, const float *w, const float *b,
                      float *const *dst, long xstep, long ystep, const int *n, int ocb, int vectors) {
     switch (ocb * 4 + vectors) {
@@ -193,17 +193,21 @@ INLINE void run_tile(const float *x, long plane, long pw, int in_c, int k, const
     case 4 * 4 + 1: tile(x, plane, pw, in_c, k, w, b, dst, xstep, ystep, n, 4, 1); break;
     case 6 * 4 + 2: tile(x, plane, pw, in_c, k, w, b, dst, xstep, ystep, n, 6, 2); break;
     case 6 * 4 + 1: tile(x, plane, pw, in_c, k, w, b, dst, xstep, ystep, n, 6, 1); break;
-    case 8 * 4 + 2: tile(x, plane, pw, in_c, k, w, b, dst, xstep, ystep, n, 8, 2); break;
     case 8 * 4 + 1: tile(x, plane, pw, in_c, k, w, b, dst, xstep, ystep, n, 8, 1); break;
+#if TILE_ACC >= 16
+    case 8 * 4 + 2: tile(x, plane, pw, in_c, k, w, b, dst, xstep, ystep, n, 8, 2); break;
     case 12 * 4 + 1: tile(x, plane, pw, in_c, k, w, b, dst, xstep, ystep, n, 12, 1); break;
     default: tile(x, plane, pw, in_c, k, w, b, dst, xstep, ystep, n, 16, 1); break;
+#else
+    default: tile(x, plane, pw, in_c, k, w, b, dst, xstep, ystep, n, 12, 1); break;
+#endif
     }
 }
 
 // y (B, out_c, out_h, out_w) = bias + the convolution of xp (pad_input's) with wp (pack_weights').
-HOT static void forward_tiles(const Dims *d, const float *xp, const float *wp, const float *bias, float *y, int B) {
+static void forward_tiles(const Dims *d, const float *xp, const float *wp, const float *bias, float *y, int B) {
     int ocb = channel_block(d), J = tile_vectors(d->out_w);
-    int row_pairs = J == 1 && ocb <= 8;   // rows of one vector, blocks of 8 channels or fewer: two rows a tile
+    int row_pairs = J == 1 && 2 * ocb <= TILE_ACC;   // rows of one vector, few channels: two rows a tile
     long pw = padded_width(d), plane = (d->in_h + 2L * d->pad) * pw, ohw = (long)d->out_h * d->out_w;
     long wblock = (long)d->in_c * d->k * d->k * ocb;
     for (int n = 0; n < B; n++) {
@@ -224,7 +228,7 @@ HOT static void forward_tiles(const Dims *d, const float *xp, const float *wp, c
                     if (row_pairs) {
                         int n2[2] = {cols, cols}, rows = oi + 1 < d->out_h ? 2 : 1;
                         run_tile(x, plane, pw, d->in_c, d->k, w, b, dst, pw, d->out_w, n2, ocb, rows);
-                    } else {   // J vectors along the row; a last strip of 16 columns or fewer takes one
+                    } else {   // J vectors along the row; a last strip of VL columns or fewer takes one
                         int n2[2] = {cols < VL ? cols : VL, cols - VL < VL ? cols - VL : VL};
                         int vectors = cols <= VL ? 1 : J;
                         run_tile(x, plane, pw, d->in_c, d->k, w, b, dst, VL, VL, n2, ocb, vectors);
@@ -250,11 +254,11 @@ INLINE void dw_block(const Dims *d, const float *xp, const float *dyp, long dyro
         const float *x = xp + (((long)n * d->in_c + c) * ph + ki) * pw + j * VL;
         const float *g = dyp + ((long)n * oc_r + o0) * d->out_h * dyrow + j * VL;
         for (int oi = 0; oi < d->out_h; oi++, x += pw, g += dyrow) {
-            vec in[7];
-            for (int kj = 0; kj < K; kj++) in[kj] = vload(x + kj);
-            for (int o = 0; o < OB; o++) {
-                vec grad = vload(g + (long)o * d->out_h * dyrow);
-                for (int kj = 0; kj < K; kj++) acc[o][kj] += grad * in[kj];
+            vec grad[4];   // the OB gradients, then one input vector at a time for each kernel column
+            for (int o = 0; o < OB; o++) grad[o] = vload(g + (long)o * d->out_h * dyrow);
+            for (int kj = 0; kj < K; kj++) {
+                vec in = vload(x + kj);
+                for (int o = 0; o < OB; o++) acc[o][kj] += grad[o] * in;
             }
         }
     }
@@ -269,9 +273,13 @@ INLINE void dw_block(const Dims *d, const float *xp, const float *dyp, long dyro
     }
 }
 
-// Channels per dW block: the accumulators (OB x K vectors) must fit the registers.
+// Channels per dW block: the accumulators (OB x K vectors), the OB gradients and an input must fit the
+// registers (with 16: K = 5 takes 2 x 5 + 2 + 1). A constant expression, so each case below is compiled
+// with its accumulators in registers.
+#define DW_OB(k) (REGS >= 32 ? ((k) <= 3 ? 4 : (k) <= 5 ? 3 : 2) : ((k) <= 2 ? 4 : (k) <= 3 ? 3 : (k) <= 6 ? 2 : 1))
+
 static int dw_block_channels(int k) {
-    return k <= 3 ? 4 : k <= 5 ? 3 : 2;
+    return DW_OB(k);
 }
 
 // Examples per pass of the dW kernels: each pass reads its examples' input and gradient once per
@@ -284,20 +292,20 @@ static int dw_chunk(long floats_per_example) {
     return n < 1 ? 1 : n > 1 << 20 ? 1 << 20 : (int)n;
 }
 
-HOT static void weight_grad_part(const Dims *d, const float *xp, const float *dyp, float *dW, int B, int accumulate,
+static void weight_grad_part(const Dims *d, const float *xp, const float *dyp, float *dW, int B, int accumulate,
                                  int ob, int J, long dyrow) {
     for (int o0 = 0; o0 < d->out_c; o0 += ob) {
         for (int c = 0; c < d->in_c; c++) {
             for (int ki = 0; ki < d->k; ki++) {
                 for (int j = 0; j < J; j++) {
                     switch (d->k) {
-                    case 1: dw_block(d, xp, dyp, dyrow, dW, o0, c, ki, j, B, accumulate, 4, 1); break;
-                    case 2: dw_block(d, xp, dyp, dyrow, dW, o0, c, ki, j, B, accumulate, 4, 2); break;
-                    case 3: dw_block(d, xp, dyp, dyrow, dW, o0, c, ki, j, B, accumulate, 4, 3); break;
-                    case 4: dw_block(d, xp, dyp, dyrow, dW, o0, c, ki, j, B, accumulate, 3, 4); break;
-                    case 5: dw_block(d, xp, dyp, dyrow, dW, o0, c, ki, j, B, accumulate, 3, 5); break;
-                    case 6: dw_block(d, xp, dyp, dyrow, dW, o0, c, ki, j, B, accumulate, 2, 6); break;
-                    default: dw_block(d, xp, dyp, dyrow, dW, o0, c, ki, j, B, accumulate, 2, 7); break;
+                    case 1: dw_block(d, xp, dyp, dyrow, dW, o0, c, ki, j, B, accumulate, DW_OB(1), 1); break;
+                    case 2: dw_block(d, xp, dyp, dyrow, dW, o0, c, ki, j, B, accumulate, DW_OB(2), 2); break;
+                    case 3: dw_block(d, xp, dyp, dyrow, dW, o0, c, ki, j, B, accumulate, DW_OB(3), 3); break;
+                    case 4: dw_block(d, xp, dyp, dyrow, dW, o0, c, ki, j, B, accumulate, DW_OB(4), 4); break;
+                    case 5: dw_block(d, xp, dyp, dyrow, dW, o0, c, ki, j, B, accumulate, DW_OB(5), 5); break;
+                    case 6: dw_block(d, xp, dyp, dyrow, dW, o0, c, ki, j, B, accumulate, DW_OB(6), 6); break;
+                    default: dw_block(d, xp, dyp, dyrow, dW, o0, c, ki, j, B, accumulate, DW_OB(7), 7); break;
                     }
                 }
             }
@@ -316,36 +324,47 @@ static void weight_grad(const Dims *d, const float *xp, const float *dyp, float 
     }
 }
 
-// The same sums with 16 output channels in a vector: dyt (B, out_h, out_w, out_c rounded up to 16) holds
-// dy channels-last, and one input channel's K x K taps are K x K accumulators, each a broadcast of one
-// input value times the pixel's gradient vector per pixel. For 16 channels or more this fills every lane
+// The same sums with output channels in vectors: dyt (B, out_h, out_w, out_c rounded up to DW_CV vectors)
+// holds dy channels-last, and one input channel's taps are accumulators, each a broadcast of one input
+// value times the pixel's gradient vectors per pixel. For 16 channels or more this fills every lane
 // and loads nothing across a cache line; the kernel above wastes the lanes past out_w (6 of 16 in
-// LeNet's second convolution) and loads each input row at K offsets.
-INLINE void dw_channels(const Dims *d, const float *xp, const float *dyt, float *dW, int o0, int c, int B,
-                        int accumulate, const int K) {
-    long pw = padded_width(d), ph = d->in_h + 2L * d->pad, ocr = round_up(d->out_c, VL);
-    vec acc[5][5];
-    for (int ki = 0; ki < K; ki++) {
-        for (int kj = 0; kj < K; kj++) acc[ki][kj] = (vec){0};
+// LeNet's second convolution at 16 lanes) and loads each input row at K offsets.
+// A pass takes DW_CV channel vectors and KR kernel rows: with 32 registers all K x K taps of one
+// vector (25 accumulators at K = 5); with 16, one kernel row of two vectors (10, + 2 gradients + 1).
+#define DW_CV (REGS >= 32 ? 1 : 2)
+#define DW_KR(k) (REGS >= 32 ? (k) : 1)
+
+INLINE void dw_channels(const Dims *d, const float *xp, const float *dyt, float *dW, int o0, int c, int ki0, int B,
+                        int accumulate, const int K, const int KR) {
+    long pw = padded_width(d), ph = d->in_h + 2L * d->pad, ocr = round_up(d->out_c, DW_CV * VL);
+    vec acc[5][5][DW_CV];
+    for (int r = 0; r < KR; r++) {
+        for (int kj = 0; kj < K; kj++) {
+            for (int v = 0; v < DW_CV; v++) acc[r][kj][v] = (vec){0};
+        }
     }
     for (int n = 0; n < B; n++) {
         for (int oi = 0; oi < d->out_h; oi++) {
-            const float *x = xp + (((long)n * d->in_c + c) * ph + oi) * pw;
+            const float *x = xp + (((long)n * d->in_c + c) * ph + oi + ki0) * pw;
             const float *g = dyt + ((long)n * d->out_h + oi) * d->out_w * ocr + o0;
             for (int oj = 0; oj < d->out_w; oj++) {
-                vec grad = vload(g + oj * ocr);
-                for (int ki = 0; ki < K; ki++) {
-                    for (int kj = 0; kj < K; kj++) acc[ki][kj] += x[ki * pw + oj + kj] * grad;
+                vec grad[DW_CV];
+                for (int v = 0; v < DW_CV; v++) grad[v] = vload(g + oj * ocr + v * VL);
+                for (int r = 0; r < KR; r++) {
+                    for (int kj = 0; kj < K; kj++) {
+                        float in = x[r * pw + oj + kj];
+                        for (int v = 0; v < DW_CV; v++) acc[r][kj][v] += in * grad[v];
+                    }
                 }
             }
         }
     }
-    for (int ki = 0; ki < K; ki++) {
+    for (int r = 0; r < KR; r++) {
         for (int kj = 0; kj < K; kj++) {
-            float lanes[VL];
-            memcpy(lanes, &acc[ki][kj], sizeof lanes);
-            for (int o = 0; o < VL && o0 + o < d->out_c; o++) {
-                float *at = dW + (((long)(o0 + o) * d->in_c + c) * K + ki) * K + kj;
+            float lanes[DW_CV * VL];
+            memcpy(lanes, &acc[r][kj], sizeof lanes);
+            for (int o = 0; o < DW_CV * VL && o0 + o < d->out_c; o++) {
+                float *at = dW + (((long)(o0 + o) * d->in_c + c) * K + ki0 + r) * K + kj;
                 *at = accumulate ? *at + lanes[o] : lanes[o];
             }
         }
@@ -356,25 +375,27 @@ static int by_channels(const Dims *d) {
     return d->out_c >= 12 && d->k <= 5;
 }
 
-HOT static void weight_grad_by_channels_part(const Dims *d, const float *xp, const float *dyt, float *dW, int B,
-                                             int accumulate) {
-    for (int o0 = 0; o0 < d->out_c; o0 += VL) {
+static void weight_grad_by_channels_part(const Dims *d, const float *xp, const float *dyt, float *dW, int B,
+                                         int accumulate) {
+    for (int o0 = 0; o0 < d->out_c; o0 += DW_CV * VL) {
         for (int c = 0; c < d->in_c; c++) {
-            switch (d->k) {
-            case 1: dw_channels(d, xp, dyt, dW, o0, c, B, accumulate, 1); break;
-            case 2: dw_channels(d, xp, dyt, dW, o0, c, B, accumulate, 2); break;
-            case 3: dw_channels(d, xp, dyt, dW, o0, c, B, accumulate, 3); break;
-            case 4: dw_channels(d, xp, dyt, dW, o0, c, B, accumulate, 4); break;
-            default: dw_channels(d, xp, dyt, dW, o0, c, B, accumulate, 5); break;
+            for (int ki0 = 0; ki0 < d->k; ki0 += DW_KR(d->k)) {
+                switch (d->k) {
+                case 1: dw_channels(d, xp, dyt, dW, o0, c, ki0, B, accumulate, 1, DW_KR(1)); break;
+                case 2: dw_channels(d, xp, dyt, dW, o0, c, ki0, B, accumulate, 2, DW_KR(2)); break;
+                case 3: dw_channels(d, xp, dyt, dW, o0, c, ki0, B, accumulate, 3, DW_KR(3)); break;
+                case 4: dw_channels(d, xp, dyt, dW, o0, c, ki0, B, accumulate, 4, DW_KR(4)); break;
+                default: dw_channels(d, xp, dyt, dW, o0, c, ki0, B, accumulate, 5, DW_KR(5)); break;
+                }
             }
         }
     }
 }
 
 static void weight_grad_by_channels(const Dims *d, const float *xp, const float *dyt, float *dW, int B,
-                                        int accumulate) {
+                                    int accumulate) {
     long xs = (long)d->in_c * (d->in_h + 2L * d->pad) * padded_width(d);
-    long gs = (long)d->out_h * d->out_w * round_up(d->out_c, VL);
+    long gs = (long)d->out_h * d->out_w * round_up(d->out_c, DW_CV * VL);
     int chunk = dw_chunk(xs + gs);
     for (int n0 = 0; n0 < B; n0 += chunk) {
         int nb = B - n0 < chunk ? B - n0 : chunk;
@@ -382,9 +403,10 @@ static void weight_grad_by_channels(const Dims *d, const float *xp, const float 
     }
 }
 
-// dy (B, out_c, out_h, out_w) channels-last into dyt (B, out_h, out_w, out_c rounded up to 16, zeros there).
+// dy (B, out_c, out_h, out_w) channels-last into dyt (B, out_h, out_w, out_c rounded up to DW_CV vectors,
+// zeros there).
 static void channels_last(const Dims *d, const float *dy, float *dyt, int B) {
-    long ocr = round_up(d->out_c, VL), ohw = (long)d->out_h * d->out_w;
+    long ocr = round_up(d->out_c, DW_CV * VL), ohw = (long)d->out_h * d->out_w;
     for (long n = 0; n < B; n++) {
         float *dst = dyt + n * ohw * ocr;
         const float *src = dy + n * d->out_c * ohw;
@@ -397,7 +419,7 @@ static void channels_last(const Dims *d, const float *dy, float *dyt, int B) {
 
 // dy (B, out_c, out_h, out_w) into dyp (B, out_c rounded up to blocks of ob, out_h, rows of `row` floats),
 // zeros after each row's out_w and in the extra channels.
-HOT static void pad_rows(const Dims *d, const float *dy, float *dyp, long row, int ob, int B) {
+static void pad_rows(const Dims *d, const float *dy, float *dyp, long row, int ob, int B) {
     long oc_r = round_up(d->out_c, ob);
     for (long n = 0; n < B; n++) {
         for (long o = 0; o < oc_r; o++) {
@@ -416,7 +438,7 @@ HOT static void pad_rows(const Dims *d, const float *dy, float *dyp, long row, i
 }
 
 // ---------------------------------------------------------------------------------------------------
-// The layer's entry points (layers.h)
+// The level's entry points (conv_direct.h's table)
 
 static Dims dims_of(const ConvShape *s) {
     return (Dims){s->in_c, s->in_h, s->in_w, s->out_c, s->out_h, s->out_w, s->k, s->pad};
@@ -427,26 +449,21 @@ static Dims dims_of_dx(const ConvShape *s) {
     return (Dims){s->out_c, s->out_h, s->out_w, s->in_c, s->in_h, s->in_w, s->k, s->k - 1 - s->pad};
 }
 
-int conv_direct_applies(const ConvShape *s) {
-    return s->stride == 1 && s->pad <= s->k - 1 && s->k <= 7;
-}
-
-long conv_direct_cols_floats(const ConvShape *s, int B) {
+static long cols_floats(const ConvShape *s, int B) {
     Dims d = dims_of(s);
     return padded_floats(&d, B) + packed_floats(&d);
 }
 
-long conv_direct_tmp_floats(const ConvShape *s, int B) {
+static long tmp_floats(const ConvShape *s, int B) {
     Dims t = dims_of_dx(s);
     long dw = (long)B * round_up(s->out_c, dw_block_channels(s->k)) * s->out_h * round_up(s->out_w, VL);
-    long dwc = (long)B * s->out_h * s->out_w * round_up(s->out_c, VL);
+    long dwc = (long)B * s->out_h * s->out_w * round_up(s->out_c, DW_CV * VL);
     dw = dwc > dw ? dwc : dw;
     long dx = padded_floats(&t, B) + packed_floats(&t);
     return dw > dx ? dw : dx;
 }
 
-void conv_direct_forward(const ConvShape *s, const float *x, const float *W, const float *b, float *y, float *cols,
-                         int B) {
+static void forward(const ConvShape *s, const float *x, const float *W, const float *b, float *y, float *cols, int B) {
     Dims d = dims_of(s);
     float *wp = cols + padded_floats(&d, B);
     pad_input(&d, x, cols, B);
@@ -454,8 +471,8 @@ void conv_direct_forward(const ConvShape *s, const float *x, const float *W, con
     forward_tiles(&d, cols, wp, b, y, B);
 }
 
-// The bias' gradient: per example in float (16 lanes, then across them), over examples in double.
-HOT void conv_bias_grad(const ConvShape *s, const float *dy, float *db, int B, int accumulate) {
+// The bias' gradient: per example in float (VL lanes, then across them), over examples in double.
+static void bias_grad(const ConvShape *s, const float *dy, float *db, int B, int accumulate) {
     long ohw = (long)s->out_h * s->out_w;
     for (int oc = 0; oc < s->out_c; oc++) {
         double sum = 0.0;
@@ -474,12 +491,12 @@ HOT void conv_bias_grad(const ConvShape *s, const float *dy, float *db, int B, i
     }
 }
 
-void conv_direct_backward(const ConvShape *s, const float *cols, const float *W, const float *dy, float *dW,
-                          float *db, float *dx, float *tmp, int B, int accumulate) {
+static void backward(const ConvShape *s, const float *cols, const float *W, const float *dy, float *dW, float *db,
+                     float *dx, float *tmp, int B, int accumulate) {
     Dims d = dims_of(s);
     int ob = dw_block_channels(s->k);
     long row = round_up(s->out_w, VL);
-    conv_bias_grad(s, dy, db, B, accumulate);
+    bias_grad(s, dy, db, B, accumulate);
     if (by_channels(&d)) {
         channels_last(&d, dy, tmp, B);
         weight_grad_by_channels(&d, cols, tmp, dW, B, accumulate);
@@ -495,3 +512,5 @@ void conv_direct_backward(const ConvShape *s, const float *cols, const float *W,
         forward_tiles(&t, tmp, wp, NULL, dx, B);
     }
 }
+
+const ConvKernels CONV_KERNELS = {cols_floats, tmp_floats, forward, backward, bias_grad};
