@@ -26,11 +26,12 @@ def mpi_env(timeout):
     return env
 
 
-def run(cmd, timeout, who):
-    """Run `cmd` (an mpiexec job) from the repository root; returns (exit status, output). A job that
-    outlives `timeout` is killed with every rank it started and ends the benchmark with its output."""
+def run(cmd, timeout, who, env=None):
+    """Run `cmd` (an mpiexec job) from the repository root, with the variables in `env` set over
+    mpi_env's; returns (exit status, output). A job that outlives `timeout` is killed with every rank
+    it started and ends the benchmark with its output."""
     # Own session, so a timeout can kill mpiexec and every rank it started, not only mpiexec.
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(timeout), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**mpi_env(timeout), **(env or {})}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=timeout + 10)

@@ -37,26 +37,43 @@ def test_collectives_sweep_rejects_bad_sizes():
 
 def test_train_compare_at_two_ranks():
     """pydist's trainer, torch DDP over gloo and torch DDP over pydist (torch+pd) on the same LeNet-5,
-    1 epoch at 2 ranks (R=1 too would triple the time: one process does the whole epoch, three times;
-    the table then says scaling needs R=1)."""
+    1 epoch at 2 ranks, nothing capped (one level, native; R=1 too would triple the time: one process
+    does the whole epoch, three times; the scaling lines then say they need R=1)."""
     proc = subprocess.run([sys.executable, "benchmarks/train_compare.py", "--ranks", "2", "--epochs", "1"], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = [line.split() for line in proc.stdout.splitlines() if re.match(r"(pydist|torch|torch\+pd)\s+[12]\s", line)]
-    assert sorted((r[0], r[1]) for r in rows) == [("pydist", "2"), ("torch", "2"), ("torch+pd", "2")]
+    out = proc.stdout
+    assert re.search(r"^CPU: .+, \d+ cores; flags: .*\bsse2\b", out, re.M), out[:2000]
+    assert re.search(r"^  native +nothing capped; torch's ATen runs \w+$", out, re.M), out[:2000]
+    # level program R samples/s /torch GFLOP/s/rank %-of-peak test-acc per-epoch...
+    rows = [line.split() for line in out.splitlines() if re.match(r"native +(pydist|torch|torch\+pd) +[12] ", line)]
+    assert sorted((r[1], r[2]) for r in rows) == [("pydist", "2"), ("torch", "2"), ("torch+pd", "2")], out
     for r in rows:
-        assert float(r[2]) > 0 and 0.7 < float(r[4]) <= 1.0, r   # samples/s, test accuracy after 1 epoch
-    assert re.search(r"pydist / torch samples/s: R=2 [\d.]+x", proc.stdout), proc.stdout[-2000:]
-    assert re.search(r"torch DDP over pydist / over gloo samples/s: R=2 [\d.]+x", proc.stdout), proc.stdout[-2000:]
-    assert "torch+pd: needs R=1 in --ranks" in proc.stdout
-    # the arithmetic floor: LeNet-5's step FLOPs, the single-core sgemm peak, each run's share of it
-    floor = re.search(r"LeNet-5 forward \+ backward ([\d.]+) MFLOP per step of 64 .* sgemm peak ([\d.]+) GFLOP/s",
-                      proc.stdout)
-    assert floor and 100 < float(floor.group(1)) < 200 and float(floor.group(2)) > 1, proc.stdout[-2000:]
-    shares = re.findall(r"(pydist|torch)\s+R=([12]): (\d+) samples/s per rank = ([\d.]+) GFLOP/s, (\d+)% of the peak",
-                        proc.stdout)
-    assert sorted((p, r) for p, r, *_ in shares) == [("pydist", "2"), ("torch", "2")]
-    assert all(float(g) > 0 and int(pct) > 0 for *_, g, pct in shares), shares
+        samples_per_s, ratio, gflops, share, accuracy = float(r[3]), float(r[4][:-1]), float(r[5]), int(r[6][:-1]), \
+            float(r[7])
+        assert samples_per_s > 0 and ratio > 0 and gflops > 0 and share > 0 and 0.7 < accuracy <= 1.0, r
+        assert r[1] != "torch" or r[4] == "1.00x", r
+    # the arithmetic floor: LeNet-5's step FLOPs and the level's single-core sgemm peak
+    floor = re.search(r"LeNet-5 forward \+ backward ([\d.]+) MFLOP per step of 64 ", out)
+    assert floor and 100 < float(floor.group(1)) < 200, out[:2000]
+    peak = re.search(r"^  native +([\d.]+) GFLOP/s \(OpenBLAS \w+ kernels\): at most (\d+) samples/s per rank",
+                     out, re.M)
+    assert peak and float(peak.group(1)) > 1 and int(peak.group(2)) > 0, out[-2000:]
+    assert "native torch+pd: needs R=1 in --ranks" in out
+
+
+def test_train_compare_refuses_a_level_the_cpu_lacks(tmp_path, capsys):
+    """--simd names a level whose instruction sets the CPU (here a /proc/cpuinfo of an AVX2 CPU) lacks:
+    refused before any job runs."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import train_compare
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: AVX2 CPU\nflags\t\t: fpu sse2 avx avx2 fma f16c\n")
+    assert train_compare.parse_args(["--simd", "sse2", "avx2"], cpuinfo=str(cpuinfo)).simd == ["sse2", "avx2"]
+    with pytest.raises(SystemExit) as exit:
+        train_compare.parse_args(["--simd", "sse2", "avx512"], cpuinfo=str(cpuinfo))
+    assert exit.value.code == 2
+    assert "--simd avx512: this CPU lacks avx512bw avx512dq avx512f avx512vl" in capsys.readouterr().err
 
 
 def test_strategies_quick(tmp_path):
