@@ -4,7 +4,8 @@
 #                   under mpiexec: examples, a dying rank, the wrong launcher, the build's own checks)
 #   1b. docs/       the site builds with warnings as errors; its examples run (tests/docs)
 #   2. tests/mpi    under real mpiexec at world sizes 1, 2, 3 and 4 (tests/run_mpi.py)
-#   3. the same core tests on an AddressSanitizer build of the extension
+#   2b. the kernels' tests again at each instruction-set level below the CPU's widest (PYDIST_SIMD)
+#   3. the same core tests on an AddressSanitizer build of the extension (and its narrower levels)
 #   4. pip install with no system MPI (MPICH 5 and OpenBLAS from PyPI), the manylinux wheel, and the
 #      core multi-rank tests on PyPI's MPICH 5 (stages 1-3 run on Debian's MPICH 4.0.2)
 #   5. the C API core tests on every other Python version pyproject.toml claims
@@ -48,6 +49,22 @@ $PY tests/run_mpi.py -n 1 2 3 4 --durations 3 | tee "$MPI_OUT"
 stage_done "tests/mpi at 1-4 ranks"
 times+=$(sed -n 's/^world size \([0-9]*\): .* in \([0-9.]* s\).*/    \1 rank(s): \2/p' "$MPI_OUT")$'\n'
 rm -f "$MPI_OUT"
+
+# The unit and multi-rank stages ran every vector kernel at the widest level this CPU runs; the kernels'
+# own tests run again at each narrower one (csrc/simd.h), so a wrong or missing build of a convolution,
+# pooling, reduction or compressor fails here on any x86-64 machine: sse2 everywhere, avx2 too on an
+# AVX-512 CPU. PYDIST_SIMD also caps OpenBLAS's kernels (Prescott at sse2).
+LOWER_LEVELS=$($PY -c "from pydist import _C; L = ('sse2', 'avx2', 'avx512'); print(*L[:L.index(_C.simd_info()['cpu'])])")
+KERNEL_UNIT_TESTS="tests/unit/test_engine.py tests/unit/test_engine_torch.py tests/unit/test_profile.py
+  tests/unit/test_compression_kernels.py tests/unit/test_strategy_options.py"
+KERNEL_MPI_TESTS="tests/mpi/test_shm.py tests/mpi/test_shm_small.py tests/mpi/test_minmax.py
+  tests/mpi/test_all_reduce.py tests/mpi/test_compression.py tests/mpi/test_engine_dp.py"
+for level in $LOWER_LEVELS; do
+  echo "== the kernels' tests at PYDIST_SIMD=$level"
+  PYDIST_SIMD=$level $PY -P -m pytest -q -p no:cacheprovider $KERNEL_UNIT_TESTS
+  PYDIST_SIMD=$level $PY tests/run_mpi.py -n 2 3 -- $KERNEL_MPI_TESTS
+done
+stage_done "every instruction-set level (${LOWER_LEVELS:-none} below the CPU's widest)"
 
 echo "== AddressSanitizer build: core tests"
 rm -rf build/asan && mkdir -p build/asan/pydist
@@ -105,6 +122,14 @@ fi
 # is slow); the pydist calls they make are the ones the rest of tests/mpi runs.
 LD_PRELOAD=$ASAN_LIB PYTHONPATH=$PWD/build/asan $PY tests/run_mpi.py -n 2 3 --durations 3 -- \
   --ignore=tests/mpi/test_torch_backend.py
+# Each narrower level's builds of the kernels, under ASan too.
+for level in $LOWER_LEVELS; do
+  echo "asan: the kernels at PYDIST_SIMD=$level"
+  PYDIST_SIMD=$level LD_PRELOAD=$ASAN_LIB PYTHONPATH=$PWD/build/asan $PY -P -m pytest -q -p no:cacheprovider \
+    tests/unit/test_engine.py tests/unit/test_compression_kernels.py tests/unit/test_simd.py
+  PYDIST_SIMD=$level LD_PRELOAD=$ASAN_LIB PYTHONPATH=$PWD/build/asan $PY tests/run_mpi.py -n 2 -- \
+    tests/mpi/test_shm.py tests/mpi/test_compression.py tests/mpi/test_engine_dp.py
+done
 if grep -q "ERROR: AddressSanitizer" "$ASAN_DIR"/asan.* 2>/dev/null; then
   exit 1   # on_exit prints the reports
 fi

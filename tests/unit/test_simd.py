@@ -18,6 +18,7 @@ from unit_helpers import SIMD_LEVELS, simd_levels, subprocess_env
 def run_python(code, simd, timeout=120):
     env = subprocess_env()
     env.pop("OPENBLAS_CORETYPE", None)   # pydist's own cap on the BLAS is part of what is tested
+    env.pop("PYDIST_SIMD", None)
     if simd is not None:
         env["PYDIST_SIMD"] = simd
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=timeout)
