@@ -126,7 +126,7 @@ LD_PRELOAD=$ASAN_LIB PYTHONPATH=$PWD/build/asan $PY tests/run_mpi.py -n 2 3 --du
 for level in $LOWER_LEVELS; do
   echo "asan: the kernels at PYDIST_SIMD=$level"
   PYDIST_SIMD=$level LD_PRELOAD=$ASAN_LIB PYTHONPATH=$PWD/build/asan $PY -P -m pytest -q -p no:cacheprovider \
-    tests/unit/test_engine.py tests/unit/test_compression_kernels.py tests/unit/test_simd.py
+    tests/unit/test_engine.py tests/unit/test_compression_kernels.py
   PYDIST_SIMD=$level LD_PRELOAD=$ASAN_LIB PYTHONPATH=$PWD/build/asan $PY tests/run_mpi.py -n 2 -- \
     tests/mpi/test_shm.py tests/mpi/test_compression.py tests/mpi/test_engine_dp.py
 done

@@ -7,6 +7,7 @@ instruction-set level"), so a wrong or missing build fails there against the ind
 """
 import os
 import pickle
+import re
 import subprocess
 import sys
 
@@ -109,3 +110,27 @@ def test_no_kernel_spills_its_registers_at_any_level():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for level in SIMD_LEVELS:
         assert f"{level:7} forward_tiles" in proc.stdout, level   # each level's loops were read
+
+
+CONV_SOURCES = ["tests/c/conv_levels.c", "tests/c/conv_wide.c", "csrc/engine/conv_direct.c", "csrc/simd.c",
+                "csrc/engine/conv_direct_sse2.c", "csrc/engine/conv_direct_avx2.c", "csrc/engine/conv_direct_avx512.c"]
+
+
+def test_every_convolution_build_against_a_double_reference(tmp_path):
+    # tests/c/conv_levels.c: each build of the direct convolutions this CPU runs, and the AVX-512 build's
+    # 16-lane tiles compiled for AVX2 (so their logic is checked without AVX-512), against a plain
+    # double-precision convolution on shapes that reach every tile, block and kernel size; under
+    # AddressSanitizer, so a tile that reads or writes past its buffers fails too.
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    exe = str(tmp_path / "conv_levels")
+    flags = ["-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer"]
+    subprocess.run(["gcc", *flags, "-std=c11", "-D_GNU_SOURCE", "-Icsrc", "-o", exe, *CONV_SOURCES, "-lm"],
+                   cwd=root, check=True, timeout=600)
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}   # its own ASan runtime, not Python's
+    proc = subprocess.run([exe], capture_output=True, text=True, timeout=300, env=env)
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for level in simd_levels():
+        assert re.search(rf"^{level} +worst relative error", proc.stdout, re.M), proc.stdout
+    if "avx2" in simd_levels():
+        assert re.search(r"^avx512 tiles on avx2 +worst relative error", proc.stdout, re.M), proc.stdout
