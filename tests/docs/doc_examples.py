@@ -8,6 +8,12 @@ sorted list; ``...`` in an expected line stands for any text. An example whose m
 lines it printed (stdout and stderr, where a traceback goes). Single-process examples are ``>>>``
 sessions, which pytest's doctest runs (``--doctest-glob='*.md'``, docs/conftest.py).
 
+A number the CPU decides (a training run's loss: float sums round differently with the vector width,
+FMA and BLAS kernels, and training grows the difference; a buffer padded to whole vectors) is allowed
+for by a MyST comment, which readers do not see, on the line just above the output block:
+``% numbers within 0.03`` (or ``5%``, of the number shown) lets each number printed differ that much.
+The rest of the line must match as before, and a tolerance below 1 keeps integers (ranks, steps) exact.
+
 Docstring examples marked ``Example (``mpiexec -n N``)::`` run as doctests on every rank of an N-rank
 job (tests/docs/run_docstrings.py).
 """
@@ -20,10 +26,16 @@ RUN = re.compile(r"^#\s*run:\s*mpiexec\s+-n\s+(\d+)\b.*?(\(exits non-zero\))?\s*
 FENCE = re.compile(r"^(`{3,}|:{3,})\s*(\{[\w-]+\})?\s*([^\s`]*)\s*(.*)$")
 
 
+TOLERANCE = re.compile(r"^%\s*numbers within\s+(\d+(?:\.\d+)?)\s*(%?)")
+NUMBER = re.compile(r"\d+(?:\.\d+)?")
+NUMBER_GROUP = r"(?<!\d)(\d+(?:\.\d+)?)(?!\d)"
+
+
 class Example:
-    def __init__(self, page, line, ranks, code, expected, fails=False):
+    def __init__(self, page, line, ranks, code, expected, fails=False, tolerance=None):
         self.page, self.line, self.ranks, self.code, self.expected = page, line, ranks, code, expected
         self.fails = fails
+        self.tolerance = tolerance   # None (exact), or (value, relative) from a `% numbers within` comment
 
     @property
     def name(self):
@@ -65,10 +77,19 @@ def blocks(path):
     return out
 
 
+def tolerance_above(lines, fence_line):
+    """(value, relative) from a ``% numbers within 0.03`` (or ``5%``) comment just above the block
+    whose fence is on line `fence_line` (1-based), else None."""
+    m = TOLERANCE.match(lines[fence_line - 2]) if fence_line >= 2 else None
+    return (float(m.group(1)) / (100 if m.group(2) else 1), bool(m.group(2))) if m else None
+
+
 def examples():
     found = []
     for page in pages():
         bs = blocks(page)
+        with open(page) as f:
+            page_lines = f.read().split("\n")
         for k, (line, kind, arg, body) in enumerate(bs):
             if kind == "literalinclude":
                 with open(os.path.normpath(os.path.join(os.path.dirname(page), arg.split()[0]))) as f:
@@ -81,40 +102,62 @@ def examples():
             m = RUN.match(first)
             if not m:
                 continue
-            expected = None
+            expected, tolerance = None, None
             for line2, kind2, _, body2 in bs[k + 1:]:
                 if kind2 in ("python", "literalinclude"):
                     break
                 if kind2 == "text":
                     expected = [b for b in body2 if b.strip() and not b.startswith(":")]
+                    tolerance = tolerance_above(page_lines, line2)
                     break
-            ex = Example(page, line, int(m.group(1)), code, expected, fails=m.group(2) is not None)
+            ex = Example(page, line, int(m.group(1)), code, expected, fails=m.group(2) is not None,
+                         tolerance=tolerance)
             named = re.search(r"\bpython\s+(\w+\.py)\b", first)
             ex.script = named.group(1) if named else "example.py"   # the name the page runs it under
             found.append(ex)
     return found
 
 
-def line_regex(expected_line):
-    return ".*".join(re.escape(part) for part in expected_line.rstrip().split("..."))
+def line_regex(expected_line, numbers=False):
+    """The regex of an expected line: '...' any text; with `numbers`, each number a group."""
+    def part(text):
+        return NUMBER_GROUP.join(re.escape(t) for t in NUMBER.split(text)) if numbers else re.escape(text)
+    return ".*".join(part(p) for p in expected_line.rstrip().split("..."))
 
 
-def contains(expected, got):
+def deviation(expected_line, got_line, tolerance=None):
+    """None if `got_line` does not match `expected_line`; else how far its numbers are from the ones
+    shown, as a fraction of the tolerance (0 for an exact match; above 1 is no match)."""
+    m = re.fullmatch(line_regex(expected_line, tolerance is not None), got_line.rstrip())
+    if m is None:
+        return None
+    if tolerance is None:
+        return 0.0
+    value, relative = tolerance
+    shown = [float(n) for p in expected_line.rstrip().split("...") for n in NUMBER.findall(p)]
+    worst = max([abs(float(g) - s) / max(value * (s if relative else 1), 1e-300)
+                 for s, g in zip(shown, m.groups()) if float(g) != s], default=0.0)
+    return worst if worst <= 1 + 1e-9 else None
+
+
+def contains(expected, got, tolerance=None):
     """Whether every line of `expected` ('...' matching any text) is among the lines `got`."""
-    return all(any(re.fullmatch(line_regex(e), g.rstrip()) for g in got) for e in expected)
+    return all(any(deviation(e, g, tolerance) is not None for g in got) for e in expected)
 
 
-def matches(expected, got):
+def matches(expected, got, tolerance=None):
     """Whether the lines `got` are the lines `expected` in some order, '...' in an expected line
-    matching any text. Exact lines are matched first, so a wildcard never takes an exact line's match."""
+    matching any text (and its numbers within `tolerance`). Exact lines are matched first, so a
+    wildcard never takes an exact line's match; a line with numbers takes the closest."""
     if len(expected) != len(got):
         return False
     left = [g.rstrip() for g in got]
-    for e in sorted(expected, key=lambda e: "..." in e):
-        hit = next((g for g in left if re.fullmatch(line_regex(e), g)), None)
-        if hit is None:
+    inexact = (lambda e: "..." in e or (tolerance is not None and NUMBER.search(e) is not None))
+    for e in sorted(expected, key=inexact):
+        hits = [(d, g) for g in left for d in [deviation(e, g, tolerance)] if d is not None]
+        if not hits:
             return False
-        left.remove(hit)
+        left.remove(min(hits, key=lambda h: h[0])[1])
     return True
 
 

@@ -38,6 +38,14 @@ def test_the_pages_have_examples():
     assert len(EXAMPLES) >= 10, [e.name for e in EXAMPLES]
 
 
+def within(example):
+    """What the page's `% numbers within` comment allows, for a failure's message."""
+    if example.tolerance is None:
+        return ""
+    value, relative = example.tolerance
+    return f" (numbers within {value * 100:g}%)" if relative else f" (numbers within {value:g})"
+
+
 @pytest.mark.parametrize("example", EXAMPLES, ids=[e.name for e in EXAMPLES])
 def test_example(example, tmp_path):
     script = tmp_path / example.script
@@ -47,16 +55,16 @@ def test_example(example, tmp_path):
     if example.fails:   # a failure shown on purpose: its lines are among what it printed anywhere
         printed = [line for line in (proc.stdout + proc.stderr).split("\n") if line.strip()]
         assert proc.returncode != 0, f"{example.name} was shown failing, but exited 0:\n{proc.stdout}"
-        assert example.expected and doc_examples.contains(example.expected, printed), (
-            f"{example.name}: the page shows\n" + "\n".join(example.expected or []) + "\nbut it printed\n" +
-            "\n".join(printed))
+        assert example.expected and doc_examples.contains(example.expected, printed, example.tolerance), (
+            f"{example.name}: the page shows{within(example)}\n" + "\n".join(example.expected or []) +
+            "\nbut it printed\n" + "\n".join(printed))
         return
     assert proc.returncode == 0, f"{example.name} exited with {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
     if example.expected is not None:
         got = [line for line in proc.stdout.split("\n") if line.strip()]
-        assert doc_examples.matches(example.expected, got), (
-            f"{example.name}: the page shows\n" + "\n".join(example.expected) + "\nbut the example printed\n" +
-            "\n".join(got))
+        assert doc_examples.matches(example.expected, got, example.tolerance), (
+            f"{example.name}: the page shows{within(example)}\n" + "\n".join(example.expected) +
+            "\nbut the example printed\n" + "\n".join(got))
 
 
 @pytest.mark.parametrize("ranks", doc_examples.docstring_rank_counts())
