@@ -97,6 +97,7 @@ static int module_exec(PyObject *m) {
         PyErr_SetString(PyExc_ValueError, err);
         return -1;
     }
+    (void)pd_simd_level();   // fixed now, as checked: a PYDIST_SIMD set after import changes nothing
     if (pd_DistError == NULL) {  // the types are process-wide: MPI is too
         if (add_exception(m, &pd_DistError, "pydist.DistError", PyExc_RuntimeError,
                           "A distributed operation failed.") < 0 ||

@@ -40,7 +40,7 @@
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("O3")
 #endif
-#define HOT static inline __attribute__((always_inline))
+#define KERNEL static inline __attribute__((always_inline))   // built per level by SHM_KERNELS below
 
 #include "shm.h"
 #include "minmax.h"
@@ -161,7 +161,7 @@ static const char *op_name(int op) {
     default: return;                                                                               \
     }
 
-HOT void combine(void *acc, const void *in, size_t n, int dtype, int op) {
+KERNEL void combine(void *acc, const void *in, size_t n, int dtype, int op) {
     switch (dtype) {
     case SHM_BOOL:
         switch (op) {
@@ -189,7 +189,7 @@ HOT void combine(void *acc, const void *in, size_t n, int dtype, int op) {
 }
 
 // AVG: the sum divided by the group size, as pd_divide_inplace does it (componentwise for complex).
-HOT void divide(void *acc, size_t n, int dtype, int by) {
+KERNEL void divide(void *acc, size_t n, int dtype, int by) {
     switch (dtype) {
     case SHM_F16: {
         uint16_t *p = acc;
@@ -216,7 +216,7 @@ HOT void divide(void *acc, size_t n, int dtype, int by) {
 }
 
 // dst[0..n) = src[0..n), a line at a time, both asked for PREFETCH_BYTES ahead (see there).
-HOT void copy_bytes(char *restrict dst, const char *restrict src, size_t n) {
+KERNEL void copy_bytes(char *restrict dst, const char *restrict src, size_t n) {
     size_t i = 0;
     for (; i + 64 <= n; i += 64) {
         __builtin_prefetch(src + i + PREFETCH_BYTES);
@@ -229,7 +229,7 @@ HOT void copy_bytes(char *restrict dst, const char *restrict src, size_t n) {
 // outs[0..n_outs)[0..len) = the reduction of ins[0..R)[0..len), in rank order, block by block. The
 // pass that copies ins[0] into the block also prefetches every input ahead, so that each combine
 // finds its input in cache.
-HOT void reduce_slice(char *const *outs, int n_outs, char *const *ins, int R, size_t len, int dtype, int op) {
+KERNEL void reduce_slice(char *const *outs, int n_outs, char *const *ins, int R, size_t len, int dtype, int op) {
     _Alignas(64) char tmp[BLOCK_BYTES];
     const size_t isz = ITEMSIZE[dtype], per_block = BLOCK_BYTES / isz;
     for (size_t start = 0; start < len; start += per_block) {
@@ -276,16 +276,12 @@ static void copy_lines(char *restrict dst, const char *restrict src, size_t n) {
     PD_SIMD_PICK(copy)(dst, src, n);
 }
 
-static void reduce_rows(char *const *outs, int n_outs, char *const *ins, int R, size_t len, int dtype, int op) {
-    PD_SIMD_PICK(reduce)(outs, n_outs, ins, R, len, dtype, op);
-}
-
 void shm_combine(void *acc, const void *in, size_t n, int dtype, int op) {
     PD_SIMD_PICK(combine)(acc, in, n, dtype, op);
 }
 
 void shm_reduce(char *const *outs, int n_outs, char *const *ins, int R, size_t len, int dtype, int op) {
-    reduce_rows(outs, n_outs, ins, R, len, dtype, op);
+    PD_SIMD_PICK(reduce)(outs, n_outs, ins, R, len, dtype, op);
 }
 
 // The small collectives' copies (at most a slot, 64 KiB): libc's memcpy, whose wide moves beat
@@ -500,7 +496,7 @@ int shm_allreduce(ShmChannel *c, const ShmSession *s, void *data, int64_t count,
         for (int p = 0; p < R; p++) {
             ins[p] = outs[p] = s->base + c->ctl[p].offset + lo * isz;
         }
-        reduce_rows(outs, R, ins, R, len, dtype, op);
+        shm_reduce(outs, R, ins, R, len, dtype, op);
         return barrier(c, w) < 0 ? -1 : 1;   // F
     }
 
@@ -528,7 +524,7 @@ int shm_allreduce(ShmChannel *c, const ShmSession *s, void *data, int64_t count,
         }
         outs[0] = mine_stage + lo * isz;   // read by the peers in their copy out
         outs[1] = arr + (first + lo) * isz;
-        reduce_rows(outs, 2, ins, R, len, dtype, op);
+        shm_reduce(outs, 2, ins, R, len, dtype, op);
         prev_first = first, prev_m = m;
         c->round++;
     }

@@ -11,7 +11,6 @@
  */
 #include "conv_direct.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 #pragma GCC diagnostic ignored "-Wpsabi"   // vectors passed between inlined helpers: no ABI crosses here
@@ -278,10 +277,6 @@ INLINE void dw_block(const Dims *d, const float *xp, const float *dyp, long dyro
 // with its accumulators in registers.
 #define DW_OB(k) (REGS >= 32 ? ((k) <= 3 ? 4 : (k) <= 5 ? 3 : 2) : ((k) <= 2 ? 4 : (k) <= 3 ? 3 : (k) <= 6 ? 2 : 1))
 
-static int dw_block_channels(int k) {
-    return DW_OB(k);
-}
-
 // Examples per pass of the dW kernels: each pass reads its examples' input and gradient once per
 // (channel block, input channel, kernel row), so they should stay in the core's cache (LeNet's first
 // convolution at batch 256 took twice as long per example as at 64 without this).
@@ -314,7 +309,7 @@ static void weight_grad_part(const Dims *d, const float *xp, const float *dyp, f
 }
 
 static void weight_grad(const Dims *d, const float *xp, const float *dyp, float *dW, int B, int accumulate) {
-    int ob = dw_block_channels(d->k), J = (int)(round_up(d->out_w, VL) / VL);
+    int ob = DW_OB(d->k), J = (int)(round_up(d->out_w, VL) / VL);
     long dyrow = (long)J * VL, xs = (long)d->in_c * (d->in_h + 2L * d->pad) * padded_width(d);
     long gs = round_up(d->out_c, ob) * d->out_h * dyrow;
     int chunk = dw_chunk(xs + gs);
@@ -456,7 +451,7 @@ static long cols_floats(const ConvShape *s, int B) {
 
 static long tmp_floats(const ConvShape *s, int B) {
     Dims t = dims_of_dx(s);
-    long dw = (long)B * round_up(s->out_c, dw_block_channels(s->k)) * s->out_h * round_up(s->out_w, VL);
+    long dw = (long)B * round_up(s->out_c, DW_OB(s->k)) * s->out_h * round_up(s->out_w, VL);
     long dwc = (long)B * s->out_h * s->out_w * round_up(s->out_c, DW_CV * VL);
     dw = dwc > dw ? dwc : dw;
     long dx = padded_floats(&t, B) + packed_floats(&t);
@@ -494,7 +489,7 @@ static void bias_grad(const ConvShape *s, const float *dy, float *db, int B, int
 static void backward(const ConvShape *s, const float *cols, const float *W, const float *dy, float *dW, float *db,
                      float *dx, float *tmp, int B, int accumulate) {
     Dims d = dims_of(s);
-    int ob = dw_block_channels(s->k);
+    int ob = DW_OB(s->k);
     long row = round_up(s->out_w, VL);
     bias_grad(s, dy, db, B, accumulate);
     if (by_channels(&d)) {

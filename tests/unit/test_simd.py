@@ -29,7 +29,8 @@ def test_each_level_this_cpu_runs_is_taken_and_reported():
     from pydist import _C
     cpu = _C.simd_info()["cpu"]
     assert cpu in SIMD_LEVELS
-    code = ("import pydist, pydist.__main__ as m; from pydist import _C; "
+    # the level is fixed at import: a PYDIST_SIMD set afterwards changes nothing
+    code = ("import os, pydist, pydist.__main__ as m; from pydist import _C; os.environ['PYDIST_SIMD'] = 'sse2'; "
             "print(_C.simd_info()['level'], _C.blas_core()); print(m.version())")
     for simd in simd_levels() + (None,):
         proc = run_python(code, simd)
