@@ -798,10 +798,11 @@ PyObject *pd_finalize(PyObject *self, PyObject *unused) {
         algo_release_all();
         if (pd_liveness_announce() < 0 || pd_parked_drain() > 0) {
             // A collective some rank never joined is still pending (or the wait for the others to
-            // exit was interrupted): MPI_Finalize would wait forever. Leave without it; the launcher
-            // then reports this rank's exit and ends the job.
-            fprintf(stderr, "pydist: an operation that never completed is still pending at exit; "
-                            "skipping MPI_Finalize\n");
+            // exit failed, timed out or was given up): MPI_Finalize would wait forever. Leave without
+            // it; the launcher then reports this rank's exit and ends the job.
+            const char *why = pd_liveness_exit_why();
+            fprintf(stderr, "pydist: %s; skipping MPI_Finalize\n",
+                    *why ? why : "an operation that never completed is still pending at exit");
             Py_RETURN_NONE;
         }
         free_groups();

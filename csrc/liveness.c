@@ -33,6 +33,9 @@
 #include "pydist.h"
 
 #define RECORD_SCAN_SECONDS 0.2
+// At exit under --survive: how long the barrier may go on once a peer's watcher has recorded its end. A
+// peer that passed the barrier completes it for us within milliseconds; one that died never will.
+#define EXIT_GRACE_SECONDS 3.0
 
 #define TAG_EXIT 1
 
@@ -46,6 +49,7 @@ static char *from_record = NULL;         // [world size]: 1 when that departure 
 static double scanned_at = 0.0;          // when the records were last looked for
 static MPI_Comm survivors = MPI_COMM_NULL;   // after pd_liveness_forget: the control communicator without them
 static int forgotten = 0;
+static char exit_why[256];               // why the exit barrier was given up ("" when it was not)
 
 // ---------------------------------------------------------------------------------------------------
 // Start: the caller (init) dups the control communicator together with the world's, so that one
@@ -204,9 +208,51 @@ int pd_liveness_forget(const int *world_ranks, int n) {
 // ---------------------------------------------------------------------------------------------------
 // Exit
 
+// Whether world rank r's watcher has recorded its end (the file exists), whatever `leaving` says.
+static int has_record(int r) {
+    char path[4096];
+    return records != NULL && snprintf(path, sizeof path, "%s/rank-%d.json", records, r) < (int)sizeof path &&
+           access(path, F_OK) == 0;
+}
+
+// The exit barrier's check under --survive: a peer that the survivors did not forget and whose watcher has
+// recorded its end either passed the barrier (which then completes at once) or died outside any
+// collective (after the last one, or between two) and will never arrive. After EXIT_GRACE_SECONDS the
+// barrier is given up: every survivor sees the same record, so all of them leave.
+static int exit_check(void *ctx, double wait_started) {
+    (void)ctx;
+    (void)wait_started;
+    static double seen_at = 0.0, checked_at = 0.0;
+    static int seen_rank = -1;
+    double now = MPI_Wtime();
+    if (records == NULL || now - checked_at < RECORD_SCAN_SECONDS) {
+        return 0;
+    }
+    checked_at = now;
+    int me = -1;
+    MPI_Comm_rank(ctl, &me);
+    for (int r = 0; seen_rank < 0 && r < world_size; r++) {
+        if (r != me && !(forgotten && left_at[r] != 0.0) && has_record(r)) {
+            seen_rank = r;
+            seen_at = now;
+        }
+    }
+    if (seen_rank >= 0 && now - seen_at >= EXIT_GRACE_SECONDS) {
+        snprintf(exit_why, sizeof exit_why,
+                 "rank %d ended without reaching exit (its watcher under pydist.run recorded its end)", seen_rank);
+        return 1;
+    }
+    return 0;
+}
+
+const char *pd_liveness_exit_why(void) {
+    return exit_why;
+}
+
 // At interpreter exit, before MPI_Finalize: tell every other rank, then wait for all of them to
-// reach exit too. Returns -1 if that wait failed or was interrupted (then MPI_Finalize must be
-// skipped).
+// reach exit too. The wait ends at the session's timeout, and under --survive once a peer is known to
+// have ended without arriving (exit_check). Returns -1 if that wait failed, was interrupted or was given
+// up (then MPI_Finalize must be skipped; pd_liveness_exit_why says why).
 int pd_liveness_announce(void) {
     if (pd_mpi_inherited) {
         return -1;   // a forked child: the parent's departure is not the child's to announce
@@ -225,10 +271,27 @@ int pd_liveness_announce(void) {
         }
     }
     MPI_Request req = MPI_REQUEST_NULL;
-    PdWaitSpec spec = {"exit", -1.0, NULL, NULL, 0.0};
-    if (rc != MPI_SUCCESS || (rc = MPI_Ibarrier(survivors != MPI_COMM_NULL ? survivors : ctl, &req)) != MPI_SUCCESS ||
-        pd_wait(&req, MPI_STATUS_IGNORE, &spec) < 0) {
-        PyErr_Clear();
+    PdWaitSpec spec = {"the exit barrier (waiting for every rank to reach exit)", pd_session_timeout(), exit_check,
+                       NULL, 0.0};
+    exit_why[0] = '\0';
+    if (rc != MPI_SUCCESS || (rc = MPI_Ibarrier(survivors != MPI_COMM_NULL ? survivors : ctl, &req)) != MPI_SUCCESS) {
+        snprintf(exit_why, sizeof exit_why, "the exit barrier could not start (MPI error %d)", rc);
+        return -1;
+    }
+    int waited = pd_wait(&req, MPI_STATUS_IGNORE, &spec);
+    if (waited < 0 || req != MPI_REQUEST_NULL) {   // an error, a signal, the timeout; or exit_check gave up
+        if (waited < 0) {
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyObject *text = value != NULL ? PyObject_Str(value) : NULL;
+            const char *utf8 = text != NULL ? PyUnicode_AsUTF8(text) : NULL;
+            snprintf(exit_why, sizeof exit_why, "%s", utf8 != NULL ? utf8 : "the exit barrier was interrupted");
+            Py_XDECREF(text);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            PyErr_Clear();
+        }
         return -1;
     }
     // Everyone has left their last operation. Drain the notices so nothing is pending at finalize.

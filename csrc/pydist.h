@@ -197,6 +197,7 @@ void pd_liveness_poll(void);             // receive the notices that have arrive
 int pd_liveness_departures(void);        // how many ranks have left
 double pd_liveness_left(int world_rank); // MPI_Wtime() when that rank's notice arrived; 0: still here
 int pd_liveness_announce(void);          // at exit, before MPI_Finalize
+const char *pd_liveness_exit_why(void);  // why announce gave up ("": it did not, or a pending operation)
 const char *pd_liveness_cause(int world_rank);  // how that rank's departure was learnt, for messages
 // The survivors of a job that goes on without some ranks (the asynchronous strategies under
 // PYDIST_SURVIVE, issue 27): every survivor calls it with the same world ranks, which are then left
