@@ -656,8 +656,6 @@ class Trainer:
         with run.Reporting(lambda: self.engine.steps_done if live else self.step) if self.rank == 0 else nullcontext():
             history = self._fit(images, labels, epochs, test, checkpoint, metrics, progress, chunk_steps, on_epoch,
                                 checkpoint_every)
-        if self.rank == 0:   # (after carrying on without a dead worker, the launcher judges the job by this)
-            run.report(step=self.step, finished=True)
         return history
 
     def _fit(self, images, labels, epochs, test, checkpoint, metrics, progress, chunk_steps, on_epoch,

@@ -20,7 +20,18 @@ A rank that fails twice running on the same host is left out, and a host that no
 -disable-auto-cleanup, so a worker's end does not end the job; the watcher records it and exits with a
 status rather than the signal, the servers learn of it from that record within a second, hand its
 unfinished block to the other workers, and the job finishes without it (exit status 0). A server's
-death, or any rank's in another strategy, still ends the job and restarts it.
+death, or any rank's in another strategy, still ends the job and restarts it. A rank that dies outside
+any collective (after the last one) costs the survivors 3 s at exit, never a hang. The verdict comes from
+this launch's records alone: the job finished without the dead ranks when every rank's end is recorded
+and every other rank ended cleanly.
+
+The run's folder (--run-dir, or a temporary pydist-run-* one) holds the ranks' records and rank 0's
+progress; it is cleared after a clean finish (the temporary one removed) and kept, and named, after a
+failure. A --run-dir is cleared of an earlier launch's records when a launch starts, and refused while
+another launcher uses it. With --hosts, a host that does not share the folder makes its own, and its
+watchers remove it after their rank ends cleanly; the launcher then learns only from mpiexec and its own
+host's records, so name a --run-dir on a shared file system (--survive needs one: the ranks read each
+other's records).
 
 Each rank runs under a small watcher (this module, --watch), the process mpiexec starts: it runs the
 rank as its child, notes how the child ended (status, signal, its last line on stderr), and passes the
@@ -30,10 +41,13 @@ step and checkpoints there (report() below, which a script of one's own may call
 """
 import argparse
 import collections
+import contextlib
 import json
+import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -59,13 +73,14 @@ def report(**fields):
         except (OSError, ValueError):
             state = {}
         # the furthest step of this attempt (a new one starts again from its checkpoint)
-        same_attempt = state.get("restart") == os.environ.get("PYDIST_RESTART")
-        step = max(fields.get("step", 0), fields.get("checkpoint_step", 0), state.get("step", 0) if same_attempt else 0)
-        state.update(fields, step=step, time=time.time(), restart=os.environ.get("PYDIST_RESTART"))
-        tmp = f"{path}.{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(state, f)
-        os.replace(tmp, path)   # the launcher reads a whole file or the previous one
+        same_attempt = (state.get("restart") == os.environ.get("PYDIST_RESTART") and
+                        state.get("run_id") == os.environ.get("PYDIST_RUN_ID"))
+        if not same_attempt:
+            state = {}
+        step = max(fields.get("step", 0), fields.get("checkpoint_step", 0), state.get("step", 0))
+        state.update(fields, step=step, time=time.time(), restart=os.environ.get("PYDIST_RESTART"),
+                     run_id=os.environ.get("PYDIST_RUN_ID"))
+        write_json(path, state)   # the launcher reads a whole file or the previous one
 
 
 _reporting = threading.Lock()
@@ -98,12 +113,83 @@ class Reporting:
             self.thread.join()
 
 
-def read_progress(folder):
+def write_json(path, value):
+    """Write `value` to `path` whole or not at all, never through a link planted at a name we can be
+    expected to use: a fresh file (O_EXCL, in the same folder) renamed over `path` (a rename replaces a
+    link itself, never what it points to)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path) or ".")
     try:
-        with open(os.path.join(folder, PROGRESS)) as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        with os.fdopen(fd, "w") as f:
+            json.dump(value, f)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _read_json(path, limit=1 << 20):
+    """A JSON object from a file of ours, or None when it is missing, unreadable, too big (a planted or
+    damaged file), not JSON, or not an object. Never follows a link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(limit + 1)
+        value = json.loads(data, parse_constant=lambda name: None) if len(data) <= limit else None
+    except (OSError, ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _count(value):
+    """A step count from a record: an int >= 0 (not a bool), else None."""
+    return value if type(value) is int and 0 <= value < 1 << 62 else None
+
+
+def _finite(value):
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def read_progress(folder, run_id=None):
+    """The job's progress as rank 0 last reported it (report()), validated: a dict with `step` (and, once
+    a checkpoint was written, `checkpoint`, a path, and `checkpoint_step`), `restart` and `run_id`; {}
+    when there is no report, or one that is malformed, or (with `run_id`) one of another launch."""
+    state = _read_json(os.path.join(folder, PROGRESS))
+    if state is None or (run_id is not None and state.get("run_id") != run_id):
         return {}
+    out = {}
+    for key in ("restart", "run_id"):
+        if isinstance(state.get(key), str):
+            out[key] = state[key]
+    if _count(state.get("step")) is not None:
+        out["step"] = state["step"]
+    if _count(state.get("checkpoint_step")) is not None and isinstance(state.get("checkpoint"), str):
+        out["checkpoint_step"], out["checkpoint"] = state["checkpoint_step"], state["checkpoint"][:4096]
+    return out
+
+
+def read_record(folder, rank, run_id=None):
+    """What rank `rank`'s watcher recorded of its end (rank, host, pid, started, ended, status, signal,
+    last_line, dead_peer_pid), validated; None when there is no record, a malformed one, or (with
+    `run_id`) one of another launch."""
+    rec = _read_json(os.path.join(folder, f"rank-{rank}.json"))
+    if rec is None or rec.get("rank") != rank or (run_id is not None and rec.get("run_id") != run_id):
+        return None
+    if not (type(rec.get("status")) is int and 0 <= rec["status"] < 256 and _finite(rec.get("ended"))):
+        return None
+    optional = {"host": (lambda v: isinstance(v, str), "?"), "pid": (lambda v: type(v) is int, -1),
+                "started": (_finite, rec["ended"]), "last_line": (lambda v: isinstance(v, str), ""),
+                "signal": (lambda v: v is None or (type(v) is int and 0 < v < 128), None),
+                "dead_peer_pid": (lambda v: v is None or type(v) is int, None)}
+    for key, (ok, default) in optional.items():
+        if key in rec and not ok(rec[key]):
+            return None
+        rec.setdefault(key, default)
+    rec["last_line"] = rec["last_line"][-1000:]
+    return rec
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -113,11 +199,8 @@ def ended_at(rank):
     """When world rank `rank` of this attempt ended, as its watcher recorded it (time.time()); None when
     there is no record (not under python -m pydist.run, or not yet written)."""
     folder = os.environ.get("PYDIST_RUN_ATTEMPT_DIR")
-    try:
-        with open(os.path.join(folder, f"rank-{rank}.json")) as f:
-            return json.load(f)["ended"]
-    except (TypeError, OSError, ValueError, KeyError):
-        return None
+    rec = read_record(folder, rank, os.environ.get("PYDIST_RUN_ID")) if folder else None
+    return rec["ended"] if rec is not None else None
 
 
 def _die_with_parent():
@@ -137,10 +220,7 @@ def _ignore_usr1_and_die_with_parent():
 
 
 def _write_record(folder, record):
-    tmp = os.path.join(folder, f".rank-{record['rank']}.{os.getpid()}.json")
-    with open(tmp, "w") as f:
-        json.dump(record, f)
-    os.replace(tmp, os.path.join(folder, f"rank-{record['rank']}.json"))
+    write_json(os.path.join(folder, f"rank-{record['rank']}.json"), dict(record, run_id=os.environ.get("PYDIST_RUN_ID")))
 
 
 def _pmi_rank():
@@ -159,17 +239,45 @@ def record_end(status, why):
         pass
 
 
+LAUNCHER_MARK = "launcher"   # in the run's folder: the launcher's host and pid (a watcher that cannot see it
+                             # runs on a host that does not share the folder)
+
+
+def _attempt_folder(folder):
+    """The attempt's folder as this watcher's host sees it: made here (private to the user) when this host
+    does not have it (a host of --hosts that does not share the launcher's /tmp). Returns whether the
+    launcher can read it (its mark is in the run's folder), and so whether this watcher must clean up."""
+    shared = os.path.exists(os.path.join(os.path.dirname(os.path.abspath(folder)), LAUNCHER_MARK))
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    return shared
+
+
+def _remove_local(folder, rank):
+    """A host that does not share the run's folder: remove what this watcher wrote there, and the folders
+    once empty (another rank of this host may still be using them)."""
+    for name in (f"rank-{rank}.json", f"rank-{rank}.pid"):
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(folder, name))
+    for path in (folder, os.path.dirname(os.path.abspath(folder))):
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+
+
 def watch(folder, command):
     rank = _pmi_rank()
     started = time.time()
+    shared = _attempt_folder(folder)
     # The watcher never starts MPI: the launcher's connection (PMI_FD, inherited) is the child's to claim
     env = {k: v for k, v in os.environ.items() if k != "PYDIST_MPI_OWNER"}
     env.update(PYDIST_RUN_ATTEMPT_DIR=folder, PYDIST_RUN_STARTED=repr(started))
     survive = os.environ.get("PYDIST_SURVIVE") == "1"
     child = subprocess.Popen(command, close_fds=False, stderr=subprocess.PIPE, env=env,
                              preexec_fn=_ignore_usr1_and_die_with_parent if survive else _die_with_parent)
-    with open(os.path.join(folder, f"rank-{rank}.pid"), "w") as f:
+    pid_file = os.path.join(folder, f"rank-{rank}.pid")
+    fd, tmp = tempfile.mkstemp(prefix=f".rank-{rank}.pid.", dir=folder)
+    with os.fdopen(fd, "w") as f:
         f.write(f"{child.pid} {socket.gethostname()}\n")
+    os.replace(tmp, pid_file)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         if sig == signal.SIGUSR1 and survive:   # hydra's word that a rank died, which the records carry
             signal.signal(sig, signal.SIG_IGN)
@@ -198,8 +306,14 @@ def watch(folder, command):
     record = {"rank": rank, "host": socket.gethostname(), "pid": child.pid, "started": started, "ended": ended,
               "status": status if status >= 0 else 128 - status, "signal": -status if status < 0 else None,
               "last_line": last[0] if last else "", "dead_peer_pid": dead_peer[0] if dead_peer else None}
-    if not os.path.exists(os.path.join(folder, f"rank-{rank}.json")):   # the rank's own (record_end) says more
+    if read_record(folder, rank, os.environ.get("PYDIST_RUN_ID")) is None:   # the rank's own (record_end) says more
         _write_record(folder, record)
+    if not shared:   # no launcher reads this host's records: keep them only to explain a failure
+        if status == 0:
+            _remove_local(folder, rank)
+        else:
+            print(f"pydist.run: rank {rank}'s record is kept in {socket.gethostname()}:{folder}", file=sys.stderr,
+                  flush=True)
     if status != 0:
         # A rank that died because another did (a message from the dead one) must not end the job
         # before the first one's watcher has written its record: mpiexec then kills every watcher.
@@ -245,28 +359,21 @@ def describe(record):
     return why
 
 
-def first_failure(folder, ranks):
+def first_failure(folder, ranks, run_id=None):
     """The rank whose end came first among those that did not finish cleanly (its watcher's record),
     or None when no watcher recorded a failure (mpiexec itself failed, or killed them all)."""
-    failed = failed_ranks(folder, ranks)
+    failed = [rec for rec in records(folder, ranks, run_id) if rec["status"] != 0]
     # A rank that UCX ended because its peer had died (dead_peer_pid) is never the cause, however the
     # two watchers' ends were ordered (both within a few ms of the death)
     causes = [rec for rec in failed if not rec.get("dead_peer_pid")] or failed
     return min(causes, key=lambda rec: rec["ended"]) if causes else None
 
 
-def failed_ranks(folder, ranks):
-    """The records of the ranks that did not end cleanly, in rank order."""
-    failed = []
-    for r in range(ranks):
-        try:
-            with open(os.path.join(folder, f"rank-{r}.json")) as f:
-                rec = json.load(f)
-        except (OSError, ValueError):
-            continue
-        if rec["status"] != 0:
-            failed.append(rec)
-    return failed
+def records(folder, ranks, run_id=None):
+    """This launch's records of the ranks' ends in the attempt's folder, in rank order (a rank without a
+    valid one is left out)."""
+    found = (read_record(folder, r, run_id) for r in range(ranks))
+    return [rec for rec in found if rec is not None]
 
 
 def probe_host(mpiexec, host, timeout):
@@ -282,6 +389,16 @@ def rank_command(program):
     if program[0] == "-m" or program[0].endswith(".py"):
         return [sys.executable, *program]
     return program
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True   # EPERM: alive, another user's
+    return True
 
 
 def say(text):
@@ -340,8 +457,48 @@ class Launcher:
     def __init__(self, args, hosts, mpiexec, command, min_ranks):
         self.args, self.hosts, self.mpiexec, self.command, self.min_ranks = args, hosts, mpiexec, command, min_ranks
         self.world = args.n
-        self.folder = args.run_dir or tempfile.mkdtemp(prefix="pydist-run-")
-        os.makedirs(self.folder, exist_ok=True)
+        self.run_id = f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"   # tags this launch's records
+        self.own_folder = args.run_dir is None   # a temporary folder of ours, removed after a clean finish
+        self.folder = tempfile.mkdtemp(prefix="pydist-run-") if self.own_folder else args.run_dir
+        if not self.own_folder:
+            os.makedirs(self.folder, mode=0o700, exist_ok=True)
+            self.claim()
+
+    def claim(self):
+        """A --run-dir of the user's: refuse one another launcher is using now, and clear what an earlier
+        launch left there (its attempts' records and progress), so that only this launch's are read."""
+        mark = os.path.join(self.folder, LAUNCHER_MARK)
+        other = _read_json(mark) or {}
+        if other.get("host") == socket.gethostname() and type(other.get("pid")) is int and _alive(other["pid"]):
+            raise SystemExit(f"python -m pydist.run: --run-dir {self.folder} is in use by the launcher with pid "
+                             f"{other['pid']}; name another folder")
+        self.clear()
+        write_json(mark, {"host": socket.gethostname(), "pid": os.getpid(), "run_id": self.run_id})
+
+    def clear(self):
+        """Remove what a launch writes in the run's folder (attempt-N/, progress.json, the mark)."""
+        for name in os.listdir(self.folder):
+            path = os.path.join(self.folder, name)
+            if re.fullmatch(r"attempt-\d+", name) and not os.path.islink(path) and os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            elif name in (PROGRESS, LAUNCHER_MARK) or name.startswith(f".{PROGRESS}."):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+
+    def finish(self, status):
+        """After a clean finish the run's records go (the whole folder when it was a temporary one); after a
+        failure they stay, and the launcher says where."""
+        if status == 0:
+            if self.own_folder:
+                shutil.rmtree(self.folder, ignore_errors=True)
+            else:
+                self.clear()
+        else:
+            if not self.own_folder:
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self.folder, LAUNCHER_MARK))
+            say(f"the ranks' records are kept in {self.folder}")
+        return status
 
     def placement(self):
         """mpiexec's -hosts for self.world ranks over the hosts left, in order ([] on this machine)."""
@@ -356,8 +513,11 @@ class Launcher:
 
     def start(self, attempt):
         folder = os.path.join(self.folder, f"attempt-{attempt}")
-        os.makedirs(folder, exist_ok=True)
-        env = dict(os.environ, PYDIST_RUN_DIR=self.folder, PYDIST_RESTART=str(attempt))
+        os.mkdir(folder, 0o700)   # fresh: claim() cleared the folder
+        if self.own_folder and attempt == 0:
+            write_json(os.path.join(self.folder, LAUNCHER_MARK), {"host": socket.gethostname(), "pid": os.getpid(),
+                                                                  "run_id": self.run_id})
+        env = dict(os.environ, PYDIST_RUN_DIR=self.folder, PYDIST_RESTART=str(attempt), PYDIST_RUN_ID=self.run_id)
         survive = []
         if self.args.survive:
             env["PYDIST_SURVIVE"] = "1"
@@ -381,26 +541,36 @@ class Launcher:
         self.hosts = [(h, s) for h, s in self.hosts if s > 0]
 
     def run(self):
+        try:
+            return self.finish(self.attempts())
+        except BaseException:
+            self.finish(1)
+            raise
+
+    def attempts(self):
         failed_before = None   # (host, rank) that failed the attempt before, if one did
         restarts, lost_total = 0, 0
         attempt = 0
         while True:
             rc, folder, seconds = self.start(attempt)
-            progress = read_progress(self.folder)
-            # --survive: the job may have finished without some ranks (hydra's status is then theirs, or 0)
-            gone = failed_ranks(folder, self.world) if self.args.survive else []
-            finished = self.args.survive and progress.get("finished") and progress.get("restart") == str(attempt)
+            progress = read_progress(self.folder, self.run_id)
+            if progress.get("restart") != str(attempt):
+                progress = {}   # rank 0 has not reported in this attempt yet
+            ended = records(folder, self.world, self.run_id)
+            gone = [rec for rec in ended if rec["status"] != 0]
             if rc == 0 and not gone:
                 say(f"finished: {self.world} rank(s), {restarts} restart(s)" +
                     (f", {lost_total} step(s) recomputed" if restarts else ""))
                 return 0
-            if finished or rc == 0:
+            # --survive: the job finished without some ranks when every rank's end is recorded and every
+            # rank left ended cleanly (hydra's status is then the dead ones')
+            if self.args.survive and gone and len(ended) == self.world and len(gone) < self.world:
                 for rec in gone:
                     say(f"rank {rec['rank']} (host {rec['host']}, pid {rec['pid']}) {describe(rec)}, "
                         f"{rec['ended'] - rec['started']:.1f} s into the run; the job carried on without it")
                 say(f"finished: {self.world - len(gone)} of {self.world} rank(s) to the end, {restarts} restart(s)")
                 return 0
-            failure = first_failure(folder, self.world)
+            failure = first_failure(folder, self.world, self.run_id)
             if failure is None:
                 say(f"mpiexec exited with status {rc} and no rank recorded why (mpiexec itself, or a host "
                     f"that stopped answering)")
