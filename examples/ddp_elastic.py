@@ -12,8 +12,9 @@ up where its newest checkpoint stands, and that is all it has to do (README, "Wh
 2. Every --checkpoint-every steps rank 0 writes model, optimizer (momentum), step, epoch and that
    position to a temporary file and os.replace()s it over the checkpoint: the file is always a whole
    checkpoint, the newest or the one before.
-3. At start every rank loads the checkpoint if there is one, before wrapping the model in DDP, and
-   goes on from the position it names. At the same world size the run then ends with the same bits
+3. At start rank 0 reads the checkpoint if it has one and sends it to every rank (broadcast_object_list:
+   another host need not have the file), before wrapping the model in DDP, and all go on from the
+   position it names. At the same world size the run then ends with the same bits
    as one that never stopped (tests/unit/test_run_ddp.py); at another, it goes on with the next
    unseen example of the epoch.
 4. Rank 0 calls pydist.run.report() after each step and each checkpoint, so the launcher can say how
@@ -26,6 +27,7 @@ first --limit training examples.
 import argparse
 import datetime
 import os
+import tempfile
 import time
 
 import numpy as np
@@ -68,12 +70,17 @@ def save_checkpoint(path, model, optimizer, step, epoch, position, world, batch)
     after a kill in the middle of this) finds the whole previous checkpoint or the whole new one."""
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "epoch": epoch,
              "position": position, "world_size": world, "batch_size": batch}
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    # mkstemp: a fresh file in the target folder (O_EXCL), never a link planted at a predictable name
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:   # a full disk: the previous checkpoint stays, and no partial file
+        os.unlink(tmp)
+        raise
     report(step=step, checkpoint=path, checkpoint_step=step)
 
 
@@ -92,10 +99,14 @@ def main(argv=None):
     model = nn.Sequential(nn.Linear(28 * 28, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
 
-    # Resume: every rank reads the same file, before DDP wraps the model.
+    # Resume, before DDP wraps the model: rank 0 reads the checkpoint and sends it to every rank (another
+    # host may not have the file, and ranks that started from different weights would diverge).
     step, epoch, position = 0, 0, 0
-    if os.path.exists(args.checkpoint):
-        state = torch.load(args.checkpoint, map_location="cpu", weights_only=True)
+    state = [torch.load(args.checkpoint, map_location="cpu", weights_only=True)
+             if rank == 0 and os.path.exists(args.checkpoint) else None]
+    dist.broadcast_object_list(state, src=0)
+    state = state[0]
+    if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step, epoch, position = state["step"], state["epoch"], state["position"]

@@ -25,6 +25,8 @@ import os
 import sys
 import time
 
+import numpy as np
+
 from . import distributed as dist
 from .engine import DEFAULT_DATA_DIR, EVALUATES, STRATEGIES, Trainer, lenet5, load_fashion_mnist, mlp
 
@@ -156,6 +158,14 @@ def resumed_where(trainer):
     return line + ")"
 
 
+def checkpoint_on_rank0(path):
+    """Whether rank 0 has the checkpoint: it alone looks, and reads it (Trainer.load sends its state), so a
+    rank whose host does not have the file resumes with the others rather than from scratch."""
+    found = np.array([dist.get_rank() == 0 and os.path.exists(path)], np.int32)
+    dist.broadcast(found, src=0)
+    return bool(found[0])
+
+
 def main(argv=None):
     args = parse_args(argv)
     model = lenet5() if args.model == "lenet5" else mlp(tuple(args.hidden))
@@ -173,7 +183,7 @@ def main(argv=None):
                       beta=args.beta, window=args.window, deterministic=args.deterministic, stages=args.stages,
                       micro_batches=args.micro_batches, schedule=args.schedule, split=args.split,
                       compression=args.compression, slow_rank=args.slow_rank, slow_ms=args.slow_ms)
-    if args.resume and os.path.exists(args.checkpoint):
+    if args.resume and checkpoint_on_rank0(args.checkpoint):
         trainer.load(args.checkpoint)
         if rank == 0:
             print(f"resumed from {args.checkpoint} at epoch {trainer.epoch}, step {trainer.step}"
