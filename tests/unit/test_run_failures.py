@@ -1,0 +1,203 @@
+"""The elastic launcher's failure handling (issue 41): never a hang, a verdict from this launch's records
+only, run folders that exist on every host and go away after a clean finish, and a resume that reads the
+checkpoint once. Each test here failed before its fix (the issue's review found each case at 2 ranks)."""
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from pydist import run
+from unit_helpers import launch_run, subprocess_env
+
+ENV = subprocess_env(MPIEXEC_TIMEOUT="240")
+BOUND = 180   # a hang guard: each job here ends in well under a minute on a quiet machine
+
+
+def script(tmp_path, body, name="job.py"):
+    """A rank's program: `body` after MPI is up (rank, world, dist, np and os in scope)."""
+    path = tmp_path / name
+    path.write_text("import os, signal, sys, time\nimport numpy as np\nimport pydist as dist\n"
+                    "dist.init_process_group()\nrank, world = dist.get_rank(), dist.get_world_size()\n" +
+                    textwrap.dedent(body))
+    return str(path)
+
+
+def launch(args, tmp_path, program, env=ENV):
+    proc = launch_run(args, tmp_path, program, env)
+    try:
+        out, _ = proc.communicate(timeout=BOUND)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"the launcher did not end within {BOUND} s (a hang):\n{out}")
+    return proc.returncode, out
+
+
+# --- hangs: under --survive, a rank that dies outside any collective --------------------------------------
+
+def test_survive_a_rank_dead_after_the_last_collective_leaves_no_survivor_waiting(tmp_path):
+    # Before: the survivors waited forever in the exit barrier (no deadline, and no record read there).
+    job = script(tmp_path, """
+        x = np.ones(8)
+        dist.all_reduce(x)
+        if rank == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(0.5)
+        print(f"rank {rank} done", flush=True)
+    """)
+    began = time.monotonic()
+    rc, out = launch(["-n", "3", "--survive", "--max-restarts", "0"], tmp_path, [job])
+    assert rc == 0, out
+    assert re.search(r"rank 2 \(host \S+, pid \d+\) was killed by signal 9 \(SIGKILL\).*carried on without it", out), out
+    assert re.search(r"finished: 2 of 3 rank\(s\) to the end", out), out
+    assert "rank 2 ended without reaching exit" in out, out   # why the survivors skipped MPI_Finalize
+    assert time.monotonic() - began < 60, out
+
+
+def test_survive_a_rank_dead_between_two_collectives_fails_the_next_one_and_ends(tmp_path):
+    job = script(tmp_path, """
+        x = np.ones(8)
+        dist.all_reduce(x)
+        if rank == 1:
+            os._exit(7)
+        time.sleep(0.5)
+        dist.all_reduce(x)   # needs rank 1: a departure error, then an exit that must not wait for it
+    """)
+    rc, out = launch(["-n", "2", "--survive", "--max-restarts", "0"], tmp_path, [job])
+    assert rc == 7, out
+    assert re.search(r"rank 1 \(host \S+, pid \d+\) exited with status 7", out), out
+    assert "giving up after 0 restart(s)" in out, out
+
+
+# --- wrong verdicts --------------------------------------------------------------------------------------
+
+TWO_FITS = """
+    from pydist.engine import Trainer, mlp
+    rng = np.random.default_rng(0)
+    x = rng.random((4096, 1, 28, 28), dtype=np.float32)
+    y = rng.integers(0, 10, 4096).astype(np.int32)
+    trainer = Trainer(mlp(hidden=(32,)), batch_size=16)
+    trainer.fit(x, y, epochs=1, progress=False)
+    if rank == 1:   # lost in the second fit()
+        import threading
+        threading.Timer(0.3, lambda: os._exit(3)).start()
+    trainer.fit(x, y, epochs=400, progress=False)
+"""
+
+
+def test_a_rank_lost_in_a_second_fit_is_a_failure_not_a_finish(tmp_path):
+    # Before: the first fit()'s "finished" report was never cleared: "finished", status 0, no restart.
+    rc, out = launch(["-n", "2", "--survive", "--max-restarts", "0"], tmp_path, [script(tmp_path, TWO_FITS)])
+    assert rc == 3, out
+    assert re.search(r"rank 1 \(host \S+, pid \d+\) exited with status 3", out), out
+    assert "finished" not in out.replace("unfinished", ""), out
+
+
+def test_a_reused_run_dir_does_not_feed_the_last_launch_records_to_this_one(tmp_path):
+    failing = script(tmp_path, "dist.barrier()\nif rank == 1:\n    sys.exit(5)\n", "failing.py")
+    rc, out = launch(["-n", "2", "--max-restarts", "0"], tmp_path, [failing])
+    assert rc == 5 and "kept in" in out, out
+    assert (tmp_path / "run" / "attempt-0" / "rank-1.json").exists()
+    # Before: this healthy job read rank 1's old record: under --survive its ranks were told rank 1 had
+    # exited, and the launcher blamed it.
+    healthy = script(tmp_path, """
+        x = np.ones(4)
+        for _ in range(20):
+            dist.all_reduce(x)
+            time.sleep(0.05)
+        print(f"rank {rank} sum {x[0]:.0f}", flush=True)
+    """, "healthy.py")
+    rc, out = launch(["-n", "2", "--survive", "--max-restarts", "0"], tmp_path, [healthy])
+    assert rc == 0, out
+    assert re.search(r"finished: 2 rank\(s\), 0 restart\(s\)", out), out
+    assert "rank 1 sum 1048576" in out and "exited" not in out, out
+    assert not (tmp_path / "run" / "attempt-0").exists()   # a clean finish clears the records
+
+
+def test_a_run_dir_in_use_by_a_live_launcher_is_refused(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    run.write_json(str(folder / run.LAUNCHER_MARK), {"host": os.uname().nodename, "pid": os.getpid()})
+    rc, out = launch(["-n", "1"], tmp_path, [script(tmp_path, "pass\n")])
+    assert rc != 0 and f"in use by the launcher with pid {os.getpid()}" in out, out
+
+
+# --- run folders --------------------------------------------------------------------------------------------
+
+def test_the_temporary_run_folder_goes_after_success_and_stays_named_after_a_failure(tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(ENV, TMPDIR=str(tmp))
+    cmd = [sys.executable, "-m", "pydist.run", "-n", "2", "--max-restarts", "0", "--"]
+    ok = subprocess.run([*cmd, script(tmp_path, "dist.barrier()\n")], env=env, capture_output=True, text=True,
+                        timeout=BOUND)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert list(tmp.iterdir()) == []   # before: a pydist-run-* folder after every launch
+    bad = subprocess.run([*cmd, script(tmp_path, "dist.barrier()\nsys.exit(rank * 4)\n", "bad.py")], env=env,
+                         capture_output=True, text=True, timeout=BOUND)
+    assert bad.returncode == 4, bad.stdout + bad.stderr
+    kept = re.search(r"the ranks' records are kept in (\S+)", bad.stdout)
+    assert kept and os.path.isdir(kept.group(1)) and os.path.dirname(kept.group(1)) == str(tmp), bad.stdout
+    assert run.read_record(os.path.join(kept.group(1), "attempt-0"), 1)["status"] == 4
+
+
+def test_a_watcher_on_a_host_without_the_run_folder_makes_it_and_cleans_up(tmp_path):
+    # A host of --hosts that does not share the launcher's /tmp: before, its watcher crashed at once.
+    attempt = tmp_path / "elsewhere" / "attempt-0"
+    cmd = [sys.executable, "-m", "pydist.run", "--watch", str(attempt), "--"]
+    ok = subprocess.run([*cmd, sys.executable, "-c", "print('ran')"], env=ENV, capture_output=True, text=True,
+                        timeout=60)
+    assert ok.returncode == 0 and ok.stdout == "ran\n", ok.stdout + ok.stderr
+    assert not (tmp_path / "elsewhere").exists()   # nobody else reads this host's records after a success
+    bad = subprocess.run([*cmd, sys.executable, "-c", "raise SystemExit(6)"], env=ENV, capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 6 and f"rank 0's record is kept in {os.uname().nodename}:{attempt}" in bad.stderr
+    assert run.read_record(str(attempt), 0)["status"] == 6
+
+
+# --- several hosts: resume reads the checkpoint once --------------------------------------------------------
+
+def test_resume_where_only_rank_0_has_the_checkpoint(tmp_path):
+    from pydist import _libraries
+    train = [sys.executable, "-m", "pydist.train", "--model", "mlp", "--hidden", "16", "--batch-size", "128",
+             "--checkpoint", "run.ckpt", "--resume", "--no-progress", "--metrics", "", "--plot", ""]
+    a, b = tmp_path / "host-a", tmp_path / "host-b"   # each rank's own disk: the relative path differs
+    a.mkdir()
+    b.mkdir()
+    first = subprocess.run([*train, "--epochs", "1"], cwd=a, env=ENV, capture_output=True, text=True, timeout=BOUND)
+    assert first.returncode == 0 and (a / "run.ckpt").exists(), first.stdout + first.stderr
+    mpiexec = _libraries.mpiexec()
+    both = subprocess.run([mpiexec, "-n", "1", "-wdir", str(a), *train, "--epochs", "2", ":",
+                           "-n", "1", "-wdir", str(b), *train, "--epochs", "2"],
+                          env=ENV, capture_output=True, text=True, timeout=BOUND)
+    # Before: rank 1 found no file and started from scratch while rank 0 resumed: mismatched collectives.
+    assert both.returncode == 0, both.stdout + both.stderr
+    assert "resumed from run.ckpt at epoch 1" in both.stdout, both.stdout
+    assert (a / "run.ckpt").exists() and not (b / "run.ckpt").exists()
+
+
+# --- files: what the launcher writes never follows a planted link ------------------------------------------
+
+def test_reports_and_records_never_write_through_a_planted_link(tmp_path, monkeypatch):
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (tmp_path / run.PROGRESS).symlink_to(victim)
+    for name in (f".{run.PROGRESS}.{os.getpid()}", f"{run.PROGRESS}.{os.getpid()}"):   # old temporary names
+        (tmp_path / name).symlink_to(victim)
+    monkeypatch.setenv("PYDIST_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("PYDIST_RESTART", "0")
+    run.report(step=3)
+    assert victim.read_text() == "precious"
+    assert not os.path.islink(tmp_path / run.PROGRESS) and run.read_progress(str(tmp_path))["step"] == 3
+
+
+@pytest.mark.parametrize("text", ["", "{", "[]", '{"step": "7"}', '{"step": -1}', '{"step": true}',
+                                  '{"step": 1e400}', '{"step": NaN}', '{"checkpoint_step": 4}', "x" * 100])
+def test_a_malformed_progress_report_is_no_report(tmp_path, text):
+    (tmp_path / run.PROGRESS).write_text(text)
+    assert "step" not in run.read_progress(str(tmp_path))
+    assert "checkpoint_step" not in run.read_progress(str(tmp_path))
