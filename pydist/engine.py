@@ -349,6 +349,13 @@ class _Progress:
             self.bar.close()
 
 
+def _append(path, text):
+    """Append to the metrics file, never through a link planted at its name (O_NOFOLLOW: ELOOP)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    with os.fdopen(fd, "a") as f:
+        f.write(text)
+
+
 class Trainer:
     """Data-parallel SGD over the default process group (or `group`); alone when pydist is not
     initialized. `batch_size` is per worker: the global batch is batch_size x workers.
@@ -644,7 +651,7 @@ class Trainer:
         metrics = os.fspath(metrics) if metrics else None
         images, labels = self._check_data(images, labels)
         if metrics:
-            self._on_root(lambda: open(metrics, "a").close(), f"open the metrics file {metrics}")
+            self._on_root(lambda: _append(metrics, ""), f"open the metrics file {metrics}")
         steps = self.steps_per_epoch(len(labels))
         if steps < 1:
             raise ValueError(f"{len(labels)} examples are fewer than one global batch of "
@@ -737,8 +744,7 @@ class Trainer:
                 self.save(checkpoint)
             if self.rank == 0:
                 if metrics:
-                    with open(metrics, "a") as f:
-                        f.write(json.dumps(record) + "\n")
+                    _append(metrics, json.dumps(record) + "\n")
                 if progress:
                     print(_epoch_line(record), flush=True)
             if on_epoch is not None:

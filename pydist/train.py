@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -131,8 +132,23 @@ def plot(history, path):
         fig = figure(history)
     except ImportError:
         return False
-    fig.savefig(path, dpi=100)
+    # a fresh file in the target folder renamed into place: never a write through a planted link
+    fd, tmp = tempfile.mkstemp(prefix=".curves.", suffix=".png", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, dpi=100, format="png")
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
     return True
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def read_metrics(path):

@@ -1,6 +1,7 @@
 """The elastic launcher's failure handling (issue 41): never a hang, a verdict from this launch's records
 only, run folders that exist on every host and go away after a clean finish, and a resume that reads the
 checkpoint once. Each test here failed before its fix (the issue's review found each case at 2 ranks)."""
+import errno
 import os
 import re
 import subprocess
@@ -201,3 +202,20 @@ def test_a_malformed_progress_report_is_no_report(tmp_path, text):
     (tmp_path / run.PROGRESS).write_text(text)
     assert "step" not in run.read_progress(str(tmp_path))
     assert "checkpoint_step" not in run.read_progress(str(tmp_path))
+
+
+def test_metrics_and_curves_never_write_through_a_planted_link(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (tmp_path / "metrics.jsonl").symlink_to(victim)
+    (tmp_path / "curves.png").symlink_to(victim)
+    from pydist.train import plot
+    assert plot([{"epoch": 1, "train_loss": 1.0, "train_accuracy": 0.5}], str(tmp_path / "curves.png"))
+    assert victim.read_text() == "precious" and not os.path.islink(tmp_path / "curves.png")
+    from pydist.engine import Trainer, mlp
+    import numpy as np
+    trainer = Trainer(mlp(hidden=(8,)), batch_size=16)
+    x, y = np.zeros((32, 784), np.float32), np.zeros(32, np.int32)
+    with pytest.raises(OSError) as err:   # ELOOP: the name is a link
+        trainer.fit(x, y, epochs=1, metrics=str(tmp_path / "metrics.jsonl"), progress=False)
+    assert err.value.errno == errno.ELOOP and victim.read_text() == "precious"
