@@ -179,3 +179,14 @@ def test_an_event_of_ones_own_with_bad_arguments_raises(tmp_path):
     trace = json.loads((tmp_path / "args.json").read_text())
     assert validate(trace) == []
     assert [e["name"] for e in spans(trace, 0, cat="user")] == ["good"]
+
+
+def test_a_rank_file_that_cannot_be_replaced_is_an_oserror(tmp_path):
+    """A directory where this rank's file goes: the rename into place fails, an OSError names the file,
+    and the temporary file the trace was written to is gone (issue 41)."""
+    import pydist as dist
+    (tmp_path / "run.rank0.json").mkdir()
+    with pytest.raises(IsADirectoryError, match="run.rank0.json"):
+        with dist.timeline(tmp_path / "run.json"):
+            pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.rank0.json"]
