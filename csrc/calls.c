@@ -21,7 +21,8 @@ typedef struct {
     unsigned generation;   // the group slot's generation the entry is for
     int known;
     uint64_t gid;
-    unsigned long seq;     // collectives numbered so far
+    unsigned long seq;     // collectives numbered so far, since the group was made
+    unsigned long base;    // seq when the timeline last started: the trace numbers from there
 } GroupCalls;
 
 static GroupCalls per_group[PD_MAX_GROUPS];
@@ -76,7 +77,7 @@ static void identify(GroupCalls *g, long group, unsigned generation, int made) {
     long salt = made ? member_set_ordinal(h) : group + 1000000;
     h = (h ^ (uint64_t)salt) * 1099511628211ULL;
     g->gid = (h ^ (h >> 48)) & GID_MASK;
-    g->seq = 0;
+    g->seq = g->base = 0;
     g->generation = generation;
     g->known = 1;
     if (group_members == NULL) {
@@ -119,7 +120,7 @@ void pd_call_begin(PdCall *c, const char *name, long group, int collective, int 
     c->group = group;
     c->peer = peer;
     c->skip = pd_validate_only;
-    c->seq = 0;
+    c->seq = c->board_seq = 0;
     c->gid = 0;
     pd_call_path = NULL;
     if (c->skip) {
@@ -129,7 +130,10 @@ void pd_call_begin(PdCall *c, const char *name, long group, int collective, int 
     GroupCalls *g = entry(group);
     if (g != NULL) {
         c->gid = g->gid;
-        c->seq = collective ? ++g->seq : 0;
+        if (collective) {
+            c->board_seq = ++g->seq;
+            c->seq = c->board_seq - g->base;
+        }
     }
     pd_stall_note_call(c);
     c->t0 = pd_tl_begin();
@@ -168,8 +172,9 @@ PyObject *pd_timeline_clock(PyObject *self, PyObject *unused) {
 }
 
 // _C.timeline_start(origin_ns, rank, max_events) -> None: record from now on, with times relative to
-// `origin_ns` (this rank's clock at the aligned time 0). Also numbers collectives from 1 again, so that
-// every rank starting a region at the same point of its program numbers alike.
+// `origin_ns` (this rank's clock at the aligned time 0). The trace also numbers collectives from 1 again,
+// so that every rank starting a region at the same point of its program numbers alike; the stall
+// board's numbers go on (a late rank's board still shows a call from before the start).
 PyObject *pd_timeline_start(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     long origin, rank, max_events;
@@ -183,7 +188,7 @@ PyObject *pd_timeline_start(PyObject *self, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     for (int g = 0; g < PD_MAX_GROUPS; g++) {
-        per_group[g].seq = 0;
+        per_group[g].base = per_group[g].seq;
     }
     if (pd_tl_start((int64_t)origin, (int)rank, max_events) < 0) {
         return PyErr_NoMemory();

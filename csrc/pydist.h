@@ -413,8 +413,10 @@ typedef struct {
     int skip;              // a PYDIST_DEBUG=DETAIL checks-only pass: nothing is recorded
     int64_t t0;            // timeline clock at the start; 0: not recording
     uint64_t gid;          // the group's id in the trace (the same on every member)
-    unsigned long seq;     // a collective's number among the group's collectives (the same on every
-                           // member: MPI orders them alike); 0 for point-to-point
+    unsigned long seq;     // a collective's number among the group's collectives since the timeline
+                           // started (the same on every member: MPI orders them alike); 0 for point-to-point
+    unsigned long board_seq;   // the same since the group was made, never renumbered: what the stall
+                               // board compares across ranks (stall.c)
 } PdCall;
 extern PD_THREAD_LOCAL const char *pd_call_path;
 // collective: 1 for a collective (numbered), 0 for point-to-point (peer: the global peer rank).

@@ -6,7 +6,9 @@
  * How a rank knows what the others do: every rank keeps its current call on a board in its host's
  * shared-memory session segment (one page per rank, the first of its region; shared_memory.c attaches
  * it at init). pd_call_begin writes the call's name, its group's id and its number among the group's
- * collectives; pd_call_end writes when it returned; the engine writes its phase (pd_activity). A rank
+ * collectives since the group was made (PdCall.board_seq: a timeline's start renumbers the trace's
+ * numbers, never these, or a late rank still showing a call from before it would seem to have
+ * arrived); pd_call_end writes when it returned; the engine writes its phase (pd_activity). A rank
  * has arrived at our collective when its board shows the same group at our number or later (a short
  * history per group covers a rank that has gone on to a call on another group). Ranks on other hosts
  * are not on this host's board: the warning says so rather than guess. Writing the board costs a few
@@ -148,11 +150,11 @@ static void note(BoardSlot *s, const char *what, uint64_t gid, uint64_t seq, int
 
 void pd_stall_note_call(const PdCall *c) {
     cur_gid = c->gid;
-    cur_seq = c->seq;
-    cur_name = c->name;
+    cur_seq = c->board_seq;   // not c->seq: a timeline's start renumbers that, and the other ranks'
+    cur_name = c->name;       // boards may still show their calls from before it
     BoardSlot *s = my_slot();
     if (s != NULL) {
-        note(s, c->name, c->gid, c->seq, c->peer, 0, -1);
+        note(s, c->name, c->gid, c->board_seq, c->peer, 0, -1);
     }
 }
 

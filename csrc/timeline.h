@@ -81,7 +81,8 @@ int pd_tl_start(int64_t origin, int rank, long max_events);
 // Stop recording (no thread records after this returns any more events than it had begun).
 void pd_tl_stop(void);
 // Write what was recorded as one rank's Chrome trace ({"traceEvents": [...], "otherData": {...}}) to
-// `path`, the process named `label`; `extra_json` (a JSON object's members, without braces, or "") goes into otherData.pydist's
+// `path` (through a new file at an unguessable name, renamed over it: a link planted at `path` is
+// replaced, never written through), the process named `label`; `extra_json` (a JSON object's members, without braces, or "") goes into otherData.pydist's
 // entry for this rank. Then free the events. 0, or -1 with errno set.
 int pd_tl_write(const char *path, const char *label, const char *extra_json);
 // Events recorded and kept, and those dropped past max_events, since the start.

@@ -129,7 +129,7 @@ def stop():
     names = [part_path(path, r) for r in range(size)]
     for r in range(1, size):
         if parts[r] is not None:
-            with open(names[r], "wb") as f:   # from another host
+            with trace_report.replacing(names[r], "wb") as f:   # from another host
                 f.write(parts[r])
     trace_report.merge(names, path)
     for name in names:

@@ -31,9 +31,12 @@ for the PNG, is imported when one is drawn.
 """
 import argparse
 import collections
+import contextlib
+import errno
 import json
 import math
 import os
+import secrets
 import sys
 from dataclasses import dataclass, field
 
@@ -79,21 +82,43 @@ def _refuse_constant(name):
 def write(trace, path):
     """Write `trace` compactly, one event a line (as the ranks write theirs), through a temporary file,
     so `path` holds the whole trace or what it held before."""
-    path = os.fspath(path)
-    tmp = f"{path}.{os.getpid()}.tmp"
     head = {k: v for k, v in trace.items() if k != "traceEvents"}
+    with replacing(path) as f:
+        f.write('{"traceEvents":[\n')
+        f.write(",\n".join(_compact(e) for e in trace["traceEvents"]))
+        f.write("\n]")
+        for key, value in head.items():
+            f.write(f",{_compact(key)}:{_compact(value)}")
+        f.write("}\n")
+
+
+@contextlib.contextmanager
+def replacing(path, mode="w"):
+    """A new file whose contents replace `path` when the block ends (and vanish if it raises).
+
+    The file is made next to `path` at a name no one can guess, by us (O_EXCL) and not through a link
+    (O_NOFOLLOW), then renamed over `path`: a link planted at a predictable name (run.rank3.json, or a
+    temporary one) is replaced, never written through. OSError when it cannot be made or renamed.
+    """
+    path = os.fspath(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(100):
+        tmp = f"{path}.{secrets.token_hex(8)}.tmp"
+        try:
+            fd = os.open(tmp, flags, 0o666)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(errno.EEXIST, "no free name for a temporary file beside it", path)
     try:
-        with open(tmp, "w") as f:
-            f.write('{"traceEvents":[\n')
-            f.write(",\n".join(_compact(e) for e in trace["traceEvents"]))
-            f.write("\n]")
-            for key, value in head.items():
-                f.write(f",{_compact(key)}:{_compact(value)}")
-            f.write("}\n")
+        with os.fdopen(fd, mode) as f:
+            yield f
         os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
+    except BaseException:
+        with contextlib.suppress(OSError):
             os.remove(tmp)
+        raise
 
 
 def _compact(value):

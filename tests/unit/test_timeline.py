@@ -90,9 +90,14 @@ def test_a_pipeline_shows_its_micro_batches(tmp_path):
     assert spans(trace, 0, name="stage send") and spans(trace, 1, name="stage recv")
 
 
-def test_a_stalled_collective_names_the_missing_rank(tmp_path):
+@pytest.mark.parametrize("region", ["", "timeline"])
+def test_a_stalled_collective_names_the_missing_rank(tmp_path, region):
+    """With region="timeline" the barrier is the region's first collective: the timeline numbers the
+    group's collectives from 1 again while rank 1's board still shows the start's own calls, whose
+    numbers were higher (the inspector said "every rank has arrived" before board_seq)."""
     script = tmp_path / "stall.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(textwrap.dedent(f"""
+        import contextlib
         import os
         import time
         import numpy as np
@@ -100,15 +105,18 @@ def test_a_stalled_collective_names_the_missing_rank(tmp_path):
         dist.init_process_group()
         x = np.ones(4, np.float32)
         dist.all_reduce(x)
-        if dist.get_rank() == 1:
-            time.sleep(2.5)   # rank 1 computes while the others wait in the barrier
-        dist.barrier()
+        with dist.timeline("stall.json") if {region!r} else contextlib.nullcontext():
+            if dist.get_rank() == 1:
+                time.sleep(2.5)   # rank 1 computes while the others wait in the barrier
+            dist.barrier()
         # one write (unbuffered print writes each piece, and hydra interleaves the ranks' pieces)
-        os.write(1, f"rank {dist.get_rank()} passed the barrier\\n".encode())
+        os.write(1, f"rank {{dist.get_rank()}} passed the barrier\\n".encode())
     """))
     proc = run_job(tmp_path, 3, [sys.executable, str(script)], PYDIST_STALL_WARN="1")
     for rank in range(3):
         assert f"rank {rank} passed the barrier" in proc.stdout   # the warning did not end the wait
+    # its last call: the all_reduce, or the timeline's start's broadcast of the clock offsets
+    last = "broadcast" if region else "all_reduce"
     for rank in (0, 2):
         warning = re.search(rf"\[rank {rank}\] pydist: stall: barrier has waited ([\d.]+) s.*?\n((?:  .*\n)+)",
                             proc.stderr)
@@ -116,7 +124,8 @@ def test_a_stalled_collective_names_the_missing_rank(tmp_path):
         assert 1.0 <= float(warning.group(1)) < 2.5, proc.stderr
         missing = re.findall(r"  rank (\d+): (.*)", warning.group(2))
         assert [int(r) for r, _ in missing] == [1], proc.stderr   # not the other waiting rank
-        assert "not in a pydist call; its last call, all_reduce, returned" in missing[0][1], proc.stderr
+        assert f"not in a pydist call; its last call, {last}, returned" in missing[0][1], proc.stderr
+    assert "every rank has arrived" not in proc.stderr
     assert "[rank 1] pydist: stall" not in proc.stderr   # it never waited
     assert proc.stderr.count("pydist: stall") == 2, proc.stderr   # once per waiting rank
 
@@ -170,3 +179,14 @@ def test_an_event_of_ones_own_with_bad_arguments_raises(tmp_path):
     trace = json.loads((tmp_path / "args.json").read_text())
     assert validate(trace) == []
     assert [e["name"] for e in spans(trace, 0, cat="user")] == ["good"]
+
+
+def test_a_rank_file_that_cannot_be_replaced_is_an_oserror(tmp_path):
+    """A directory where this rank's file goes: the rename into place fails, an OSError names the file,
+    and the temporary file the trace was written to is gone (issue 41)."""
+    import pydist as dist
+    (tmp_path / "run.rank0.json").mkdir()
+    with pytest.raises(IsADirectoryError, match="run.rank0.json"):
+        with dist.timeline(tmp_path / "run.json"):
+            pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.rank0.json"]

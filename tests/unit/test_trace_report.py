@@ -197,6 +197,34 @@ def test_a_collective_missing_a_member_is_not_annotated(parts):
     assert {e["args"]["wait_us"] for e in find(two, 0, name="gradient sync")} == {20000.0}
 
 
+
+def test_write_never_writes_through_a_link_at_its_temporary_name(merged, tmp_path, monkeypatch):
+    """Links planted where write() makes its temporary file (the name it will draw, and one to a file
+    that does not exist yet): it takes another name, and what they point at is left alone (issue 41)."""
+    victim = tmp_path / "victim"
+    victim.write_text("someone else's file\n")
+    (tmp_path / "out.json.planted.tmp").symlink_to(victim)
+    (tmp_path / "out.json.dangling.tmp").symlink_to(tmp_path / "never-made")
+    drawn = iter(["planted", "dangling", "fresh"])
+    monkeypatch.setattr(trace_report.secrets, "token_hex", lambda n: next(drawn))
+    trace_report.write(merged, tmp_path / "out.json")
+    assert victim.read_text() == "someone else's file\n" and not (tmp_path / "never-made").exists()
+    assert json.loads((tmp_path / "out.json").read_text()) == merged
+    assert not (tmp_path / "out.json.fresh.tmp").exists()
+
+
+def test_write_replaces_a_link_at_its_path_and_cleans_up_on_failure(merged, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("someone else's file\n")
+    (tmp_path / "out.json").symlink_to(victim)
+    trace_report.write(merged, tmp_path / "out.json")
+    assert victim.read_text() == "someone else's file\n" and not (tmp_path / "out.json").is_symlink()
+    (tmp_path / "dir.json").mkdir()
+    with pytest.raises(IsADirectoryError):
+        trace_report.write(merged, tmp_path / "dir.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.json", "out.json", "run.json", "run.rank0.json",
+                                                          "run.rank1.json", "run.rank2.json", "victim"]
+
 # ---------------------------------------------------------------------------------------------------
 # summary and stragglers
 
