@@ -157,7 +157,7 @@ static PyObject *compressor_decode_add(CompressorObject *self, PyObject *const *
     } else if (compress_payload_check(&self->z, 0, self->z.n, payload.buf, want, why, sizeof why) < 0) {
         PyErr_Format(PyExc_ValueError, "%s(): `payload` is not one that encode() gives: %s", fn, why);
     } else if (float_array(self, args[1], fn, "out", 1, &out) == 0) {
-        compress_decode_add(&self->z, 0, payload.buf, self->z.n, (float)scale, out.data);   // (checked above)
+        compress_decode_add_checked(&self->z, 0, payload.buf, self->z.n, (float)scale, out.data);
         ret = Py_NewRef(Py_None);
         pd_buf_release(&out);
     }

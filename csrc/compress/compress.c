@@ -254,6 +254,12 @@ int compress_decode_add(const Compressor *z, long lo, const void *payload, long 
     if (compress_payload_check(z, lo, len, payload, compress_payload_bytes(z, lo, len), err, sizeof err) < 0) {
         return -1;
     }
+    compress_decode_add_checked(z, lo, payload, len, scale, out);
+    return 0;
+}
+
+void compress_decode_add_checked(const Compressor *z, long lo, const void *payload, long len, float scale,
+                                 float *out) {
     switch (z->spec.kind) {
     case COMPRESS_FP16: case COMPRESS_BF16:
         cast16_decode_add(z->spec.kind == COMPRESS_BF16, payload, len, scale, out);
@@ -291,7 +297,6 @@ int compress_decode_add(const Compressor *z, long lo, const void *payload, long 
         break;
     }
     }
-    return 0;
 }
 
 // The state a checkpoint keeps: the residual, powersgd's Q and its generator, in that order.

@@ -101,6 +101,10 @@ int compress_payload_check(const Compressor *z, long lo, long len, const void *p
 // out[0..len) += scale * what `payload` (compress_payload_bytes of it, from compress_encode with the same
 // z's spec, lo and len) holds: 0; or -1, writing nothing, when compress_payload_check refuses it.
 int compress_decode_add(const Compressor *z, long lo, const void *payload, long len, float scale, float *out);
+// The same for a payload that compress_payload_check has passed already (a caller that wants its message,
+// or every payload checked before any is added), so that it is not read twice.
+void compress_decode_add_checked(const Compressor *z, long lo, const void *payload, long len, float scale,
+                                 float *out);
 
 // Whether the encodings may use AVX2 and F16C: the level of simd.h is avx2 or wider (PYDIST_SIMD=sse2
 // keeps the scalar loops; both give the same bits).

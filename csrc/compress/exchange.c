@@ -49,7 +49,7 @@ static int gathered_sum(Compressor *z, Comm *c, float *buf, long n) {
         }
     }
     memset(buf, 0, sizeof(float) * (size_t)n);
-    for (int r = 0; r < R; r++) compress_decode_add(z, 0, all + (size_t)r * bytes, n, 1.0f, buf);
+    for (int r = 0; r < R; r++) compress_decode_add_checked(z, 0, all + (size_t)r * bytes, n, 1.0f, buf);
     return 0;
 }
 
