@@ -7,6 +7,9 @@
 #include "comm_glue.h"
 #include "compress/exchange.h"
 
+#include <float.h>
+#include <math.h>
+
 typedef struct {
     PyObject_HEAD
     Compressor z;
@@ -125,7 +128,8 @@ static PyObject *compressor_encode(CompressorObject *self, PyObject *const *args
     return out;
 }
 
-// decode_add(payload, out, scale=1.0): out += scale * what the payload (from encode) holds.
+// decode_add(payload, out, scale=1.0): out += scale * what the payload (from encode) holds. A payload
+// that encode could not have written (compress_payload_check) is a ValueError, and out is left as it was.
 static PyObject *compressor_decode_add(CompressorObject *self, PyObject *const *args, Py_ssize_t nargs) {
     const char *fn = "Compressor.decode_add";
     double scale = 1.0;
@@ -135,6 +139,10 @@ static PyObject *compressor_decode_add(CompressorObject *self, PyObject *const *
     if (nargs != 3 && pd_check_nargs(nargs, 2, fn) < 0) {
         return NULL;
     }
+    if (!(fabs(scale) <= FLT_MAX)) {   // (a double past float32's range has no float32 to convert to)
+        PyErr_Format(PyExc_ValueError, "%s(): `scale` must be a finite float32 value; got %g", fn, scale);
+        return NULL;
+    }
     Py_buffer payload;
     if (PyObject_GetBuffer(args[0], &payload, PyBUF_SIMPLE) < 0) {
         return NULL;
@@ -142,11 +150,14 @@ static PyObject *compressor_decode_add(CompressorObject *self, PyObject *const *
     PdBuf out = {0};
     PyObject *ret = NULL;
     size_t want = compress_payload_bytes(&self->z, 0, self->z.n);
+    char why[160];
     if ((size_t)payload.len != want) {
         PyErr_Format(PyExc_ValueError, "%s(): `payload` must be the %zu bytes encode() gives; got %zd", fn, want,
                      payload.len);
+    } else if (compress_payload_check(&self->z, 0, self->z.n, payload.buf, want, why, sizeof why) < 0) {
+        PyErr_Format(PyExc_ValueError, "%s(): `payload` is not one that encode() gives: %s", fn, why);
     } else if (float_array(self, args[1], fn, "out", 1, &out) == 0) {
-        compress_decode_add(&self->z, 0, payload.buf, self->z.n, (float)scale, out.data);
+        compress_decode_add_checked(&self->z, 0, payload.buf, self->z.n, (float)scale, out.data);
         ret = Py_NewRef(Py_None);
         pd_buf_release(&out);
     }
@@ -177,7 +188,9 @@ static PyObject *compressor_allreduce_sum(CompressorObject *self, PyObject *cons
         int rc = compress_allreduce_sum(&self->z, &c, x.data, self->z.n, ring);
         PyEval_RestoreThread(sync.released);
         self->busy = 0;
-        if (rc == -2 && !PyErr_Occurred()) {
+        if (rc == -2 && c.mpi_call == self->z.refused) {   // another rank's payload, not MPI, failed
+            PyErr_Format(pd_DistError, "%s(): %s", fn, self->z.refused);
+        } else if (rc == -2 && !PyErr_Occurred()) {
             pd_raise_mpi(c.mpi_rc, c.mpi_call);
         } else if (rc == 0) {
             ret = Py_BuildValue("(LL)", c.count.bytes_sent, c.count.messages);

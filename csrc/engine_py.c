@@ -1096,15 +1096,22 @@ static PyObject *engine_save(EngineObject *e, PyObject *const *args, Py_ssize_t 
                           (uint64_t)world, (uint64_t)global_batch};
     snprintf(h.compression, sizeof h.compression, "%s", compression);
     char err[1024];
-    int rc;
+    int rc, cause = 0;
     Py_BEGIN_ALLOW_THREADS
     rc = checkpoint_save(path, &h, params, momentum, state.buf, err, sizeof err);
+    cause = errno;
     Py_END_ALLOW_THREADS
     e->busy = 0;
     PyBuffer_Release(&state);
+    if (rc < 0) {   // OSError(errno, text, path): the subclass of the cause (PermissionError, ...), errno kept
+        PyObject *exc = PyObject_CallFunction(PyExc_OSError, "isO", cause, err, args[0]);
+        if (exc != NULL) {
+            PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+            Py_DECREF(exc);
+        }
+    }
     Py_DECREF(path_bytes);
     if (rc < 0) {
-        PyErr_SetString(PyExc_OSError, err);
         return NULL;
     }
     Py_RETURN_NONE;
@@ -1141,13 +1148,7 @@ static PyObject *engine_load(EngineObject *e, PyObject *const *args, Py_ssize_t 
         rc = checkpoint_load(path, &h, params, momentum, &state, &expect, err, sizeof err);
         Py_END_ALLOW_THREADS
     }
-    if (rc == 0 && (h.step > INT64_MAX || h.epoch > INT64_MAX ||   // save() writes counts >= 0 only
-                    (h.sample != UINT64_MAX && (h.sample > INT64_MAX || h.world - 1 >= INT64_MAX ||
-                                                h.global_batch - 1 >= INT64_MAX)))) {
-        snprintf(err, sizeof err, "%s is damaged: its step, epoch or position is out of range", path);
-        rc = -1;
-    }
-    if (rc == 0) {
+    if (rc == 0) {   // (checkpoint_load checked every field against what save() writes)
         memcpy(e->model.params, params, bytes);
         memcpy(e->momentum, momentum, bytes);
         e->momentum_started = h.momentum_started != 0;

@@ -573,14 +573,76 @@ static int skip_hwloc_io(void) {
     return getenv("HWLOC_COMPONENTS") == NULL && setenv("HWLOC_COMPONENTS", HWLOC_SKIP_IO, 0) == 0;
 }
 
+// ---------------------------------------------------------------------------------------------------
+// pydist's settings from the environment (docs/reference/environment.md)
+//
+// Every PYDIST_* value C reads is parsed here, strictly: unset or empty is the default; anything else
+// must be what the setting takes, in full, or init_process_group (and mpi_info) raise a ValueError
+// naming the variable, before MPI starts. A byte count is decimal digits alone (no sign, which
+// strtoull would wrap to a huge count; no spaces, suffix or exponent) up to ENV_BYTES_MAX, room to
+// multiply by any node's ranks without overflow.
+#define ENV_BYTES_MAX ((unsigned long long)1 << 40)   // 1 TiB
+
+static const char *const ENV_BYTES[] = {"PYDIST_SHM_BYTES", "PYDIST_SHM_SMALL_BYTES", "PYDIST_SHM_STAGE",
+                                        "PYDIST_PERSISTENT_BYTES"};
+static const char *const THREAD_LEVELS[] = {"single", "funneled", "serialized", "multiple"};   // MPI's order
+
+// 0 and *out, or -1 when v is not a byte count.
+static int parse_bytes(const char *v, unsigned long long *out) {
+    unsigned long long x = 0;
+    for (const char *c = v; *c; c++) {
+        if (*c < '0' || *c > '9' || (x = x * 10 + (unsigned long long)(*c - '0')) > ENV_BYTES_MAX) {
+            return -1;
+        }
+    }
+    *out = x;
+    return *v ? 0 : -1;
+}
+
+// What a setting holds: Py_None when unset or empty, else its value; NULL with a ValueError if malformed.
+static PyObject *env_setting(const char *name) {
+    const char *v = getenv(name);
+    unsigned long long bytes;
+    if (v == NULL || *v == 0) {
+        return Py_NewRef(Py_None);
+    }
+    if (strcmp(name, "PYDIST_THREAD_LEVEL") == 0) {
+        for (int l = 0; l < 4; l++) {
+            if (strcmp(v, THREAD_LEVELS[l]) == 0) {
+                return PyUnicode_FromString(v);
+            }
+        }
+        PyErr_Format(PyExc_ValueError, "PYDIST_THREAD_LEVEL must be single, funneled, serialized or multiple (or "
+                     "unset: multiple); got '%.100s'", v);
+        return NULL;
+    }
+    if (parse_bytes(v, &bytes) < 0) {
+        PyErr_Format(PyExc_ValueError, "%s must be a byte count, decimal digits alone, at most %llu (or unset: "
+                     "the default); got '%.100s'", name, ENV_BYTES_MAX, v);
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(bytes);
+}
+
+// {name: value or None} of every setting C reads; NULL with a ValueError naming the first malformed one.
+static PyObject *env_settings(void) {
+    PyObject *out = PyDict_New();
+    for (size_t i = 0; out != NULL && i <= sizeof ENV_BYTES / sizeof *ENV_BYTES; i++) {
+        const char *name = i < sizeof ENV_BYTES / sizeof *ENV_BYTES ? ENV_BYTES[i] : "PYDIST_THREAD_LEVEL";
+        PyObject *value = env_setting(name);
+        if (value == NULL || PyDict_SetItemString(out, name, value) < 0) {
+            Py_CLEAR(out);
+        }
+        Py_XDECREF(value);
+    }
+    return out;
+}
+
 size_t pd_env_bytes(const char *name, size_t dflt) {
     const char *v = getenv(name);
-    if (v == NULL || *v < '0' || *v > '9') {
-        return dflt;   // unset, empty, or signed: strtoull would wrap "-1" to a huge count
-    }
-    char *end;
-    unsigned long long x = strtoull(v, &end, 10);
-    return *end == 0 ? (size_t)x : dflt;
+    unsigned long long x;
+    // init refused a malformed value; one set since (init reads most once) is ignored, as unset
+    return v != NULL && parse_bytes(v, &x) == 0 ? (size_t)x : dflt;
 }
 
 static const char *level_name(int level) {
@@ -591,13 +653,15 @@ static const char *level_name(int level) {
 
 // The level we ask MPI for: MULTIPLE, since other Python threads may call in while one waits with the
 // GIL released. PYDIST_THREAD_LEVEL (single, funneled, serialized) asks for less, to test how pydist
-// copes with an MPI that gives less.
+// copes with an MPI that gives less. (env_settings has checked it.)
 static int requested_level(void) {
+    const int levels[] = {MPI_THREAD_SINGLE, MPI_THREAD_FUNNELED, MPI_THREAD_SERIALIZED, MPI_THREAD_MULTIPLE};
     const char *v = getenv("PYDIST_THREAD_LEVEL");
-    if (v == NULL || *v == 0) return MPI_THREAD_MULTIPLE;
-    if (strcmp(v, "single") == 0) return MPI_THREAD_SINGLE;
-    if (strcmp(v, "funneled") == 0) return MPI_THREAD_FUNNELED;
-    if (strcmp(v, "serialized") == 0) return MPI_THREAD_SERIALIZED;
+    for (int l = 0; v != NULL && l < 4; l++) {
+        if (strcmp(v, THREAD_LEVELS[l]) == 0) {
+            return levels[l];
+        }
+    }
     return MPI_THREAD_MULTIPLE;
 }
 
@@ -671,6 +735,11 @@ PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_Format(pd_DistError, "init_process_group(): %s; restart the job", init_failure);
         return NULL;
     }
+    PyObject *settings = env_settings();   // a malformed one is refused before anything starts
+    if (settings == NULL) {
+        return NULL;
+    }
+    Py_DECREF(settings);
     if (start_mpi() < 0 || pd_ops_init() < 0) {
         return NULL;
     }
@@ -944,8 +1013,13 @@ PyObject *pd_mpi_info(PyObject *self, PyObject *unused) {
     if (thread_level < 0 && MPI_Initialized(&started) == MPI_SUCCESS && started) {
         MPI_Query_thread(&thread_level);   // MPI started by someone else (mpi4py)
     }
-    return Py_BuildValue("{s:s,s:i,s:i,s:O}", "library_version", version, "mpi_version", MPI_VERSION,
-                         "thread_level", thread_level, "wait_spin", pd_wait_spin ? Py_True : Py_False);
+    PyObject *settings = env_settings();
+    if (settings == NULL) {
+        return NULL;
+    }
+    return Py_BuildValue("{s:s,s:i,s:i,s:O,s:N}", "library_version", version, "mpi_version", MPI_VERSION,
+                         "thread_level", thread_level, "wait_spin", pd_wait_spin ? Py_True : Py_False, "settings",
+                         settings);
 }
 
 

@@ -289,7 +289,8 @@ void pd_group_break(long handle, const char *why);
 // The group's slot for shared_memory.c's channel (freed with the group by pd_shm_group_release).
 void **pd_group_shm(long handle);
 
-// A byte count from the environment (group.c): `dflt` when unset, empty or not a plain decimal number.
+// A byte count from the environment (group.c): `dflt` when unset or empty. init_process_group has refused
+// a malformed one (a ValueError naming it); one set malformed since is taken as unset.
 size_t pd_env_bytes(const char *name, size_t dflt);
 
 // ---------------------------------------------------------------------------------------------------

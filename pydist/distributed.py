@@ -19,6 +19,7 @@ import weakref
 
 import numpy  # noqa: F401  (before _C, so that NumPy's own BLAS starts with the user's settings)
 
+from . import _env
 from . import _libraries
 
 
@@ -187,7 +188,7 @@ def _launcher_size():
     for var, who in (("OMPI_COMM_WORLD_SIZE", "Open MPI's mpiexec"), ("PMI_SIZE", "a PMI launcher (hydra)"),
                      ("SLURM_NTASKS", "Slurm")):
         value = os.environ.get(var, "")
-        if value.isdigit() and int(value) > 1:
+        if value.isascii() and value.isdigit() and int(value) > 1:   # (isdigit alone takes "²", which int refuses)
             return int(value), var, who
     return 1, None, None
 
@@ -1105,10 +1106,10 @@ def scatter_object_list(scatter_object_output_list, scatter_object_input_list=No
     return None
 
 
-if os.environ.get("PYDIST_DEBUG", "").upper() == "DETAIL":
+if _env.read("PYDIST_DEBUG") == "detail":
     from . import debug as _debug
     for _name in _debug.CHECKED:
         globals()[_name] = _debug.wrap(globals()[_name], _group_handle)
 
-if os.environ.get("PYDIST_WAIT", "").lower() == "mpi":
+if _env.read("PYDIST_WAIT") == "mpi":
     _C.set_wait_mode(_C.WAIT_MPI)

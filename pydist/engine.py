@@ -25,6 +25,7 @@ from contextlib import nullcontext
 import numpy as np
 
 from . import _C
+from . import _env
 from . import distributed as dist
 from . import run
 
@@ -422,7 +423,7 @@ class Trainer:
         self.sgd = (float(lr), float(momentum), float(dampening), float(weight_decay), bool(nesterov))
         # One BLAS thread per rank unless asked: the ranks are the parallelism, and more threads than
         # cores make every rank wait for the slowest.
-        _C.set_blas_threads(int(blas_threads or os.environ.get("PYDIST_BLAS_THREADS", 1)))
+        _C.set_blas_threads(int(blas_threads or _env.read("PYDIST_BLAS_THREADS")))
         if dist.is_initialized():
             self.group = group
             self._handle = dist._group_handle(group, "Trainer") if group is not None else 0
@@ -442,7 +443,7 @@ class Trainer:
         self._broadcast_state()
         self._slow_ms = int(slow_ms) if slow_rank == self.rank else 0
         if survive is None:
-            survive = os.environ.get("PYDIST_SURVIVE") == "1" and strategy in ASYNC
+            survive = _env.read("PYDIST_SURVIVE") and strategy in ASYNC
         if survive and strategy not in ASYNC:
             raise ValueError(f"Trainer: `survive` is for the asynchronous strategies ({', '.join(ASYNC)}); "
                              f"{strategy!r} is restarted from its checkpoint by python -m pydist.run instead")

@@ -235,7 +235,31 @@ void compress_encode(Compressor *z, long lo, const float *in, long len, void *pa
     }
 }
 
-void compress_decode_add(const Compressor *z, long lo, const void *payload, long len, float scale, float *out) {
+int compress_payload_check(const Compressor *z, long lo, long len, const void *payload, size_t bytes, char *err,
+                           size_t errlen) {
+    const size_t want = compress_payload_bytes(z, lo, len);
+    if (bytes != want) {
+        snprintf(err, errlen, "a payload of %ld entries is %zu bytes; got %zu", len, want, bytes);
+        return -1;
+    }
+    switch (z->spec.kind) {
+    case COMPRESS_TOPK: return topk_check(payload, topk_count(z->spec.ratio, len), len, err, errlen);
+    case COMPRESS_SIGN: return sign_check(payload, len, err, errlen);
+    default: return 0;   // fp16/bf16, powersgd, none: any bits are values, and the matrices are z's own
+    }
+}
+
+int compress_decode_add(const Compressor *z, long lo, const void *payload, long len, float scale, float *out) {
+    char err[160];   // (a caller that wants the reason asks compress_payload_check itself)
+    if (compress_payload_check(z, lo, len, payload, compress_payload_bytes(z, lo, len), err, sizeof err) < 0) {
+        return -1;
+    }
+    compress_decode_add_checked(z, lo, payload, len, scale, out);
+    return 0;
+}
+
+void compress_decode_add_checked(const Compressor *z, long lo, const void *payload, long len, float scale,
+                                 float *out) {
     switch (z->spec.kind) {
     case COMPRESS_FP16: case COMPRESS_BF16:
         cast16_decode_add(z->spec.kind == COMPRESS_BF16, payload, len, scale, out);

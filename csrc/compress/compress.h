@@ -59,6 +59,9 @@ typedef struct {
     // (whose owner a request given up is parked with), so a failed wait never leaves MPI a freed block.
     void *buffer;
     size_t buffer_bytes;
+    // Why the last compressed sum refused another rank's payload: the text its comm_fail names as the
+    // failed call, so it lives as long as the compressor; empty when none was refused.
+    char refused[320];
 } Compressor;
 
 // Parse `text` ("fp16", "topk:0.01", ...). 0, or -1 with a message in err.
@@ -88,8 +91,20 @@ size_t compress_payload_bytes(const Compressor *z, long lo, long len);
 // One rank's payload for x = in[0..len) (entries [lo, lo + len) of the buffer) plus their residual;
 // the residual becomes x minus what the payload decodes to. payload: compress_payload_bytes of it.
 void compress_encode(Compressor *z, long lo, const float *in, long len, void *payload);
-// out[0..len) += scale * what `payload` (from compress_encode with the same z's spec, lo and len) holds.
-void compress_decode_add(const Compressor *z, long lo, const void *payload, long len, float scale, float *out);
+// Whether `bytes` bytes at `payload`, from outside (another rank, a caller), are a payload that
+// compress_encode could have written for the entries [lo, lo + len): the length, topk's indices (inside
+// [0, len), increasing), sign's scales (not negative; a NaN only as the one quiet NaN) and its unused
+// bits (zero). fp16/bf16, powersgd and none: every bit pattern is a value (NaN and infinities pass as
+// the plain all-reduce passes them). 0, or -1 with err saying what is wrong.
+int compress_payload_check(const Compressor *z, long lo, long len, const void *payload, size_t bytes, char *err,
+                           size_t errlen);
+// out[0..len) += scale * what `payload` (compress_payload_bytes of it, from compress_encode with the same
+// z's spec, lo and len) holds: 0; or -1, writing nothing, when compress_payload_check refuses it.
+int compress_decode_add(const Compressor *z, long lo, const void *payload, long len, float scale, float *out);
+// The same for a payload that compress_payload_check has passed already (a caller that wants its message,
+// or every payload checked before any is added), so that it is not read twice.
+void compress_decode_add_checked(const Compressor *z, long lo, const void *payload, long len, float scale,
+                                 float *out);
 
 // Whether the encodings may use AVX2 and F16C: the level of simd.h is avx2 or wider (PYDIST_SIMD=sse2
 // keeps the scalar loops; both give the same bits).
@@ -102,9 +117,12 @@ void cast16_decode_add(int bf16, const uint16_t *in, long len, float scale, floa
 long topk_count(double ratio, long len);
 // mag: len floats of scratch.
 void topk_encode(float *x, long len, long k, float *mag, int32_t *index, float *value);
+// The checks of compress_payload_check (0, or -1 with err); the decoders trust what they passed.
+int topk_check(const int32_t *index, long k, long len, char *err, size_t errlen);
 void topk_decode_add(const int32_t *index, const float *value, long k, float scale, float *out);
 size_t sign_bytes(long len);
 void sign_encode(float *x, long len, void *out);
+int sign_check(const void *in, long len, char *err, size_t errlen);
 void sign_decode_add(const void *in, long len, float scale, float *out);
 // powersgd.c: orthonormalise the K columns of P (rows x K, row-major) in place (a column that comes
 // out (near) zero stays zero); and one rank's own rank-K factorisation of M (rows x cols), P then Q,

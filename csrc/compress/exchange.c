@@ -11,6 +11,7 @@
  */
 #include "exchange.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "engine/blas.h"
@@ -34,11 +35,22 @@ static int gathered_sum(Compressor *z, Comm *c, float *buf, long n) {
     }
     compress_encode(z, 0, buf, n, all + (size_t)c->rank * bytes);
     int rc = comm_allgather_bytes(c, all, bytes);
-    if (rc == 0) {
-        memset(buf, 0, sizeof(float) * (size_t)n);
-        for (int r = 0; r < R; r++) compress_decode_add(z, 0, all + (size_t)r * bytes, n, 1.0f, buf);
+    if (rc < 0) {
+        return rc;
     }
-    return rc;
+    // Every payload is checked before any is added: a malformed one (a rank with another compressor, or
+    // damaged bytes) leaves buf as it was. Every rank holds the same payloads, so every rank refuses alike.
+    for (int r = 0; r < R; r++) {
+        char why[160];
+        if (compress_payload_check(z, 0, n, all + (size_t)r * bytes, bytes, why, sizeof why) < 0) {
+            snprintf(z->refused, sizeof z->refused, "the compressed sum (group rank %d sent a malformed payload: "
+                     "%s; do the ranks' compressors match?)", r, why);
+            return comm_fail(c, MPI_ERR_OTHER, z->refused);
+        }
+    }
+    memset(buf, 0, sizeof(float) * (size_t)n);
+    for (int r = 0; r < R; r++) compress_decode_add_checked(z, 0, all + (size_t)r * bytes, n, 1.0f, buf);
+    return 0;
 }
 
 static int powersgd_sum(Compressor *z, Comm *c, float *buf, long n, int ring) {

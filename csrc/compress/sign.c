@@ -12,6 +12,7 @@
 #include "compress.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 static long chunks(long len) {
@@ -116,6 +117,34 @@ void sign_encode(float *x, long len, void *out) {
         signs_scalar(x + lo, done, n, s, bits + lo / 8);
     }
     (void)vector;
+}
+
+// A scale is a mean of magnitudes: never negative (its sign bit clear), a NaN only as the one quiet NaN
+// that encode writes for a chunk holding one. The bits past len in the last byte are encode's zeros.
+// (Scales are read with memcpy: a payload inside a gathered block need not be 4-byte aligned.)
+int sign_check(const void *in, long len, char *err, size_t errlen) {
+    const unsigned char *p = in;
+    for (long c = 0; c < chunks(len); c++) {
+        uint32_t bits;
+        memcpy(&bits, p + (size_t)c * sizeof bits, sizeof bits);
+        if ((bits >> 31) != 0 || (bits > 0x7f800000u && bits != 0x7fc00000u)) {
+            float v;
+            memcpy(&v, &bits, sizeof v);
+            snprintf(err, errlen, "sign chunk %ld has scale %g (bits 0x%08x): a scale is a mean magnitude, never "
+                     "negative, and a NaN only as the quiet NaN 0x7fc00000", c, (double)v, (unsigned)bits);
+            return -1;
+        }
+    }
+    if (len % 8 == 0) {
+        return 0;
+    }
+    const unsigned char last = p[sign_bytes(len) - 1];
+    if ((last >> (len % 8)) != 0) {
+        snprintf(err, errlen, "sign payload of %ld entries has bits set past its last entry (last byte 0x%02x)", len,
+                 last);
+        return -1;
+    }
+    return 0;
 }
 
 void sign_decode_add(const void *in, long len, float scale, float *out) {

@@ -6,6 +6,7 @@
 #include "compress.h"
 
 #include <math.h>
+#include <stdio.h>
 
 long topk_count(double ratio, long len) {
     if (len <= 0) {
@@ -68,6 +69,32 @@ void topk_encode(float *x, long len, long k, float *mag, int32_t *index, float *
             taken++;
         }
     }
+}
+
+// encode writes the indices in increasing order inside [0, len): checked as one pass of compares without
+// an early exit (the compiler vectorises it), so a valid payload costs a read of its indices; only a bad
+// one is searched again, for the message. Increasing also rules out an entry added twice.
+int topk_check(const int32_t *index, long k, long len, char *err, size_t errlen) {
+    if (k <= 0) {
+        return 0;
+    }
+    int bad = index[0] < 0 || index[k - 1] >= len;
+    for (long i = 1; i < k; i++) bad |= index[i] <= index[i - 1];
+    if (!bad) {
+        return 0;
+    }
+    for (long i = 0; i < k; i++) {
+        if (index[i] < 0 || index[i] >= len) {
+            snprintf(err, errlen, "topk pair %ld has index %d, outside [0, %ld)", i, (int)index[i], len);
+            return -1;
+        }
+        if (i > 0 && index[i] <= index[i - 1]) {
+            snprintf(err, errlen, "topk pair %ld has index %d after %d: the indices must increase", i, (int)index[i],
+                     (int)index[i - 1]);
+            return -1;
+        }
+    }
+    return -1;   // (not reached: bad says one of them fails)
 }
 
 void topk_decode_add(const int32_t *index, const float *value, long k, float scale, float *out) {

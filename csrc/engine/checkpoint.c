@@ -21,6 +21,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include "zlib_calls.h"
 
@@ -92,7 +94,7 @@ static void sync_dir(const char *path) {
     if (copy == NULL) {
         return;
     }
-    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
+    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd >= 0) {
         fsync(fd);
         close(fd);
@@ -100,29 +102,56 @@ static void sync_dir(const char *path) {
     free(copy);
 }
 
+// The temporary beside `path` (len bytes at tmp), made as mkstemp makes one: a random name opened with
+// O_CREAT | O_EXCL, and O_NOFOLLOW besides, so that a name planted there (a symlink to a file someone
+// wants overwritten) is never opened, only passed over. Its mode is any new file's (0666 less the
+// umask), which the checkpoint keeps after the rename. The descriptor, or -1 with errno.
+static int create_temporary(const char *path, char *tmp, size_t len) {
+    for (unsigned attempt = 0; attempt < 100; attempt++) {
+        uint64_t r;
+        if (getentropy(&r, sizeof r) != 0) {   // (no entropy: still a name no other process is making now)
+            r = ((uint64_t)getpid() << 32) ^ (uint64_t)time(NULL) ^ (attempt * 0x9e3779b97f4a7c15ull);
+        }
+        snprintf(tmp, len, "%s.tmp.%016llx", path, (unsigned long long)r);
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+        if (fd >= 0 || errno != EEXIST) {
+            return fd;
+        }
+    }
+    return -1;   // (errno: EEXIST)
+}
+
 int checkpoint_save(const char *path, const CheckpointHeader *h, const float *params, const float *momentum,
                     const void *state, char *err, size_t errlen) {
-    size_t len = strlen(path);
-    char *tmp = malloc(len + 32);
-    int fd = -1, rc = -1;
+    const size_t len = strlen(path) + 32;
+    char *tmp = malloc(len);
+    int fd = -1, made = 0, rc = -1, cause = 0;
     if (tmp == NULL) {
+        cause = ENOMEM;
         snprintf(err, errlen, "out of memory saving %s", path);
         goto out;
     }
-    snprintf(tmp, len + 32, "%s.tmp.%ld", path, (long)getpid());
     uint32_t crc = checkpoint_crc(h, params, momentum, state);
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     size_t bytes = (size_t)h->num_params * sizeof(float);
-    if (fd < 0 || write_all(fd, h, header_bytes(h)) < 0 || write_all(fd, params, bytes) < 0 ||
-        write_all(fd, momentum, bytes) < 0 || write_all(fd, state, state_total(h)) < 0 ||
-        write_all(fd, &crc, sizeof crc) < 0 || fsync(fd) < 0) {
-        snprintf(err, errlen, "cannot write checkpoint %s: %s", tmp, strerror(errno));
+    if ((fd = create_temporary(path, tmp, len)) < 0) {
+        cause = errno;
+        snprintf(err, errlen, "cannot create a temporary file beside checkpoint %s: %s", path, strerror(cause));
         goto out;
     }
-    close(fd);
+    made = 1;
+    if (write_all(fd, h, header_bytes(h)) < 0 || write_all(fd, params, bytes) < 0 ||
+        write_all(fd, momentum, bytes) < 0 || write_all(fd, state, state_total(h)) < 0 ||
+        write_all(fd, &crc, sizeof crc) < 0 || fsync(fd) < 0) {
+        cause = errno;
+        snprintf(err, errlen, "cannot write checkpoint %s (its temporary %s is removed; the file there before is "
+                 "as it was): %s", path, tmp, strerror(cause));
+        goto out;
+    }
+    int closed = close(fd);   // (where writes are deferred, close can be the first to report a full disk)
     fd = -1;
-    if (rename(tmp, path) < 0) {
-        snprintf(err, errlen, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    if (closed < 0 || rename(tmp, path) < 0) {
+        cause = errno;
+        snprintf(err, errlen, "cannot %s %s to %s: %s", closed < 0 ? "close" : "rename", tmp, path, strerror(cause));
         goto out;
     }
     sync_dir(path);
@@ -131,24 +160,69 @@ out:
     if (fd >= 0) {
         close(fd);
     }
-    if (rc < 0 && tmp != NULL) {
+    if (rc < 0 && made) {   // ours alone (O_EXCL made it), whatever failed after
         unlink(tmp);
     }
     free(tmp);
+    errno = cause;   // for the caller's OSError
     return rc;
+}
+
+// What the header says, checked before anything is allocated or read on its word: the model's, every
+// field in the range save() writes, and the file exactly as long as the header makes it (so a crafted
+// count is never an allocation). -1 with err.
+static int header_check(const char *path, const CheckpointHeader *h, const CheckpointHeader *expect,
+                        uint64_t file_bytes, char *err, size_t errlen) {
+    const char *name = h->compression;
+    size_t name_len = strnlen(name, sizeof h->compression);
+    int name_ok = name_len < sizeof h->compression;
+    for (size_t i = 0; name_ok && i < sizeof h->compression; i++) {   // printable, then zeros, as save() pads it
+        name_ok = i < name_len ? name[i] >= 0x20 && name[i] < 0x7f : name[i] == 0;
+    }
+    uint64_t state, want;
+    if (h->num_params != expect->num_params || h->model_hash != expect->model_hash) {
+        snprintf(err, errlen, "%s was saved from a different model (%llu parameters, model hash %016llx; this "
+                 "model has %llu, %016llx)", path, (unsigned long long)h->num_params,
+                 (unsigned long long)h->model_hash, (unsigned long long)expect->num_params,
+                 (unsigned long long)expect->model_hash);
+    } else if ((h->state_ranks == 0) != (h->state_bytes == 0) || !name_ok ||
+               __builtin_mul_overflow(h->state_ranks, h->state_bytes, &state) ||
+               __builtin_add_overflow(state, header_bytes(h) + 2 * h->num_params * sizeof(float) + sizeof(uint32_t),
+                                      &want)) {
+        snprintf(err, errlen, "%s is damaged: its compression state's size or name is out of range (%llu ranks "
+                 "of %llu bytes)", path, (unsigned long long)h->state_ranks, (unsigned long long)h->state_bytes);
+    } else if (h->step > INT64_MAX || h->epoch > INT64_MAX || h->momentum_started > 1 ||
+               (h->version >= 4 && h->sample != UINT64_MAX &&   // (UINT64_MAX: saved with the position unknown)
+                (h->sample > INT64_MAX || h->world - 1 >= INT64_MAX || h->global_batch - 1 >= INT64_MAX))) {
+        snprintf(err, errlen, "%s is damaged: its step, epoch, momentum flag or position is out of range", path);
+    } else if (file_bytes < want) {
+        snprintf(err, errlen, "%s is truncated: %llu bytes, where its header makes it %llu (the parameters and "
+                 "momentum values, their compression state and their CRC32)", path, (unsigned long long)file_bytes,
+                 (unsigned long long)want);
+    } else if (file_bytes > want) {
+        snprintf(err, errlen, "%s is longer than its header says (%llu bytes, not %llu): not a checkpoint of this "
+                 "model", path, (unsigned long long)file_bytes, (unsigned long long)want);
+    } else {
+        return 0;
+    }
+    return -1;
 }
 
 int checkpoint_load(const char *path, CheckpointHeader *h, float *params, float *momentum, void **state,
                     const CheckpointHeader *expect, char *err, size_t errlen) {
     *state = NULL;
     memset(h, 0, sizeof *h);
-    int fd = open(path, O_RDONLY);
+    // O_NONBLOCK: a FIFO at `path` would block the open itself until a writer came
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         snprintf(err, errlen, "cannot open checkpoint %s: %s", path, strerror(errno));
         return -1;
     }
     int rc = -1;
-    if (read_all(fd, h, CHECKPOINT_V2_HEADER) < 0) {
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "%s is not a regular file, so not a pydist checkpoint", path);
+    } else if (read_all(fd, h, CHECKPOINT_V2_HEADER) < 0) {
         snprintf(err, errlen, "%s is too short to be a pydist checkpoint", path);
     } else if (h->magic != CHECKPOINT_MAGIC) {
         snprintf(err, errlen, "%s is not a pydist checkpoint (magic 0x%08x, expected 0x%08x)", path, h->magic,
@@ -160,15 +234,7 @@ int checkpoint_load(const char *path, CheckpointHeader *h, float *params, float 
     } else if (h->version >= 3 && read_all(fd, (char *)h + CHECKPOINT_V2_HEADER,
                                            header_bytes(h) - CHECKPOINT_V2_HEADER) < 0) {
         snprintf(err, errlen, "%s is too short to be a pydist checkpoint", path);
-    } else if (h->state_bytes > ((uint64_t)1 << 40) || h->state_ranks > ((uint64_t)1 << 24) ||
-               h->compression[sizeof h->compression - 1] != 0) {
-        snprintf(err, errlen, "%s is damaged: its compression state's size is out of range", path);
-    } else if (h->num_params != expect->num_params || h->model_hash != expect->model_hash) {
-        snprintf(err, errlen, "%s was saved from a different model (%llu parameters, model hash %016llx; this "
-                 "model has %llu, %016llx)", path, (unsigned long long)h->num_params,
-                 (unsigned long long)h->model_hash, (unsigned long long)expect->num_params,
-                 (unsigned long long)expect->model_hash);
-    } else {
+    } else if (header_check(path, h, expect, (uint64_t)st.st_size, err, errlen) == 0) {
         size_t bytes = (size_t)h->num_params * sizeof(float), total = state_total(h);
         char extra;
         uint32_t stored, crc;

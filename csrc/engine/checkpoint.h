@@ -32,19 +32,24 @@ typedef struct {
 #define CHECKPOINT_V2_HEADER 56
 #define CHECKPOINT_V3_HEADER 104
 
-// Write header + params + momentum + CRC32 to `path` atomically: a temporary file in the same folder,
-// fsync, rename over `path`, fsync the folder. A crash at any point leaves either the previous
-// complete checkpoint or the new one under `path`, never a damaged file. The file vouches for itself
-// (magic, version, sizes, model hash, and a CRC32 of everything before it), so there is no separate
-// "done" marker to lose or to trust.
+// Write header + params + momentum + CRC32 to `path` atomically: a temporary file in the same folder
+// (a random name created with O_EXCL | O_NOFOLLOW, so a planted symlink is never followed), fsync, rename
+// over `path`, fsync the folder. A crash at any point leaves either the previous complete checkpoint or
+// the new one under `path`, never a damaged file; a failed write (a full disk) removes the temporary
+// and returns -1 with err, and errno its cause. The file vouches for itself (magic, version, sizes,
+// model hash, and a CRC32 of everything before it), so there is no separate "done" marker to lose or
+// to trust.
 int checkpoint_save(const char *path, const CheckpointHeader *h, const float *params, const float *momentum,
                     const void *state, char *err, size_t errlen);
 
 // Read a checkpoint written by checkpoint_save (version 2, 3 or 4; before 4, h->sample is UINT64_MAX:
-// unknown) into caller-allocated buffers of h->num_params floats, and the compression state into *state (malloc'd, the caller frees it; NULL when
-// the file has none). The header read must match `expect` in magic, num_params and model_hash, the file
-// must be exactly as long as its header says, and its CRC32 must match; otherwise -1 with `err` saying
-// why (the buffers may then hold part of the file: the caller keeps its own state until 0 comes back).
+// unknown) into caller-allocated buffers of h->num_params floats, and the compression state into *state
+// (malloc'd, the caller frees it; NULL when the file has none). `path` must be a regular file; the
+// header read must match `expect` in magic, num_params and model_hash, hold every field in the range
+// save writes (step, epoch, position <= INT64_MAX, a printable compressor name), the file must be
+// exactly as long as its header says (checked before anything is allocated), and its CRC32 must match;
+// otherwise -1 with `err` saying why (the buffers may then hold part of the file: the caller keeps its
+// own state until 0 comes back).
 int checkpoint_load(const char *path, CheckpointHeader *h, float *params, float *momentum, void **state,
                     const CheckpointHeader *expect, char *err, size_t errlen);
 

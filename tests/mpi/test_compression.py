@@ -12,7 +12,9 @@ at every world size of tests/run_mpi.py, each checked against a reference comput
   the sum of the raw inputs (float64), for every compressor, one rank's payloads and the group's sum;
 - every rank gets bitwise the same sum; the bytes each strategy reports per step are the payloads'
   exact sizes; a resumed run (allreduce, central, ps) continues bit for bit from its checkpoint;
-- a strategy that takes no compression, and a malformed compressor, are clear errors.
+- a strategy that takes no compression, and a malformed compressor, are clear errors;
+- a malformed payload from another rank is a DistError on every rank that decodes it, never a write out
+  of bounds, and leaves the sum's buffer and the group as they were.
 """
 import math
 
@@ -297,6 +299,27 @@ def test_malformed_compression_is_a_clear_error():
         _C.Compressor("fp16", 4).encode(np.zeros(5, np.float32))
     with pytest.raises(ValueError, match="bytes encode"):
         _C.Compressor("fp16", 4).decode_add(b"abc", np.zeros(4, np.float32))
+
+
+@pytest.mark.world_size(min=2)
+def test_a_malformed_payload_from_another_rank_is_a_dist_error():
+    # Rank 0 compresses with fp16, the others with topk: the same 16 bytes for 8 entries. Rank 0's halves
+    # of 1.0 read as topk pairs give index 0x3c003c00, far outside the 8 entries (it crashed the ranks that
+    # decoded it); rank 0 reads the others' pairs as 16-bit values, all valid.
+    r = dist.get_rank()
+    z = _C.Compressor("fp16" if r == 0 else "topk:0.25", 8)
+    x = np.ones(8, np.float32) if r == 0 else np.arange(8, dtype=np.float32)
+    before, error = x.copy(), None
+    try:
+        z.allreduce_sum(x, 0, False)
+    except dist.DistError as e:
+        error = str(e)
+    want = "group rank 0 sent a malformed payload: topk pair 0 has index 1006648320, outside [0, 8)"
+    ok = error is None if r == 0 else (error is not None and want in error and np.array_equal(x, before))
+    parallel_assert(ok, f"rank {r} raised {error!r} and left {x} (from {before})")
+    ones = np.ones(3, np.float32)
+    dist.all_reduce(ones)   # the group is as usable as before
+    parallel_assert(ones.tolist() == [dist.get_world_size()] * 3, f"the all-reduce after gave {ones}")
 
 
 def shared_path(tmp_path_factory, name):

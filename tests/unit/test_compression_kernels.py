@@ -2,8 +2,12 @@
 their scalar loops, which PYDIST_SIMD=sse2 selects, over every kind of value: each rounding case,
 subnormals of either width, the edge of float16's range, infinities, NaNs with payloads, and lengths
 that leave a scalar tail. And both give NumPy's float16 rounding (with saturation) bit for bit.
+
+decode_add refuses, with a ValueError and `out` untouched, every payload that encode could not have
+written (issue 41: a top-k index outside the buffer wrote out of bounds), and accepts every one it did.
 """
 import os
+import struct
 import subprocess
 import sys
 
@@ -94,3 +98,58 @@ def test_fp16_payload_is_numpys_rounding_with_saturation(n):
     # a NaN stays a quiet NaN with its sign and its payload's top bits
     b = xe[nan].view(np.uint32)
     assert np.array_equal(payload[nan], ((b >> 16) & 0x8000) | 0x7E00 | ((b >> 13) & 0x3FF))
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("spec", ["fp16", "bf16", "topk:0.3", "topk:1.0", "sign", "powersgd:2"])
+def test_every_payload_encode_writes_decodes(spec, n):
+    # every kind of value, NaNs and infinities too: the checks must refuse nothing encode writes
+    z = _C.Compressor(spec, n, [(0, 1, n)] if spec.startswith("powersgd") else ())
+    for seed in range(3):
+        out = np.zeros(n, np.float32)
+        z.decode_add(z.encode(values(n, seed=seed)), out)
+
+
+def refused(z, payload, match):
+    out = np.arange(z.residual.size, dtype=np.float32)
+    before = out.copy()
+    with pytest.raises(ValueError, match=match):
+        z.decode_add(payload, out)
+    assert np.array_equal(out, before), "a refused payload changed `out`"
+
+
+def test_topk_indices_outside_or_out_of_order_are_refused():
+    z = _C.Compressor("topk:0.25", 8)   # 2 (index, value) pairs
+    pairs = lambda i, j: struct.pack("<2i2f", i, j, 1.0, 2.0)  # noqa: E731
+    refused(z, pairs(2**30, 5), r"pair 0 has index 1073741824, outside \[0, 8\)")   # the issue's 16 bytes
+    refused(z, pairs(1, 8), r"pair 1 has index 8, outside")
+    refused(z, pairs(-1, 3), r"pair 0 has index -1, outside")
+    refused(z, pairs(1, -2**31), r"pair 1 has index -2147483648, outside")
+    refused(z, pairs(3, 3), r"pair 1 has index 3 after 3: the indices must increase")
+    refused(z, pairs(5, 2), r"pair 1 has index 2 after 5")
+    out = np.zeros(8, np.float32)
+    z.decode_add(pairs(0, 7), out, 0.5)
+    assert out.tolist() == [0.5, 0, 0, 0, 0, 0, 0, 1.0]
+
+
+def test_sign_scales_and_unused_bits_are_checked():
+    z = _C.Compressor("sign", 9)   # one scale, then 2 bytes of bits (7 unused)
+    payload = lambda scale_bits, b0=0, b1=0: struct.pack("<I2B", scale_bits, b0, b1)  # noqa: E731
+    for bits in (0xBF800000, 0x80000000, 0xFFC00000, 0xFF800000):   # -1, -0.0, a negative NaN, -inf
+        refused(z, payload(bits), "never negative")
+    refused(z, payload(0x7FC00001), "a NaN only as the quiet NaN")
+    refused(z, payload(0x3F800000, 0, 2), "bits set past its last entry")
+    for bits in (0x00000000, 0x3F800000, 0x7F800000, 0x7FC00000):   # 0, 1, inf, the NaN encode writes
+        z.decode_add(payload(bits, 0xFF, 1), np.zeros(9, np.float32))
+    refused(_C.Compressor("sign", 600), struct.pack("<3f", 1.0, 1.0, -2.0) + bytes(75), "sign chunk 2 has scale -2")
+
+
+def test_lengths_and_scales_are_checked_for_every_compressor():
+    for spec in ("none", "fp16", "bf16", "topk:0.5", "sign", "powersgd:1"):
+        z = _C.Compressor(spec, 16, [(0, 4, 4)])
+        good = z.encode(np.ones(16, np.float32))
+        for bad in (good[:-1], good + b"\0", b""):
+            refused(z, bad, "bytes encode")
+        for scale in (float("nan"), float("inf"), 1e39):
+            with pytest.raises(ValueError, match="scale"):
+                z.decode_add(good, np.zeros(16, np.float32), scale)

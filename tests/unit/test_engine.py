@@ -1,6 +1,7 @@
 """The native engine at world size 1: gradients against finite differences, SGD against its formula,
 errors, the data loader, and checkpoints that resume bit-identically. (PyTorch equality is in
 test_engine_torch.py; R ranks x batch B == 1 rank x batch R*B is in tests/mpi/test_engine_dp.py.)"""
+import errno
 import gzip
 import os
 import pickle
@@ -432,6 +433,106 @@ def test_checkpoint_refuses_another_model_and_damaged_files(tmp_path):
     old = Trainer(lenet5(), batch_size=8, seed=4).load(tmp_path / "v3.ckpt")
     assert np.array_equal(old.params, t.params) and (old.step, old.epoch) == (t.step, t.epoch)
     assert old.resumed_from is None and old.position(64) == 0
+
+
+def test_checkpoint_save_never_follows_a_planted_symlink(tmp_path):
+    """The temporary was `<path>.tmp.<pid>`, opened with O_CREAT | O_TRUNC: a symlink planted at that
+    name had save() overwrite the file it pointed to (issue 41). Now its name is random and it is created
+    with O_EXCL | O_NOFOLLOW: a link at any name is passed over."""
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"precious")
+    path = tmp_path / "run.ckpt"
+    os.symlink(victim, f"{path}.tmp.{os.getpid()}")
+    t = Trainer(mlp((8,)), batch_size=8, seed=2)
+    t.save(path)
+    assert victim.read_bytes() == b"precious"
+    assert not path.is_symlink() and np.array_equal(Trainer(mlp((8,)), batch_size=8).load(path).params, t.params)
+    # a link planted at the checkpoint's own name is replaced by the rename, not written through
+    path.unlink()
+    os.symlink(victim, path)
+    t.save(path)
+    assert victim.read_bytes() == b"precious" and not path.is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.ckpt", f"run.ckpt.tmp.{os.getpid()}", "victim.txt"]
+
+
+def test_checkpoint_is_a_new_files_mode_under_the_umask(tmp_path):
+    old = os.umask(0o027)
+    try:
+        Trainer(mlp((8,)), batch_size=8).save(tmp_path / "run.ckpt")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "run.ckpt").stat().st_mode & 0o777 == 0o640
+
+
+def test_a_failed_checkpoint_write_keeps_the_previous_one(tmp_path):
+    """A write that fails part way (here past RLIMIT_FSIZE, as a full disk would) is an OSError with the
+    cause's errno; the checkpoint saved before is untouched and no temporary is left."""
+    import resource
+    path = tmp_path / "run.ckpt"
+    t = Trainer(mlp((32,)), batch_size=8, seed=2)
+    t.save(path)
+    before = path.read_bytes()
+    t.params[:] += 1.0
+    limits, handler = resource.getrlimit(resource.RLIMIT_FSIZE), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (len(before) // 2, limits[1]))
+        with pytest.raises(OSError) as info:
+            t.save(path)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert info.value.errno == errno.EFBIG and "cannot write checkpoint" in str(info.value), info.value
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.ckpt"]
+    t.save(path)   # and the next save, with room, goes through
+    assert path.read_bytes() != before
+
+
+def with_crc(data):
+    return data[:-4] + zlib.crc32(data[:-4]).to_bytes(4, "little")
+
+
+def test_crafted_checkpoint_headers_are_refused_before_any_allocation(tmp_path):
+    """Headers with a valid CRC32 (crafted, not damaged) and fields save() never writes: a ValueError
+    each, with nothing allocated on the word of a count, and the trainer as it was."""
+    t = Trainer(mlp((8,)), batch_size=8, compression="topk:0.5")
+    t.save(tmp_path / "a.ckpt")
+    data = (tmp_path / "a.ckpt").read_bytes()
+
+    def fields(*changes):   # (offset, value, bytes) of CheckpointHeader (csrc/engine/checkpoint.h)
+        out = bytearray(data)
+        for at, value, size in changes:
+            out[at:at + size] = value.to_bytes(size, "little")
+        return with_crc(bytes(out))
+
+    RANKS, BYTES, NAME, MOMENTUM, STEP, SAMPLE, WORLD = 56, 64, 72, 48, 16, 104, 112
+    crafted = {
+        "state_huge": (fields((RANKS, 2**24, 8)), "truncated"),
+        "state_wraps": (fields((RANKS, 2, 8), (BYTES, 2**63, 8)), "compression state's size"),   # 2 x 2^63: 0
+        "state_terabyte": (fields((BYTES, 2**40, 8)), "truncated"),
+        "state_without_ranks": (fields((RANKS, 0, 8)), "compression state's size"),
+        "name_unprintable": (fields((NAME, 0xFF, 1)), "compression state's size or name"),
+        "name_unterminated": (fields((NAME, int.from_bytes(b"x" * 32, "little"), 32)), "name"),
+        "momentum_flag": (fields((MOMENTUM, 2, 8)), "momentum flag"),
+        "step_negative": (fields((STEP, 2**63, 8)), "step"),
+        "sample_negative": (fields((SAMPLE, 2**63 + 5, 8)), "position"),
+        "world_zero": (fields((WORLD, 0, 8)), "position"),
+    }
+    for name, (content, match) in crafted.items():
+        (tmp_path / f"{name}.ckpt").write_bytes(content)
+        other = Trainer(mlp((8,)), batch_size=8, seed=4, compression="topk:0.5")
+        before = other.params.copy(), other.engine.compression_state()
+        with pytest.raises(ValueError, match=f"{name}.ckpt.*{match}"):
+            other.load(tmp_path / f"{name}.ckpt")
+        assert np.array_equal(other.params, before[0]) and other.engine.compression_state() == before[1], name
+    assert Trainer(mlp((8,)), batch_size=8, compression="topk:0.5").load(tmp_path / "a.ckpt").step == 0
+
+
+def test_a_checkpoint_path_that_is_no_file_is_refused_without_blocking(tmp_path):
+    os.mkfifo(tmp_path / "fifo.ckpt")   # opened plainly, a FIFO with no writer blocks the open for ever
+    for name in ("fifo.ckpt", "."):
+        with pytest.raises(ValueError, match="not a regular file"):
+            Trainer(mlp((8,)), batch_size=8).load(tmp_path / name)
 
 
 def test_killed_run_keeps_its_last_checkpoint(tmp_path):
