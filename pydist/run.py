@@ -150,7 +150,8 @@ def _count(value):
 
 
 def _finite(value):
-    return type(value) in (int, float) and math.isfinite(value)
+    """A time from a record: a finite float, or an int a float holds (not a bool)."""
+    return (type(value) is float and math.isfinite(value)) or (type(value) is int and abs(value) < 1 << 53)
 
 
 def read_progress(folder, run_id=None):
@@ -176,14 +177,14 @@ def read_record(folder, rank, run_id=None):
     last_line, dead_peer_pid), validated; None when there is no record, a malformed one, or (with
     `run_id`) one of another launch."""
     rec = _read_json(os.path.join(folder, f"rank-{rank}.json"))
-    if rec is None or rec.get("rank") != rank or (run_id is not None and rec.get("run_id") != run_id):
+    if rec is None or type(rec.get("rank")) is not int or rec["rank"] != rank or (run_id is not None and rec.get("run_id") != run_id):
         return None
     if not (type(rec.get("status")) is int and 0 <= rec["status"] < 256 and _finite(rec.get("ended"))):
         return None
-    optional = {"host": (lambda v: isinstance(v, str), "?"), "pid": (lambda v: type(v) is int, -1),
+    optional = {"host": (lambda v: isinstance(v, str), "?"), "pid": (lambda v: _count(v) is not None, 0),
                 "started": (_finite, rec["ended"]), "last_line": (lambda v: isinstance(v, str), ""),
                 "signal": (lambda v: v is None or (type(v) is int and 0 < v < 128), None),
-                "dead_peer_pid": (lambda v: v is None or type(v) is int, None)}
+                "dead_peer_pid": (lambda v: v is None or _count(v) is not None, None)}
     for key, (ok, default) in optional.items():
         if key in rec and not ok(rec[key]):
             return None
@@ -469,7 +470,7 @@ class Launcher:
         launch left there (its attempts' records and progress), so that only this launch's are read."""
         mark = os.path.join(self.folder, LAUNCHER_MARK)
         other = _read_json(mark) or {}
-        if other.get("host") == socket.gethostname() and type(other.get("pid")) is int and _alive(other["pid"]):
+        if other.get("host") == socket.gethostname() and (_count(other.get("pid")) or 0) > 0 and _alive(other["pid"]):
             raise SystemExit(f"python -m pydist.run: --run-dir {self.folder} is in use by the launcher with pid "
                              f"{other['pid']}; name another folder")
         self.clear()
