@@ -516,6 +516,7 @@ class Outside:
         return alive
 
     def fill(self):
+        self.done.append({"what": "filled", "t": time.time(), "delivered": True})   # (a save may meet it already)
         self.filler = os.path.join(self.work, "ckpt", "filler")
         with open(self.filler, "wb") as f:
             try:
@@ -524,7 +525,6 @@ class Outside:
                     f.flush()
             except OSError:
                 pass
-        self.done.append({"what": "filled", "t": time.time(), "delivered": True})
 
     def a_rank_ended(self, attempt):
         folder = self.attempt_dir(attempt)
@@ -611,7 +611,12 @@ def verdict(rc, output):
         return "gave up" if "giving up" in output else "failed"
     restarts = re.findall(r"finished: .*?(\d+) restart\(s\)", output)
     restarted = bool(restarts) and int(restarts[-1]) > 0
-    if "the job carried on without it" in output:
+    carried = output.count("the job carried on without it")
+    if carried:
+        # every rank but those it carried on without must have come to the end
+        ended = re.findall(r"finished: (\d+) of (\d+) rank\(s\) to the end", output)
+        if not ended or int(ended[-1][0]) != int(ended[-1][1]) - carried:
+            return f"finished with {ended[-1][0] if ended else '?'} rank(s) left after {carried} carried on without"
         return "restarted+carried on" if restarted else "carried on"
     return "restarted" if restarted else "finished"
 
@@ -663,9 +668,11 @@ def what_happened(spec, work, outside):
     elif kind == "diskfull":
         filled = [d["t"] for d in outside if d["what"] == "filled"]
         freed = [d["t"] for d in outside if d["what"] == "freed"] or [float("inf")]
-        for a in attempts:
-            saves = [ev["t"] for ev in read_events(work, a, 0) if ev["ev"] == "save"]
-            hits += [(a, t) for t in saves if filled and filled[0] <= t < freed[0]][:1]
+        for a in attempts:   # a checkpoint begun on the full disk that never finished
+            events = read_events(work, a, 0)
+            finished = {ev["step"] for ev in events if ev["ev"] == "saved"}
+            hits += [(a, ev["t"]) for ev in events if ev["ev"] == "save" and ev["step"] not in finished
+                     and filled and filled[0] <= ev["t"] < freed[0]][:1]
     server = spec["n"] - 1
     return {"hits": [[a, in_call(read_events(work, a, server), t) if spec["strategy"] in ASYNC else None]
                      for a, t in hits]}
@@ -704,10 +711,11 @@ def expected(spec, happened):
     outcomes = set()
 
     def follow(hits, restarts):   # each outcome the rules allow, one fault after the other
-        if not hits:   # (repeat=always: the launcher must have stopped at the last fault)
+        if not hits:
             if spec["repeat"] == "once" or not restarts:
                 outcomes.add(("restarted" if restarts else "finished", 0))
-            return
+                return
+            hits = [[None, None]]   # repeat=always: the attempt after a restart meets it again, anywhere
         (_, mid_call), rest = hits[0], hits[1:]
         if survivable and mid_call is not False:   # during training: carried on
             outcomes.add(("restarted+carried on" if restarts else "carried on", 0))

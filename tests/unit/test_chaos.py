@@ -85,6 +85,9 @@ def test_the_launchers_words_are_read():
     gave_up = "pydist.run: giving up after 0 restart(s) (--max-restarts 0); exit status 137"
     assert chaos.verdict(137, gave_up) == "gave up"
     assert chaos.verdict(1, "Traceback ...") == "failed"
+    # carried on, but with none of the ranks left to finish: no verdict the rules allow
+    nobody = CARRIED_ON.replace("finished: 2 of 3", "finished: 0 of 3")
+    assert chaos.verdict(0, nobody) == "finished with 0 rank(s) left after 1 carried on without"
     assert chaos.blamed(RESTARTED)[0][0][0] == 0 and chaos.blamed(RESTARTED)[1] == []
     hang = chaos.parse_spec("strategy=ring n=3 fault=hang rank=2")
     assert chaos.check_blame(hang, {"hits": [[0, None]]}, RESTARTED) == []
