@@ -584,7 +584,8 @@ def run_scenario(spec, folder, clean, keep):
         kill_all(alive)
         launcher.wait()
         reap()
-        result.update(got="hang", rc=None)
+        happened = what_happened(spec, work, outside.done)
+        result.update(got="hang", rc=None, want=sorted(expected(spec, happened)[0]), happened=happened)
         return result
     strays = stray_processes()   # first: nothing may write the checkpoint while it is checked
     got = verdict(launcher.returncode, output)
@@ -668,11 +669,11 @@ def what_happened(spec, work, outside):
     elif kind == "diskfull":
         filled = [d["t"] for d in outside if d["what"] == "filled"]
         freed = [d["t"] for d in outside if d["what"] == "freed"] or [float("inf")]
-        for a in attempts:   # a checkpoint begun on the full disk that never finished
-            events = read_events(work, a, 0)
+        for a in attempts:   # a checkpoint that never finished, begun before the space was freed (the
+            events = read_events(work, a, 0)   # filling may start while one is being written)
             finished = {ev["step"] for ev in events if ev["ev"] == "saved"}
             hits += [(a, ev["t"]) for ev in events if ev["ev"] == "save" and ev["step"] not in finished
-                     and filled and filled[0] <= ev["t"] < freed[0]][:1]
+                     and filled and ev["t"] < freed[0]][:1]
     server = spec["n"] - 1
     return {"hits": [[a, in_call(read_events(work, a, server), t) if spec["strategy"] in ASYNC else None]
                      for a, t in hits]}
