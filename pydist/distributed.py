@@ -306,6 +306,22 @@ def _abort(code, why=""):
 _atexit_registered = False
 
 
+def _tell_the_launcher_init_began(seconds):
+    """Under python -m pydist.run: mark rank-R.init in the attempt's folder, with the timeout, before MPI
+    starts. MPI_Init waits for every rank with no deadline of its own; from the marks the launcher sees a
+    rank that never arrives and ends the job once `seconds` (or 30 minutes) have passed."""
+    folder, rank = os.environ.get("PYDIST_RUN_ATTEMPT_DIR"), os.environ.get("PMI_RANK", "")
+    if not folder or not rank.isascii() or not rank.isdigit():
+        return
+    try:   # O_EXCL | O_NOFOLLOW: a fresh file, never a link planted at the name
+        fd = os.open(os.path.join(folder, f"rank-{int(rank)}.init"),
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("none" if seconds is None or seconds < 0 else repr(float(seconds)))
+    except OSError:
+        pass   # no mark: the launcher only loses this deadline
+
+
 def init_process_group(backend="mpi", init_method=None, timeout=None, world_size=-1, rank=-1,
                        store=None, group_name="", pg_options=None, device_id=None):
     """Start MPI and create the default process group.
@@ -359,6 +375,7 @@ def init_process_group(backend="mpi", init_method=None, timeout=None, world_size
     if not _atexit_registered:   # before init: MPI may have started even if init then fails
         atexit.register(_C.finalize)
         _atexit_registered = True
+    _tell_the_launcher_init_began(seconds)
     my_rank, size, _level = _C.init(seconds)
     announced, var, who = _launcher_size()
     if size == 1 and announced > 1:

@@ -256,7 +256,7 @@ def _attempt_folder(folder):
 def _remove_local(folder, rank):
     """A host that does not share the run's folder: remove what this watcher wrote there, and the folders
     once empty (another rank of this host may still be using them)."""
-    for name in (f"rank-{rank}.json", f"rank-{rank}.pid"):
+    for name in (f"rank-{rank}.json", f"rank-{rank}.pid", f"rank-{rank}.init"):
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(folder, name))
     for path in (folder, os.path.dirname(os.path.abspath(folder))):
@@ -390,6 +390,44 @@ def rank_command(program):
     if program[0] == "-m" or program[0].endswith(".py"):
         return [sys.executable, *program]
     return program
+
+
+SURVIVE_ALONE_S = 20.0   # --survive: how long ranks may run on after every other rank has ended, one failed
+
+
+def _init_timeout(text):
+    """The timeout a rank-R.init mark carries (its init_process_group's), or 30 minutes (torch's default)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return 1800.0
+    return value if 0 < value < 1800 else 1800.0
+
+
+def _kill_rank(folder, rank):
+    """SIGKILL world rank `rank` of this attempt if it runs on this host (its watcher's rank-R.pid)."""
+    try:
+        with open(os.path.join(folder, f"rank-{rank}.pid")) as f:
+            pid, host = f.read(200).split()
+        if host == socket.gethostname() and pid.isdigit() and int(pid) > 1:
+            os.kill(int(pid), signal.SIGKILL)
+    except (OSError, ValueError):
+        pass
+
+
+def _end(proc, grace=0.0):
+    """End mpiexec: after `grace` seconds, SIGTERM (hydra ends its ranks), and SIGKILL 10 s later."""
+    for sig, wait in ((None, grace), (signal.SIGTERM, 10.0), (signal.SIGKILL, None)):
+        if sig is not None:
+            with contextlib.suppress(OSError):
+                proc.send_signal(sig)
+        if wait is None:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def _alive(pid):
@@ -533,8 +571,61 @@ class Launcher:
         say(f"{'starting' if attempt == 0 else 'restarting'} {self.world} rank(s) on {where}" +
             (f" (attempt {attempt + 1})" if attempt else ""))
         began = time.monotonic()
-        rc = subprocess.call(cmd, env=env)
+        self.stuck = []
+        proc = subprocess.Popen(cmd, env=env)
+        try:
+            while True:
+                try:
+                    rc = proc.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if not self.stuck:
+                    self.watch_for_stuck(folder, proc)
+        except BaseException:   # Ctrl-C: mpiexec got it too; do not leave it behind
+            _end(proc)
+            raise
         return rc, folder, time.monotonic() - began
+
+    def watch_for_stuck(self, folder, proc):
+        """While mpiexec runs: end the job when a rank is known never to arrive, where nothing else would.
+        - At start-up, MPI_Init waits for every rank with no deadline: once one rank has marked that it
+          began init_process_group (rank-R.init) and a rank has not marked it within the first mark's
+          timeout (30 minutes when it has none), that rank is stuck before it.
+        - Under --survive (hydra's -disable-auto-cleanup), ranks that never end keep the job alive after
+          every other rank has ended: once a rank has failed and the ranks still running have been the
+          only ones left for SURVIVE_ALONE_S, they are stuck (waiting for ranks that are gone)."""
+        now = time.time()
+        marks = {}
+        for r in range(self.world):
+            try:
+                with open(os.path.join(folder, f"rank-{r}.init"), "rb") as f:
+                    text = f.read(64).decode("ascii", "replace")
+                marks[r] = (os.stat(os.path.join(folder, f"rank-{r}.init")).st_mtime, _init_timeout(text))
+            except OSError:
+                pass
+        if marks and len(marks) < self.world:
+            first, timeout = min(marks.values())
+            if now - first > timeout:
+                missing = [r for r in range(self.world) if r not in marks]
+                say(f"rank(s) {', '.join(map(str, missing))} never began init_process_group, {now - first:.0f} s "
+                    f"after the first rank did (its timeout {timeout:g} s): ending the attempt")
+                self.stuck = missing
+        if self.args.survive and not self.stuck:
+            ended = records(folder, self.world, self.run_id)
+            if ended and len(ended) < self.world and any(rec["status"] != 0 for rec in ended):
+                alone = now - max(rec["ended"] for rec in ended)
+                if alone > SURVIVE_ALONE_S:
+                    done = {rec["rank"] for rec in ended}
+                    self.stuck = [r for r in range(self.world) if r not in done]
+                    say(f"rank(s) {', '.join(map(str, self.stuck))} still running {alone:.0f} s after every other "
+                        f"rank ended, one with a failure (waiting for ranks that are gone): ending the attempt")
+        if self.stuck:
+            # the stuck ranks first (the launcher blames the earliest end), then every other rank of this host
+            order = self.stuck + [r for r in range(self.world) if r not in self.stuck]
+            for r in order:
+                _kill_rank(folder, r)
+            threading.Thread(target=_end, args=(proc, 10.0), daemon=True).start()
 
     def leave_out(self, host):
         """One slot fewer on `host` (a rank kept failing there): the job goes on at one rank fewer."""
@@ -572,6 +663,9 @@ class Launcher:
                 say(f"finished: {self.world - len(gone)} of {self.world} rank(s) to the end, {restarts} restart(s)")
                 return 0
             failure = first_failure(folder, self.world, self.run_id)
+            stuck = [rec for rec in records(folder, self.world, self.run_id) if rec["rank"] in self.stuck]
+            if stuck:   # the others' ends (timeouts, the launcher's kill) follow from it
+                failure = stuck[0]
             if failure is None:
                 say(f"mpiexec exited with status {rc} and no rank recorded why (mpiexec itself, or a host "
                     f"that stopped answering)")

@@ -61,6 +61,8 @@ import time
 
 HERE = os.path.abspath(__file__)
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, ROOT)
+from pydist import run  # noqa: E402  (the launcher's own constants: stdlib only, no MPI)
 
 # ---------------------------------------------------------------------------------------------------
 # The job: an MLP on synthetic 8x8 "images", small enough that a run takes seconds on 2 busy cores
@@ -327,6 +329,8 @@ def read_step(work, attempt):
 def bound_s(spec):
     """How long the launcher may take, all attempts together: over 3x a quiet machine's time."""
     attempt = 25 + (TIMEOUT_S if spec["fault"] == "hang" else 0) + spec["stop"]
+    if spec["fault"] == "hang" and spec["survive"]:   # the launcher ends ranks left running alone after that
+        attempt += run.SURVIVE_ALONE_S
     return 30 + (spec["restarts"] + 1) * attempt
 
 

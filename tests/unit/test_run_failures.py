@@ -219,3 +219,41 @@ def test_metrics_and_curves_never_write_through_a_planted_link(tmp_path):
     with pytest.raises(OSError) as err:   # ELOOP: the name is a link
         trainer.fit(x, y, epochs=1, metrics=str(tmp_path / "metrics.jsonl"), progress=False)
     assert err.value.errno == errno.ELOOP and victim.read_text() == "precious"
+
+
+# --- a rank that never arrives -------------------------------------------------------------------------------
+
+def test_survive_a_rank_that_never_arrives_is_ended_once_it_is_alone(tmp_path):
+    # Before: the others timed out and left; hydra (-disable-auto-cleanup) waited for the stuck rank for ever.
+    job = tmp_path / "job.py"
+    job.write_text(textwrap.dedent("""
+        import time
+        import numpy as np
+        import pydist as dist
+        dist.init_process_group(timeout=3)
+        x = np.ones(4)
+        dist.all_reduce(x)
+        if dist.get_rank() == 1:
+            time.sleep(1000)   # never arrives at the next collective
+        dist.all_reduce(x)
+    """))
+    rc, out = launch(["-n", "3", "--survive", "--max-restarts", "0"], tmp_path, [str(job)])
+    assert "rank(s) 1 still running" in out and "ending the attempt" in out, out
+    assert re.search(r"rank 1 \(host \S+, pid \d+\) was killed by signal 9 \(SIGKILL\)", out), out
+    assert rc == 137, out
+
+
+def test_a_rank_that_never_reaches_init_ends_the_attempt_at_the_timeout(tmp_path):
+    # Before: MPI_Init waited for it with no deadline: every launch hung.
+    job = tmp_path / "job.py"
+    job.write_text(textwrap.dedent("""
+        import os, time
+        import pydist as dist
+        if os.environ["PMI_RANK"] == "1":
+            time.sleep(1000)
+        dist.init_process_group(timeout=4)
+    """))
+    rc, out = launch(["-n", "2", "--max-restarts", "0"], tmp_path, [str(job)])
+    assert re.search(r"rank\(s\) 1 never began init_process_group, \d+ s after the first rank did \(its timeout 4 s\)",
+                     out), out
+    assert re.search(r"rank 1 \(host \S+, pid \d+\) was killed by signal 9", out) and rc == 137, out
