@@ -4,8 +4,8 @@ The bounded set of tests/fuzz_inputs.py (`make test`): a few thousand inputs per
 child process, so a crash is a failure here rather than the end of the run. The decoders of
 fuzz_inputs.OWNED (the compressors' payloads, checkpoints, the PYDIST_* settings) must show no failure at
 all; the others' (timeline files, the launcher's records) belong to other files' owners and must never
-crash, their other failures shown as a warning until their checks land. The soak of >= 100,000 inputs per
-decoder is the same command with a larger --per-decoder (docs: the issue's report).
+crash, their other failures shown as a warning until their checks land. The soak is the same fuzzer with
+more inputs: python tests/fuzz_inputs.py --seed S --per-decoder 100000.
 
 Then the settings' readers, case by case: a malformed value is a ValueError naming the variable where
 it is first read (they used to fall back to a default, wrap a sign, or raise int()'s anonymous error).
