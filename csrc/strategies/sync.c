@@ -16,6 +16,7 @@
  * "weight sync" (the new weights going out; args step only: the other ranks' side of it lies inside
  * their "gradient sync", which is what a report pairs by group and seq).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,10 +78,20 @@ static char *encode_shards(Strategy *s, const float *grads, const long *lo, int 
     return out;
 }
 
-// sum[0..len) = the sum of `count` payloads of the entries [lo, lo + len), in order.
-static void decode_sum(const Strategy *s, const char *payloads, size_t bytes, int count, long lo, long len, float *sum) {
+// sum[0..len) = the sum of `count` payloads of the entries [lo, lo + len), in order: 0. Every payload (another
+// rank's bytes) is checked before any is added; a malformed one fails the step with why (comm_fail).
+static int decode_sum(Strategy *s, const char *payloads, size_t bytes, int count, long lo, long len, float *sum) {
+    for (int i = 0; i < count; i++) {
+        char why[160];
+        if (compress_payload_check(&s->z, lo, len, payloads + (size_t)i * bytes, bytes, why, sizeof why) < 0) {
+            snprintf(s->z.refused, sizeof s->z.refused, "the compressed gradients (rank %d sent a malformed "
+                     "payload: %s)", i, why);
+            return comm_fail(&s->comm, MPI_ERR_OTHER, s->z.refused);
+        }
+    }
     memset(sum, 0, sizeof(float) * (size_t)len);
-    for (int i = 0; i < count; i++) compress_decode_add(&s->z, lo, payloads + (size_t)i * bytes, len, 1.0f, sum);
+    for (int i = 0; i < count; i++) compress_decode_add_checked(&s->z, lo, payloads + (size_t)i * bytes, len, 1.0f, sum);
+    return 0;
 }
 
 // central, compressed: every rank's gradient payload to rank 0 (its own too, encoded where it is), which
@@ -116,8 +127,7 @@ static int central_compressed_step(Strategy *s, float *params, float *grads, flo
         rc = comm_irecv_bytes(c, all + (size_t)r * bytes, bytes, r, TAG_GRADS, &reqs[r - 1]);
     }
     rc = rc < 0 ? (comm_park_all(c, R - 1, reqs), rc) : comm_waitall(c, R - 1, reqs);
-    if (rc == 0) {
-        decode_sum(s, all, bytes, R, 0, n, grads);
+    if (rc == 0 && (rc = decode_sum(s, all, bytes, R, 0, n, grads)) == 0) {
         if (t) pd_tl_span(t, "sync", "gradient sync", 2, TL_EXCHANGE(s, step));
         t = pd_tl_begin();
         sgd_step_scaled(&s->sgd, 1.0f / (float)R, params, grads, momentum, started, n);
@@ -280,11 +290,11 @@ static int ps_serve(Strategy *s, float *params, float *momentum, int *started, l
                         : comm_irecv(c, s->scratch + (long)w * len, len, w, TAG_GRADS, &reqs[w]);
     }
     rc = rc < 0 ? (comm_park_all(c, W, reqs), rc) : comm_waitall(c, W, reqs);
+    if (rc == 0 && compressed) {
+        rc = decode_sum(s, payloads, bytes, W, lo, len, s->scratch);
+    }
     if (rc == 0) {
         float *sum = s->scratch;  // worker 0's shard, then the others added in worker order
-        if (compressed) {
-            decode_sum(s, payloads, bytes, W, lo, len, sum);
-        }
         for (int w = 1; w < W && !compressed; w++) {
             const float *g = s->scratch + (long)w * len;
             for (long i = 0; i < len; i++) sum[i] += g[i];
