@@ -355,39 +355,24 @@ def check(trace, source="trace"):
     return trace
 
 
+# From here on a trace is one that check() passed: its fields are there, with their types.
+
 def _pydist(trace):
     """otherData.pydist, or {} for a trace that is not one of ours."""
-    other = trace.get("otherData")
-    data = other.get("pydist") if isinstance(other, dict) else None
-    return data if isinstance(data, dict) else {}
-
-
-def _number(x):
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _sort_key(x):
-    # pids and tids are ints in our files; anything else sorts after them, by its text
-    return (0, x, "") if _number(x) else (1, 0, str(x))
+    return trace.get("otherData", {}).get("pydist", {})
 
 
 def _ranks(trace):
     """Every rank a trace holds: those of otherData and those of its events."""
     ranks = {int(key) for key in _pydist(trace).get("ranks", {})}
-    ranks.update(e.get("pid") for e in trace["traceEvents"] if isinstance(e, dict) and "pid" in e)
+    ranks.update(e["pid"] for e in trace["traceEvents"])
     return ranks
 
 
 def _groups(trace):
     """{gid: set of world ranks} from every rank's otherData (the ranks agree: a gid hashes its members)."""
-    groups = {}
-    for info in _pydist(trace).get("ranks", {}).values():
-        for gid, members in (info.get("groups") or {}).items() if isinstance(info, dict) else ():
-            try:
-                groups[int(gid)] = set(members)
-            except (TypeError, ValueError):
-                pass
-    return groups
+    return {int(gid): set(members) for info in _pydist(trace).get("ranks", {}).values()
+            for gid, members in info.get("groups", {}).items()}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -435,23 +420,20 @@ def merge(paths, out_path=None):
 def _event_order(e):
     """Metadata first, then by rank, thread and start; at one start the longer first, so that a parent
     comes before its children (and a wait, as long as its collective, after it)."""
-    if e.get("ph") == "M":
-        return (0, _sort_key(e.get("pid")), _sort_key(e.get("tid")), 0, 0, False)
-    dur = e.get("dur")
-    return (1, _sort_key(e.get("pid")), _sort_key(e.get("tid")), e["ts"] if _number(e.get("ts")) else 0,
-            -dur if _number(dur) else 0, e.get("cat") == WAIT_CAT)
+    if e["ph"] == "M":
+        return (0, e["pid"], e["tid"], 0, 0, False)
+    return (1, e["pid"], e["tid"], e["ts"], -e.get("dur", 0), e["cat"] == WAIT_CAT)
 
 
 def _strip_waits(events):
     """`events` without a previous merge's annotations (in place for the spans' args)."""
     out = []
     for e in events:
-        if e.get("cat") == WAIT_CAT and e.get("ph") == "X" and str(e.get("name")).startswith(WAIT_NAME):
+        if e["ph"] == "X" and e["cat"] == WAIT_CAT and e["name"].startswith(WAIT_NAME):
             continue
-        args = e.get("args")
-        if isinstance(args, dict):
-            args.pop("wait_us", None)
-            args.pop("last_rank", None)
+        if _collective_key(e):   # (the only spans merge annotates: a user's own args are left alone)
+            e["args"].pop("wait_us", None)
+            e["args"].pop("last_rank", None)
         out.append(e)
     return out
 
@@ -460,13 +442,11 @@ def _collective_key(e):
     """(cat, group, seq) for a collective's span, None for anything else. A pydist call ("comm") numbers
     its group's collectives from 1 and gives point-to-point calls seq 0; the engine ("sync") numbers
     its exchanges from 0 (the step)."""
-    args = e.get("args")
-    if e.get("cat") not in ("comm", "sync") or not isinstance(args, dict):
+    if e.get("cat") not in ("comm", "sync"):
         return None
-    group, seq = args.get("group"), args.get("seq")
-    if not isinstance(group, int) or not isinstance(seq, int) or isinstance(seq, bool):
-        return None
-    if seq < 0 or (seq == 0 and e["cat"] == "comm"):
+    args = e.get("args", {})
+    group, seq = args.get("group"), args.get("seq")   # (ints >= 0 where there: check())
+    if group is None or seq is None or (seq == 0 and e["cat"] == "comm"):
         return None
     return (e["cat"], group, seq)
 
@@ -483,7 +463,7 @@ def collectives(trace):
     groups = _groups(trace)
     seen = collections.Counter()
     found = collections.defaultdict(dict)
-    candidates = [e for e in trace["traceEvents"] if e.get("ph") in ("X", "b") and _number(e.get("ts"))]
+    candidates = [e for e in trace["traceEvents"] if e["ph"] in ("X", "b")]
     for e in sorted(candidates, key=lambda e: e["ts"]):
         key = _collective_key(e)
         if key is None:
@@ -502,7 +482,7 @@ def collectives(trace):
 
 def _last_arrival(by_rank):
     # ties go to the higher rank (either way the other waits 0)
-    return max(by_rank.items(), key=lambda kv: (kv[1]["ts"], _sort_key(kv[0])))
+    return max(by_rank.items(), key=lambda kv: (kv[1]["ts"], kv[0]))
 
 
 def annotate_waits(trace):
@@ -577,7 +557,7 @@ def spans(trace):
     """
     threads = collections.defaultdict(list)
     for e in trace["traceEvents"]:
-        if e.get("ph") == "X" and _number(e.get("ts")) and _number(e.get("dur")) and e["dur"] >= 0:
+        if e["ph"] == "X":
             threads[e.get("pid"), e.get("tid")].append(e)
     out = []
     for events in threads.values():
@@ -610,10 +590,9 @@ def _extent(trace):
     """(first start, last end) of every timed event, in us; (0, 0) for none."""
     times = []
     for e in trace["traceEvents"]:
-        if e.get("ph") != "M" and _number(e.get("ts")):
+        if e["ph"] != "M":
             times.append(e["ts"])
-            if _number(e.get("dur")):
-                times.append(e["ts"] + e["dur"])
+            times.append(e["ts"] + e.get("dur", 0))
     return (min(times), max(times)) if times else (0.0, 0.0)
 
 
@@ -637,16 +616,15 @@ def _time_use(trace):
     use = collections.defaultdict(lambda: dict.fromkeys(KINDS, 0.0))
     for span in spans(trace):
         e = span.event
-        kind = KIND.get(e.get("cat"), "other")
+        kind = KIND.get(e["cat"], "other")
         # a wait event's time goes back to its collective, and the collective's wait_us to waiting: exact
         # also for the waits under MIN_WAIT_US, which have no event
-        use[e.get("pid")]["communication" if kind == "waiting" else kind] += span.self_us
-        wait = (e.get("args") or {}).get("wait_us")
-        if _number(wait) and e.get("cat") != WAIT_CAT:
-            use[e.get("pid")]["waiting"] += wait
-            use[e.get("pid")]["communication"] -= wait
-    return {rank: {kind: max(0.0, us) / 1e6 for kind, us in kinds.items()}
-            for rank, kinds in sorted(use.items(), key=lambda kv: _sort_key(kv[0]))}
+        use[e["pid"]]["communication" if kind == "waiting" else kind] += span.self_us
+        wait = e.get("args", {}).get("wait_us") if _collective_key(e) else None
+        if wait is not None:
+            use[e["pid"]]["waiting"] += wait
+            use[e["pid"]]["communication"] -= wait
+    return {rank: {kind: max(0.0, us) / 1e6 for kind, us in kinds.items()} for rank, kinds in sorted(use.items())}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -681,12 +659,10 @@ def _step_compute(all_spans):
     per_step = collections.defaultdict(lambda: collections.defaultdict(float))
     for span in all_spans:
         e = span.event
-        if e.get("cat") == "step" and isinstance((e.get("args") or {}).get("step"), int):
-            per_step[e["args"]["step"]][e.get("pid")] += 0.0   # a step with no compute counts as 0
-        elif e.get("cat") == "compute" and span.step is not None:
-            number = (span.step.get("args") or {}).get("step")
-            if isinstance(number, int):
-                per_step[number][e.get("pid")] += span.self_us
+        if e["cat"] == "step" and "step" in e.get("args", {}):   # (an int: check())
+            per_step[e["args"]["step"]][e["pid"]] += 0.0   # a step with no compute counts as 0
+        elif e["cat"] == "compute" and span.step is not None and "step" in span.step.get("args", {}):
+            per_step[span.step["args"]["step"]][e["pid"]] += span.self_us
     return per_step
 
 
@@ -708,10 +684,10 @@ def _stragglers(trace):
         out.unit = "step"
         for number in sorted(shared):
             ranks = shared[number]
-            slowest = max(ranks, key=lambda r: (ranks[r], _sort_key(r)))
+            slowest = max(ranks, key=lambda r: (ranks[r], r))
             others = [us for r, us in ranks.items() if r != slowest]
             out.items.append((number, slowest, round((ranks[slowest] - float(np.median(others))) / 1000, 3)))
-            out.compute_ms[number] = {r: us / 1000 for r, us in sorted(ranks.items(), key=lambda kv: _sort_key(kv[0]))}
+            out.compute_ms[number] = {r: us / 1000 for r, us in sorted(ranks.items())}
     else:
         whole = collectives(trace)
         if whole:
@@ -767,7 +743,7 @@ def summary(trace, worst=10):
         cells = "".join(f"{s:>10.3f} s {100 * s / run_s if run_s > 0 else 0:>4.0f}%" for s in kinds.values())
         lines.append(f"{rank:>4}  {host[:12]:<12}{cells}")
     for rank, data in info.items():
-        if isinstance(data, dict) and data.get("dropped"):
+        if data["dropped"]:
             lines.append(f"rank {rank} dropped {data['dropped']} events past max_events: its timeline ends early")
     lines.extend(_straggler_lines(_stragglers(trace), worst))
     return "\n".join(lines)
@@ -823,7 +799,7 @@ def _window(all_spans, first, last, max_seconds):
     steps = collections.defaultdict(list)
     for span in all_spans:
         e = span.event
-        if e.get("cat") == "step" and isinstance((e.get("args") or {}).get("step"), int):
+        if e["cat"] == "step" and "step" in e.get("args", {}):
             steps[e["args"]["step"]].append(e)
     numbers = sorted(steps)
     if len(numbers) > 8:
@@ -847,7 +823,7 @@ def _rows(trace):
             order[e.get("pid"), e.get("tid")] = (e.get("args") or {}).get("sort_index", 0)
     threads = {(e.get("pid"), e.get("tid")) for e in trace["traceEvents"] if e.get("ph") in ("X", "b")}
     rows = []
-    for pid, tid in sorted(threads, key=lambda t: (_sort_key(t[0]), order.get(t, 0), _sort_key(t[1]))):
+    for pid, tid in sorted(threads, key=lambda t: (t[0], order.get(t, 0), t[1])):
         name = names.get((pid, tid), f"thread {tid}")
         rows.append((pid, tid, f"rank {pid}" if name == "main" else f"rank {pid} {name}"))
     return rows
@@ -959,7 +935,7 @@ def _async_spans(trace):
     """[(pid, tid, cat, start us, end us)] of the async calls, each "b" with its "e" (same cat and id)."""
     begun, out = {}, []
     for e in trace["traceEvents"]:
-        if e.get("ph") not in ("b", "e") or not _number(e.get("ts")):
+        if e["ph"] not in ("b", "e"):
             continue
         key = (e.get("cat"), e.get("id"))
         if e["ph"] == "b":

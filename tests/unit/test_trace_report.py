@@ -189,6 +189,17 @@ def test_merging_a_merged_file_again_changes_nothing(merged, tmp_path):
     assert (tmp_path / "again.json").read_text() == (tmp_path / "run.json").read_text()
 
 
+def test_merge_leaves_a_users_own_args_alone(tmp_path):
+    """Only collectives get (and lose again) wait_us and last_rank: a user's event may have args of
+    those names, which merge keeps and the summary does not count as waiting."""
+    mine = span(0, 100, 3600.0, 100.0, "user", "my phase", wait_us=5, last_rank="me")
+    path = tmp_path / "run.rank0.json"
+    path.write_text(json.dumps(broken(lambda t: t["traceEvents"].append(mine))))
+    merged = trace_report.merge([path], None)
+    assert find(merged, cat="user")[0]["args"] == {"wait_us": 5, "last_rank": "me"}
+    assert trace_report.time_use(merged)[0]["waiting"] == 0
+
+
 def test_a_collective_missing_a_member_is_not_annotated(parts):
     two = trace_report.merge(parts[:2], None)
     # rank 2's file is not there: the world's collectives cannot say who came last...
