@@ -25,9 +25,12 @@ blocking call is an "X" span; an async_op=True call a "b"/"e" pair, which may ov
 on one thread nest. A collective carries args "group" and "seq": the same (group, seq) on several ranks
 is one exchange they all took part in, which is how merge() finds who waited for whom.
 
-Not here: recording (csrc/timeline.c), starting and stopping it (pydist/timeline.py), and the
-format's rules as a checker (tests/unit/trace_format.py). Standard library and NumPy only; matplotlib,
-for the PNG, is imported when one is drawn.
+Whatever reads a trace here checks it first (check(), one pass): a file that is not this format is a
+ValueError naming the file and what is wrong, and the code after the check trusts the structure.
+
+Not here: recording (csrc/timeline.c), starting and stopping it (pydist/timeline.py), and the Trace
+Event Format's own rules, nesting included, as a checker for the tests (tests/unit/trace_format.py).
+Standard library and NumPy only; matplotlib, for the PNG, is imported when one is drawn.
 """
 import argparse
 import collections

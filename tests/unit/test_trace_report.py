@@ -512,7 +512,7 @@ GOOD_TEXT = json.dumps(broken(lambda t: None))
     (b"", "not JSON: Expecting value"),
     (GOOD_TEXT[:len(GOOD_TEXT) // 2].encode(), "not JSON"),
     (GOOD_TEXT.replace('"dur": 10.0', '"dur": NaN', 1).encode(), "NaN is not a JSON number"),
-    (GOOD_TEXT.replace('"dur": 10.0', '"dur": 1e999', 1).encode(), "dur must be a number of us from 0 to 1e[+]16; got inf"),
+    (GOOD_TEXT.replace('"dur": 10.0', '"dur": 1e999', 1).encode(), "dur must be a number of us from 0 to .*; got inf"),
     (GOOD_TEXT.replace('"ts": 10.0', '"ts": ' + "9" * 5000, 1).encode(), "not JSON: Exceeds the limit"),
     (b'{"traceEvents": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
     (b"\xff\xfe\x00{", "not JSON"),
