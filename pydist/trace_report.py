@@ -25,9 +25,12 @@ blocking call is an "X" span; an async_op=True call a "b"/"e" pair, which may ov
 on one thread nest. A collective carries args "group" and "seq": the same (group, seq) on several ranks
 is one exchange they all took part in, which is how merge() finds who waited for whom.
 
-Not here: recording (csrc/timeline.c), starting and stopping it (pydist/timeline.py), and the
-format's rules as a checker (tests/unit/trace_format.py). Standard library and NumPy only; matplotlib,
-for the PNG, is imported when one is drawn.
+Whatever reads a trace here checks it first (check(), one pass): a file that is not this format is a
+ValueError naming the file and what is wrong, and the code after the check trusts the structure.
+
+Not here: recording (csrc/timeline.c), starting and stopping it (pydist/timeline.py), and the Trace
+Event Format's own rules, nesting included, as a checker for the tests (tests/unit/trace_format.py).
+Standard library and NumPy only; matplotlib, for the PNG, is imported when one is drawn.
 """
 import argparse
 import collections
@@ -37,6 +40,7 @@ import json
 import math
 import os
 import secrets
+import stat
 import sys
 from dataclasses import dataclass, field
 
@@ -57,21 +61,35 @@ KINDS = ("compute", "communication", "waiting", "other")
 # Reading and writing
 
 def load(path):
-    """The trace in `path` as a dict. OSError when it cannot be read; ValueError (naming the file) when
-    it is not strict JSON or not a trace object with a traceEvents list.
+    """The trace in `path` as a dict, checked (check()) so that everything here can trust its shape.
+    OSError when it cannot be read (a directory, a FIFO: not a regular file); ValueError naming the file
+    and what is wrong when it is not strict JSON or not a trace as pydist writes them.
 
     >>> load("run.json")["otherData"]["pydist"]["ranks"].keys()
     dict_keys(['0', '1', '2'])
     """
-    with open(path, "rb") as f:
+    source = os.fsdecode(path)
+    # O_NONBLOCK: opening a FIFO would wait for a writer; a regular file ignores it
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), source)
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "not a regular file", source)
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with f:
         text = f.read()
     try:
         trace = json.loads(text, parse_constant=_refuse_constant)
     except ValueError as e:   # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ValueError(f"{os.fspath(path)}: not JSON: {e}") from None
-    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
-        raise ValueError(f"{os.fspath(path)}: not a trace: expected an object with a traceEvents list")
-    return trace
+        raise ValueError(f"{source}: not JSON: {e}") from None
+    except RecursionError:
+        raise ValueError(f"{source}: not JSON this reader takes: nested too deeply") from None
+    return check(trace, source)
 
 
 def _refuse_constant(name):
@@ -114,7 +132,10 @@ def replacing(path, mode="w"):
     try:
         with os.fdopen(fd, mode) as f:
             yield f
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError as e:   # about `path` (a directory there, say), not the temporary's name
+            raise type(e)(e.errno, e.strerror, path) from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)
@@ -125,39 +146,236 @@ def _compact(value):
     return json.dumps(value, separators=(",", ":"), allow_nan=False)
 
 
+
+# ---------------------------------------------------------------------------------------------------
+# Checking: what load() promises the rest of this module
+
+MAX_US = 1e16            # |ts| and dur in us: any int64 count of ns fits; larger is no clock's
+MAX_RANK = 2**31 - 1     # MPI ranks are C ints
+MAX_INT = 2**53          # ids, counts, numbers: exact where JSON readers hold numbers as doubles
+MAX_GID = 2**48 - 1      # calls.c's group ids
+MAX_DEPTH = 32           # nesting of free-form values (args, others' otherData): json's writer recurses
+PHASES = {"M": ({"ph", "pid", "tid", "name", "args"}, set()),          # phase: (required, optional) keys
+          "X": ({"ph", "pid", "tid", "ts", "dur", "cat", "name"}, {"args"}),
+          "b": ({"ph", "id", "pid", "tid", "ts", "cat", "name"}, {"args"}),
+          "e": ({"ph", "id", "pid", "tid", "ts", "cat", "name"}, {"args"})}
+ALLOWED = {ph: required | optional for ph, (required, optional) in PHASES.items()}
+METADATA = {"process_name": "name", "thread_name": "name", "process_sort_index": "sort_index",
+            "thread_sort_index": "sort_index"}
+
+
+class _Bad(Exception):
+    """One thing wrong, said from where it is in the trace."""
+
+
+def _is_int(x, lo=0, hi=MAX_INT):
+    return type(x) is int and lo <= x <= hi   # (a bool is no int here)
+
+
+def _is_time(x, lo=-MAX_US):
+    return type(x) in (int, float) and lo <= x <= MAX_US   # NaN compares false
+
+
+def _is_text(x):
+    # text that prints and writes as UTF-8 (JSON's "\ud800" escapes give lone surrogates)
+    if type(x) is not str:
+        return False
+    if x.isascii():
+        return True
+    try:
+        x.encode()
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def _fail(where, rule, got):
+    shown = repr(got)
+    raise _Bad(f"{where} must be {rule}; got {shown if len(shown) <= 60 else shown[:57] + '...'}")
+
+
+def _need(ok, where, rule, got):
+    if not ok:
+        _fail(where, rule, got)
+
+
+def _keys(obj, where, required, optional=frozenset()):
+    """`obj` is an object with every required key and none outside required | optional."""
+    _need(type(obj) is dict, where, "an object", obj)
+    missing = required - obj.keys()
+    if missing:
+        raise _Bad(f"{where} has no {min(missing)!r}")
+    extra = obj.keys() - required - optional
+    if extra:
+        raise _Bad(f"{where} has an unexpected key {min(map(str, extra))!r}")
+
+
+def _decimal(key, where, hi):
+    """A key that names a number (a rank, a group id) by its decimal digits."""
+    _need(type(key) is str and key.isascii() and key.isdigit() and str(int(key)) == key and int(key) <= hi,
+          f"{where}'s keys", f"ints from 0 to {hi} in decimal", key)
+
+
+def _plain(value, where):
+    """Free-form JSON (args, others' otherData): text, finite numbers, true, false, null, and lists and
+    objects of them at most MAX_DEPTH deep, so that write() can give it back as it was."""
+    stack, seen = [(value, 0)], set()
+    while stack:
+        v, depth = stack.pop()
+        kind = type(v)
+        if kind is dict or kind is list:
+            _need(depth < MAX_DEPTH and id(v) not in seen, where, f"JSON at most {MAX_DEPTH} deep", "deeper")
+            seen.add(id(v))
+            if kind is dict:
+                for k in v:
+                    _need(_is_text(k), where, "an object with text keys", k)
+            stack.extend((x, depth + 1) for x in (v.values() if kind is dict else v))
+        elif kind is float:
+            _need(math.isfinite(v), where, "finite numbers", v)
+        else:
+            _need(v is None or kind is bool or kind is int or _is_text(v), where, "JSON", v)
+
+
+# The args this module reads, by category: (check, rule). last_rank must also be a rank the trace lists.
+COLLECTIVE_ARGS = {"group": (lambda x: _is_int(x, 0, MAX_GID), "a group id (an int >= 0)"),
+                   "seq": (_is_int, "an int >= 0"),
+                   "wait_us": (lambda x: _is_time(x, 0), "a number of us >= 0"),
+                   "last_rank": (lambda x: _is_int(x, 0, MAX_RANK), "a rank")}
+TYPED_ARGS = {"comm": COLLECTIVE_ARGS, "sync": COLLECTIVE_ARGS,
+              "step": {"step": (lambda x: _is_int(x, -MAX_INT), "an int")}}
+
+
+def _check_pydist(data):
+    """otherData.pydist: {"version", "ranks": {rank: {...}}, ["waits"]}; returns the ranks it lists."""
+    _keys(data, "otherData.pydist", {"version", "ranks"}, {"waits"})
+    if type(data["version"]) is not int or data["version"] != VERSION:
+        raise _Bad(f"format version {data['version']!r}; this pydist reads version {VERSION}")
+    _need(type(data["ranks"]) is dict, "otherData.pydist.ranks", "an object", data["ranks"])
+    for key, info in data["ranks"].items():
+        where = f"otherData.pydist.ranks[{key!r}]"
+        _decimal(key, "otherData.pydist.ranks", MAX_RANK)
+        _keys(info, where, {"events", "dropped"}, {"host", "pid", "groups"})
+        for name in ("events", "dropped", "pid"):
+            if name in info:
+                _need(_is_int(info[name]), f"{where}.{name}", "an int >= 0", info[name])
+        _need(_is_text(info.get("host", "")), f"{where}.host", "text", info.get("host"))
+        groups = info.get("groups", {})
+        _need(type(groups) is dict, f"{where}.groups", "an object", groups)
+        for gid, members in groups.items():
+            _decimal(gid, f"{where}.groups", MAX_GID)
+            _need(type(members) is list and all(_is_int(m, 0, MAX_RANK) for m in members),
+                  f"{where}.groups[{gid!r}]", "a list of ranks", members)
+    if "waits" in data:
+        _keys(data["waits"], "otherData.pydist.waits", {"collectives", "events"})
+        for name, n in data["waits"].items():
+            _need(_is_int(n), f"otherData.pydist.waits.{name}", "an int >= 0", n)
+    return {int(key) for key in data["ranks"]}
+
+
+def _check_event(e, ranks):
+    """One event as pydist writes it (PHASES), from one of `ranks` (None: any rank). Runs once per event:
+    the words for what is wrong are put together only when something is."""
+    if type(e) is not dict:
+        _fail("it", "an object", e)
+    ph = e.get("ph")
+    if type(ph) is not str or ph not in PHASES:
+        _fail("ph", f"one of {', '.join(PHASES)}", ph)
+    if not (e.keys() >= PHASES[ph][0] and e.keys() <= ALLOWED[ph]):
+        _keys(e, "it", *PHASES[ph])
+    pid, tid, name = e["pid"], e["tid"], e["name"]
+    if not (_is_int(pid, 0, MAX_RANK) and (ranks is None or pid in ranks)):
+        _fail("pid", "a rank" + (" that otherData.pydist.ranks lists" if ranks is not None else ""), pid)
+    if not _is_int(tid):
+        _fail("tid", "a thread id (an int >= 0)", tid)
+    if not _is_text(name):
+        _fail("name", "text", name)
+    args = e.get("args", {})
+    if ph == "M":
+        key = METADATA.get(name)
+        if key is None:
+            _fail("name", f"one of {', '.join(METADATA)}", name)
+        _keys(args, "args", {key})
+        if not (_is_text(args[key]) if key == "name" else _is_int(args[key], -MAX_INT)):
+            _fail(f"args.{key}", "text" if key == "name" else "an int", args[key])
+        return
+    if not _is_time(e["ts"]):
+        _fail("ts", f"a number of us from -{MAX_US:g} to {MAX_US:g}", e["ts"])
+    if ph == "X" and not _is_time(e["dur"], 0):
+        _fail("dur", f"a number of us from 0 to {MAX_US:g}", e["dur"])
+    if ph != "X" and not _is_text(e["id"]):
+        _fail("id", "text", e["id"])
+    cat = e["cat"]
+    if not _is_text(cat):
+        _fail("cat", "text", cat)
+    if type(args) is not dict:
+        _fail("args", "an object", args)
+    for value in args.values():   # the usual args (ints and ASCII text) quickly; anything else in full
+        if type(value) is not int and not (type(value) is str and value.isascii()):
+            _plain(args, "args")
+            break
+    typed = TYPED_ARGS.get(cat)
+    if typed is not None:
+        for key, (ok, rule) in typed.items():
+            if key in args and not ok(args[key]):
+                _fail(f"args.{key}", rule, args[key])
+        if ranks is not None and "last_rank" in args and args["last_rank"] not in ranks:
+            _fail("args.last_rank", "a rank that otherData.pydist.ranks lists", args["last_rank"])
+
+
+def _describe(e):
+    """An event in a few words, for a message: its ph and name when it has them."""
+    if type(e) is not dict:
+        return type(e).__name__
+    return " ".join(repr(e[k])[:40] for k in ("ph", "name") if k in e) or "no ph or name"
+
+
+def check(trace, source="trace"):
+    """`trace` itself when it has the shape pydist writes (one rank's file or a merged one: the module's
+    docstring), else ValueError naming `source` and the first thing wrong. Every field this module reads
+    has its type and range (times finite and within MAX_US, durations >= 0, ranks among those
+    otherData.pydist lists); free-form values (args, others' otherData) are plain JSON. A trace without
+    otherData.pydist is read as pydist's events of ranks it does not list."""
+    try:
+        _keys(trace, "the trace", {"traceEvents"}, {"displayTimeUnit", "otherData"})
+        _need(type(trace["traceEvents"]) is list, "traceEvents", "a list", trace["traceEvents"])
+        unit = trace.get("displayTimeUnit", "ms")
+        _need(unit in ("ms", "ns"), "displayTimeUnit", '"ms" or "ns"', unit)
+        other = trace.get("otherData", {})
+        _need(type(other) is dict, "otherData", "an object", other)
+        ranks = None
+        for key, value in other.items():
+            if key == "pydist":
+                ranks = _check_pydist(value)
+            else:
+                _plain(value, f"otherData[{key!r}]")
+        for i, e in enumerate(trace["traceEvents"]):
+            try:
+                _check_event(e, ranks)
+            except _Bad as bad:
+                raise _Bad(f"event {i} ({_describe(e)}): {bad}") from None
+    except _Bad as e:
+        raise ValueError(f"{source}: {e}") from None
+    return trace
+
+
+# From here on a trace is one that check() passed: its fields are there, with their types.
+
 def _pydist(trace):
     """otherData.pydist, or {} for a trace that is not one of ours."""
-    other = trace.get("otherData")
-    data = other.get("pydist") if isinstance(other, dict) else None
-    return data if isinstance(data, dict) else {}
-
-
-def _number(x):
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _sort_key(x):
-    # pids and tids are ints in our files; anything else sorts after them, by its text
-    return (0, x, "") if _number(x) else (1, 0, str(x))
+    return trace.get("otherData", {}).get("pydist", {})
 
 
 def _ranks(trace):
     """Every rank a trace holds: those of otherData and those of its events."""
-    ranks = {_int(key) for key in _pydist(trace).get("ranks", {})}
-    ranks.update(e.get("pid") for e in trace["traceEvents"] if isinstance(e, dict) and "pid" in e)
+    ranks = {int(key) for key in _pydist(trace).get("ranks", {})}
+    ranks.update(e["pid"] for e in trace["traceEvents"])
     return ranks
 
 
 def _groups(trace):
     """{gid: set of world ranks} from every rank's otherData (the ranks agree: a gid hashes its members)."""
-    groups = {}
-    for info in _pydist(trace).get("ranks", {}).values():
-        for gid, members in (info.get("groups") or {}).items() if isinstance(info, dict) else ():
-            try:
-                groups[int(gid)] = set(members)
-            except (TypeError, ValueError):
-                pass
-    return groups
+    return {int(gid): set(members) for info in _pydist(trace).get("ranks", {}).values()
+            for gid, members in info.get("groups", {}).items()}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -167,8 +385,8 @@ def merge(paths, out_path=None):
     """Merge per-rank traces (or merged ones) into one, annotate every collective with each rank's wait
     for the last to arrive (annotate_waits), write it to `out_path` (unless None) and return it.
 
-    ValueError when two files hold the same rank, or a file's format version is not VERSION. Merging a
-    merged file again gives the same trace: its wait annotations are taken off and made afresh.
+    ValueError when a file is not a pydist timeline of format VERSION (load()), or two hold the same rank.
+    Merging a merged file again gives the same trace: its wait annotations are taken off and made afresh.
 
     >>> merged = merge(["run.rank0.json", "run.rank1.json"], "run.json")
     >>> [e["args"]["wait_us"] for e in merged["traceEvents"] if e.get("name") == "gradient sync"][:2]
@@ -181,11 +399,8 @@ def merge(paths, out_path=None):
     for path in paths:
         trace = load(path)
         data = _pydist(trace)
-        if "version" not in data:
+        if "version" not in data:   # (load() has checked that it is VERSION)
             raise ValueError(f"merge(): {path} is not a pydist timeline (no otherData.pydist.version)")
-        if data["version"] != VERSION:   # (so the files' versions also agree)
-            raise ValueError(f"merge(): {path} is format version {data['version']}; this pydist reads version "
-                             f"{VERSION}")
         for rank in _ranks(trace):
             if rank in owner:
                 raise ValueError(f"merge(): rank {rank} is in both {owner[rank]} and {path}")
@@ -195,7 +410,7 @@ def merge(paths, out_path=None):
         for key, value in trace.get("otherData", {}).items():   # anyone else's otherData: the first wins
             if key != "pydist":
                 others.setdefault(key, value)
-    pydist = {"version": VERSION, "ranks": dict(sorted(ranks.items(), key=lambda kv: _sort_key(_int(kv[0]))))}
+    pydist = {"version": VERSION, "ranks": dict(sorted(ranks.items(), key=lambda kv: int(kv[0])))}
     merged = {"traceEvents": events, "displayTimeUnit": "ms",
               "otherData": {"pydist": pydist, **others}}
     annotate_waits(merged)
@@ -205,33 +420,23 @@ def merge(paths, out_path=None):
     return merged
 
 
-def _int(text):
-    try:
-        return int(text)
-    except (TypeError, ValueError):
-        return text
-
-
 def _event_order(e):
     """Metadata first, then by rank, thread and start; at one start the longer first, so that a parent
     comes before its children (and a wait, as long as its collective, after it)."""
-    if e.get("ph") == "M":
-        return (0, _sort_key(e.get("pid")), _sort_key(e.get("tid")), 0, 0, False)
-    dur = e.get("dur")
-    return (1, _sort_key(e.get("pid")), _sort_key(e.get("tid")), e["ts"] if _number(e.get("ts")) else 0,
-            -dur if _number(dur) else 0, e.get("cat") == WAIT_CAT)
+    if e["ph"] == "M":
+        return (0, e["pid"], e["tid"], 0, 0, False)
+    return (1, e["pid"], e["tid"], e["ts"], -e.get("dur", 0), e["cat"] == WAIT_CAT)
 
 
 def _strip_waits(events):
     """`events` without a previous merge's annotations (in place for the spans' args)."""
     out = []
     for e in events:
-        if e.get("cat") == WAIT_CAT and e.get("ph") == "X" and str(e.get("name")).startswith(WAIT_NAME):
+        if e["ph"] == "X" and e["cat"] == WAIT_CAT and e["name"].startswith(WAIT_NAME):
             continue
-        args = e.get("args")
-        if isinstance(args, dict):
-            args.pop("wait_us", None)
-            args.pop("last_rank", None)
+        if _collective_key(e):   # (the only spans merge annotates: a user's own args are left alone)
+            e["args"].pop("wait_us", None)
+            e["args"].pop("last_rank", None)
         out.append(e)
     return out
 
@@ -240,13 +445,11 @@ def _collective_key(e):
     """(cat, group, seq) for a collective's span, None for anything else. A pydist call ("comm") numbers
     its group's collectives from 1 and gives point-to-point calls seq 0; the engine ("sync") numbers
     its exchanges from 0 (the step)."""
-    args = e.get("args")
-    if e.get("cat") not in ("comm", "sync") or not isinstance(args, dict):
+    if e.get("cat") not in ("comm", "sync"):
         return None
-    group, seq = args.get("group"), args.get("seq")
-    if not isinstance(group, int) or not isinstance(seq, int) or isinstance(seq, bool):
-        return None
-    if seq < 0 or (seq == 0 and e["cat"] == "comm"):
+    args = e.get("args", {})
+    group, seq = args.get("group"), args.get("seq")   # (ints >= 0 where there: check())
+    if group is None or seq is None or (seq == 0 and e["cat"] == "comm"):
         return None
     return (e["cat"], group, seq)
 
@@ -263,7 +466,7 @@ def collectives(trace):
     groups = _groups(trace)
     seen = collections.Counter()
     found = collections.defaultdict(dict)
-    candidates = [e for e in trace["traceEvents"] if e.get("ph") in ("X", "b") and _number(e.get("ts"))]
+    candidates = [e for e in trace["traceEvents"] if e["ph"] in ("X", "b")]
     for e in sorted(candidates, key=lambda e: e["ts"]):
         key = _collective_key(e)
         if key is None:
@@ -282,7 +485,7 @@ def collectives(trace):
 
 def _last_arrival(by_rank):
     # ties go to the higher rank (either way the other waits 0)
-    return max(by_rank.items(), key=lambda kv: (kv[1]["ts"], _sort_key(kv[0])))
+    return max(by_rank.items(), key=lambda kv: (kv[1]["ts"], kv[0]))
 
 
 def annotate_waits(trace):
@@ -357,7 +560,7 @@ def spans(trace):
     """
     threads = collections.defaultdict(list)
     for e in trace["traceEvents"]:
-        if e.get("ph") == "X" and _number(e.get("ts")) and _number(e.get("dur")) and e["dur"] >= 0:
+        if e["ph"] == "X":
             threads[e.get("pid"), e.get("tid")].append(e)
     out = []
     for events in threads.values():
@@ -390,10 +593,9 @@ def _extent(trace):
     """(first start, last end) of every timed event, in us; (0, 0) for none."""
     times = []
     for e in trace["traceEvents"]:
-        if e.get("ph") != "M" and _number(e.get("ts")):
+        if e["ph"] != "M":
             times.append(e["ts"])
-            if _number(e.get("dur")):
-                times.append(e["ts"] + e["dur"])
+            times.append(e["ts"] + e.get("dur", 0))
     return (min(times), max(times)) if times else (0.0, 0.0)
 
 
@@ -410,20 +612,22 @@ def time_use(trace):
     >>> time_use(merged)[0]
     {'compute': 0.16, 'communication': 0.0115, 'waiting': 0.205, 'other': 0.0}
     """
-    trace = _annotated(trace)
+    return _time_use(_annotated(check(trace)))
+
+
+def _time_use(trace):
     use = collections.defaultdict(lambda: dict.fromkeys(KINDS, 0.0))
     for span in spans(trace):
         e = span.event
-        kind = KIND.get(e.get("cat"), "other")
+        kind = KIND.get(e["cat"], "other")
         # a wait event's time goes back to its collective, and the collective's wait_us to waiting: exact
         # also for the waits under MIN_WAIT_US, which have no event
-        use[e.get("pid")]["communication" if kind == "waiting" else kind] += span.self_us
-        wait = (e.get("args") or {}).get("wait_us")
-        if _number(wait) and e.get("cat") != WAIT_CAT:
-            use[e.get("pid")]["waiting"] += wait
-            use[e.get("pid")]["communication"] -= wait
-    return {rank: {kind: max(0.0, us) / 1e6 for kind, us in kinds.items()}
-            for rank, kinds in sorted(use.items(), key=lambda kv: _sort_key(kv[0]))}
+        use[e["pid"]]["communication" if kind == "waiting" else kind] += span.self_us
+        wait = e.get("args", {}).get("wait_us") if _collective_key(e) else None
+        if wait is not None:
+            use[e["pid"]]["waiting"] += wait
+            use[e["pid"]]["communication"] -= wait
+    return {rank: {kind: max(0.0, us) / 1e6 for kind, us in kinds.items()} for rank, kinds in sorted(use.items())}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -458,12 +662,10 @@ def _step_compute(all_spans):
     per_step = collections.defaultdict(lambda: collections.defaultdict(float))
     for span in all_spans:
         e = span.event
-        if e.get("cat") == "step" and isinstance((e.get("args") or {}).get("step"), int):
-            per_step[e["args"]["step"]][e.get("pid")] += 0.0   # a step with no compute counts as 0
-        elif e.get("cat") == "compute" and span.step is not None:
-            number = (span.step.get("args") or {}).get("step")
-            if isinstance(number, int):
-                per_step[number][e.get("pid")] += span.self_us
+        if e["cat"] == "step" and "step" in e.get("args", {}):   # (an int: check())
+            per_step[e["args"]["step"]][e["pid"]] += 0.0   # a step with no compute counts as 0
+        elif e["cat"] == "compute" and span.step is not None and "step" in span.step.get("args", {}):
+            per_step[span.step["args"]["step"]][e["pid"]] += span.self_us
     return per_step
 
 
@@ -474,6 +676,10 @@ def stragglers(trace):
     >>> s.unit, s.rank, round(s.share, 2), round(s.by_ms, 1), s.items[0]
     ('step', 1, 1.0, 19.8, (1, 1, 19.75))
     """
+    return _stragglers(check(trace))
+
+
+def _stragglers(trace):
     per_step = _step_compute(spans(trace))
     shared = {n: ranks for n, ranks in per_step.items() if len(ranks) >= 2}
     out = Stragglers()
@@ -481,10 +687,10 @@ def stragglers(trace):
         out.unit = "step"
         for number in sorted(shared):
             ranks = shared[number]
-            slowest = max(ranks, key=lambda r: (ranks[r], _sort_key(r)))
+            slowest = max(ranks, key=lambda r: (ranks[r], r))
             others = [us for r, us in ranks.items() if r != slowest]
             out.items.append((number, slowest, round((ranks[slowest] - float(np.median(others))) / 1000, 3)))
-            out.compute_ms[number] = {r: us / 1000 for r, us in sorted(ranks.items(), key=lambda kv: _sort_key(kv[0]))}
+            out.compute_ms[number] = {r: us / 1000 for r, us in sorted(ranks.items())}
     else:
         whole = collectives(trace)
         if whole:
@@ -524,10 +730,10 @@ def summary(trace, worst=10):
     ...
     straggler: rank 1, slowest in 100% of 10 steps, by 19.8 ms per step (median)
     """
-    trace = _annotated(trace)
+    trace = _annotated(check(trace))
     first, last = _extent(trace)
     run_s = (last - first) / 1e6
-    use = time_use(trace)
+    use = _time_use(trace)
     info = _pydist(trace).get("ranks", {})
     hosts = _process_names(trace)
     threads = {(e.get("pid"), e.get("tid")) for e in trace["traceEvents"] if e.get("ph") in ("X", "b")}
@@ -540,9 +746,9 @@ def summary(trace, worst=10):
         cells = "".join(f"{s:>10.3f} s {100 * s / run_s if run_s > 0 else 0:>4.0f}%" for s in kinds.values())
         lines.append(f"{rank:>4}  {host[:12]:<12}{cells}")
     for rank, data in info.items():
-        if isinstance(data, dict) and data.get("dropped"):
+        if data["dropped"]:
             lines.append(f"rank {rank} dropped {data['dropped']} events past max_events: its timeline ends early")
-    lines.extend(_straggler_lines(stragglers(trace), worst))
+    lines.extend(_straggler_lines(_stragglers(trace), worst))
     return "\n".join(lines)
 
 
@@ -596,7 +802,7 @@ def _window(all_spans, first, last, max_seconds):
     steps = collections.defaultdict(list)
     for span in all_spans:
         e = span.event
-        if e.get("cat") == "step" and isinstance((e.get("args") or {}).get("step"), int):
+        if e["cat"] == "step" and "step" in e.get("args", {}):
             steps[e["args"]["step"]].append(e)
     numbers = sorted(steps)
     if len(numbers) > 8:
@@ -620,7 +826,7 @@ def _rows(trace):
             order[e.get("pid"), e.get("tid")] = (e.get("args") or {}).get("sort_index", 0)
     threads = {(e.get("pid"), e.get("tid")) for e in trace["traceEvents"] if e.get("ph") in ("X", "b")}
     rows = []
-    for pid, tid in sorted(threads, key=lambda t: (_sort_key(t[0]), order.get(t, 0), _sort_key(t[1]))):
+    for pid, tid in sorted(threads, key=lambda t: (t[0], order.get(t, 0), t[1])):
         name = names.get((pid, tid), f"thread {tid}")
         rows.append((pid, tid, f"rank {pid}" if name == "main" else f"rank {pid} {name}"))
     return rows
@@ -639,10 +845,12 @@ def draw_png(trace, out_png, max_seconds=None):
     >>> draw_png(merged, "run.png")["shows"]
     'steps 3-8 of 120'
     """
+    if max_seconds is not None and not (_is_time(max_seconds) and max_seconds > 0):
+        raise ValueError(f"draw_png(): `max_seconds` must be a number > 0; got {max_seconds!r}")
     from matplotlib.figure import Figure   # no pyplot: no global state, no GUI backend
     from matplotlib.patches import Patch, Rectangle
 
-    trace = _annotated(trace)
+    trace = _annotated(check(trace))
     all_spans = spans(trace)
     first, last = _extent(trace)
     start, end, shows = _window(all_spans, first, last, max_seconds)
@@ -691,7 +899,8 @@ def draw_png(trace, out_png, max_seconds=None):
                        linewidth=width, zorder=2 + depth)
     if len(names) <= 400:
         for x, row, depth, name in names:
-            ax.text(x, row, name, fontsize=7, color="white", ha="center", va="center", clip_on=True, zorder=3 + depth)
+            ax.text(x, row, name, fontsize=7, color="white", ha="center", va="center", clip_on=True, zorder=3 + depth,
+                    parse_math=False)   # a name is text, never TeX ("$" is no formula)
     pairs = [p for p in _async_spans(trace) if (p[0], p[1]) in row_of and min(p[4], end) > max(p[3], start)]
     for pid, tid, cat, t0, t1 in pairs:   # a thin strip at the bottom of the row: they overlap anything
         x0, x1 = max(t0, start), min(t1, end)
@@ -700,7 +909,7 @@ def draw_png(trace, out_png, max_seconds=None):
 
     ax.set_xlim(start / 1000, end / 1000 if end > start else start / 1000 + 1)
     ax.set_ylim(len(rows) - 0.5, -0.5)   # rank 0 at the top
-    ax.set_yticks(range(len(rows)), [label for _, _, label in rows])
+    ax.set_yticks(range(len(rows)), [label for _, _, label in rows], parse_math=False)
     ax.set_xlabel("time (ms)")
     ax.grid(axis="x", color="#dddddd", linewidth=0.6)
     ax.set_axisbelow(True)
@@ -729,7 +938,7 @@ def _async_spans(trace):
     """[(pid, tid, cat, start us, end us)] of the async calls, each "b" with its "e" (same cat and id)."""
     begun, out = {}, []
     for e in trace["traceEvents"]:
-        if e.get("ph") not in ("b", "e") or not _number(e.get("ts")):
+        if e["ph"] not in ("b", "e"):
             continue
         key = (e.get("cat"), e.get("id"))
         if e["ph"] == "b":
@@ -749,28 +958,34 @@ def _prog():
     return f"python -m pydist.{name}" if name in ("timeline", "trace_report") else "python -m pydist.trace_report"
 
 
-def _read(path):
-    """load(), with OSError and ValueError as a one-line message for the command line."""
-    try:
-        return load(path)
-    except OSError as e:
-        raise SystemExit(f"{_prog()}: {path}: {e.strerror or e}") from None
-    except ValueError as e:
-        raise SystemExit(f"{_prog()}: {e}") from None
+def _error_line(e):
+    """An exception as the one line the command line prints: the file and what is wrong with it."""
+    if isinstance(e, ImportError):
+        return "the PNG needs matplotlib (pip install matplotlib)"
+    if isinstance(e, OSError) and e.filename is not None:
+        text = f"{os.fsdecode(e.filename) if isinstance(e.filename, (str, bytes)) else e.filename}: {e.strerror or e}"
+    else:
+        text = str(e)
+    return text.replace("\n", "\\n")
+
+
+def _seconds(text):
+    """--max-seconds: a finite number of seconds > 0."""
+    value = float(text)
+    if not 0 < value < math.inf:
+        raise ValueError(text)
+    return value
 
 
 def _draw(trace, out_png, max_seconds):
-    try:
-        shown = draw_png(trace, out_png, max_seconds)
-    except ImportError:
-        raise SystemExit(f"{_prog()}: the PNG needs matplotlib (pip install matplotlib)") from None
-    except OSError as e:
-        raise SystemExit(f"{_prog()}: {out_png}: {e.strerror or e}") from None
+    shown = draw_png(trace, out_png, max_seconds)
     print(f"wrote {out_png}" + (f" (showing {shown['shows']})" if shown["shows"] else ""))
 
 
 def main(argv=None):
-    """merge PARTS... -o OUT | summary FILE [--png OUT.png] | png FILE OUT.png; returns the exit status."""
+    """merge PARTS... -o OUT | summary FILE [--png OUT.png] | png FILE OUT.png; returns the exit status:
+    0, or 2 with one line `<prog>: error: <file>: <what is wrong>` when a file cannot be read or written
+    or is not a pydist trace (argparse's usage errors exit 2 as well)."""
     prog = _prog()
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     commands = ap.add_subparsers(dest="command", required=True)
@@ -780,29 +995,28 @@ def main(argv=None):
     cmd = commands.add_parser("summary", help="where each rank's time went, and the straggler")
     cmd.add_argument("trace", help="a merged trace (or one rank's)")
     cmd.add_argument("--png", default=None, help="also draw the timeline into this PNG")
-    cmd.add_argument("--max-seconds", type=float, default=None, help="draw only the run's first S seconds")
+    cmd.add_argument("--max-seconds", type=_seconds, default=None, help="draw only the run's first S seconds")
     cmd = commands.add_parser("png", help="draw the timeline as a Gantt chart")
     cmd.add_argument("trace")
     cmd.add_argument("png")
-    cmd.add_argument("--max-seconds", type=float, default=None, help="draw only the run's first S seconds")
+    cmd.add_argument("--max-seconds", type=_seconds, default=None, help="draw only the run's first S seconds")
     args = ap.parse_args(argv)
 
-    if args.command == "merge":
-        try:
+    try:
+        if args.command == "merge":
             merged = merge(args.parts, args.output)
-        except OSError as e:
-            raise SystemExit(f"{prog}: {e.filename or args.output}: {e.strerror or e}") from None
-        except ValueError as e:
-            raise SystemExit(f"{prog}: {e}") from None
-        waits = _pydist(merged)["waits"]
-        print(f"merged {len(args.parts)} file(s), ranks {sorted(_ranks(merged), key=_sort_key)}, into "
-              f"{args.output}: {len(merged['traceEvents'])} events, {waits['collectives']} collective(s) paired")
-        return 0
-    trace = _read(args.trace)
-    if args.command == "summary":
-        print(summary(trace))
-    if args.png is not None:   # summary's --png, or png's own
-        _draw(trace, args.png, args.max_seconds)
+            waits = _pydist(merged)["waits"]
+            print(f"merged {len(args.parts)} file(s), ranks {sorted(_ranks(merged))}, into {args.output}: "
+                  f"{len(merged['traceEvents'])} events, {waits['collectives']} collective(s) paired")
+            return 0
+        trace = load(args.trace)
+        if args.command == "summary":
+            print(summary(trace))
+        if args.png is not None:   # summary's --png, or png's own
+            _draw(trace, args.png, args.max_seconds)
+    except (OSError, ValueError, ImportError) as e:
+        print(f"{prog}: error: {_error_line(e)}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -15,6 +15,7 @@ Before the steps a broadcast that rank 2 joins 3 ms late, an async all_reduce, a
 them a barrier that rank 0 joins first and rank 2 last; rank 2 also has a "server" thread.
 """
 import json
+import os
 import subprocess
 import sys
 
@@ -188,6 +189,17 @@ def test_merging_a_merged_file_again_changes_nothing(merged, tmp_path):
     assert (tmp_path / "again.json").read_text() == (tmp_path / "run.json").read_text()
 
 
+def test_merge_leaves_a_users_own_args_alone(tmp_path):
+    """Only collectives get (and lose again) wait_us and last_rank: a user's event may have args of
+    those names, which merge keeps and the summary does not count as waiting."""
+    mine = span(0, 100, 3600.0, 100.0, "user", "my phase", wait_us=5, last_rank="me")
+    path = tmp_path / "run.rank0.json"
+    path.write_text(json.dumps(broken(lambda t: t["traceEvents"].append(mine))))
+    merged = trace_report.merge([path], None)
+    assert find(merged, cat="user")[0]["args"] == {"wait_us": 5, "last_rank": "me"}
+    assert trace_report.time_use(merged)[0]["waiting"] == 0
+
+
 def test_a_collective_missing_a_member_is_not_annotated(parts):
     two = trace_report.merge(parts[:2], None)
     # rank 2's file is not there: the world's collectives cannot say who came last...
@@ -347,19 +359,194 @@ def test_the_command_line(parts, tmp_path):
     assert png_size(tmp_path / "only.png") == (1600, 600)
 
 
+@pytest.mark.parametrize("command", ["pydist.trace_report", "pydist.timeline"])
 @pytest.mark.parametrize("args, message", [
     (["summary", "missing.json"], "missing.json: No such file or directory"),
     (["summary", "bad.json"], "bad.json: not JSON"),
     (["summary", "nan.json"], "NaN is not a JSON number"),
+    (["summary", "."], ".: Is a directory"),
+    (["summary", "wrong.json", "--png", "x.png"], "wrong.json: event 3 ('X' 'parent'): dur must be a number of us"),
+    (["png", "wrong.json", "x.png"], "wrong.json: event 3 ('X' 'parent'): dur must be a number of us"),
     (["merge", "missing.json", "-o", "x.json"], "missing.json: No such file or directory"),
-    (["merge", "-o", "x.json"], "the following arguments are required: parts"),
+    (["merge", "wrong.json", "-o", "x.json"], "wrong.json: event 3 ('X' 'parent'): dur must be a number of us"),
 ])
-def test_the_command_line_says_what_is_wrong(tmp_path, args, message):
+def test_the_command_line_says_what_is_wrong_in_one_line(tmp_path, command, args, message):
     (tmp_path / "bad.json").write_text('{"traceEvents": [')
     (tmp_path / "nan.json").write_text('{"traceEvents": [{"ph": "X", "ts": NaN}]}')
-    proc = cli(*args, cwd=tmp_path)
-    assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
-    assert not (tmp_path / "x.json").exists()
+    (tmp_path / "wrong.json").write_text(json.dumps(broken(lambda t: t["traceEvents"][3].update(dur=-1))))
+    proc = subprocess.run([sys.executable, "-m", command, *args], cwd=tmp_path, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stderr.startswith(f"python -m {command}: error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert message in proc.stderr, proc.stderr
+    assert not (tmp_path / "x.json").exists() and not (tmp_path / "x.png").exists()
+
+
+def test_a_usage_error_is_argparses(tmp_path):
+    proc = cli("merge", "-o", "x.json", cwd=tmp_path)
+    assert proc.returncode == 2 and "the following arguments are required: parts" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------------
+# Malformed traces: a ValueError that names the file and what is wrong (issue 41)
+
+def broken(change):
+    """A small valid trace of one rank (a thread, a step, a collective, an async call), changed."""
+    trace = {"traceEvents": [
+        {"ph": "M", "pid": 0, "tid": 0, "name": "process_name", "args": {"name": "rank 0 (vm)"}},
+        {"ph": "M", "pid": 0, "tid": 1, "name": "thread_name", "args": {"name": "main"}},
+        span(0, 1, 0.0, 10.0, "step", "step", step=1),
+        span(0, 1, 0.0, 10.0, "compute", "parent"),
+        comm(0, "all_reduce", 10.0, 12.0, seq=1, tid=1),
+        {"ph": "b", "id": "0x1", "pid": 0, "tid": 1, "ts": 12.0, "cat": "comm", "name": "all_reduce",
+         "args": {"group": WORLD, "seq": 2}},
+        {"ph": "e", "id": "0x1", "pid": 0, "tid": 1, "ts": 13.0, "cat": "comm", "name": "all_reduce", "args": {}}],
+        "displayTimeUnit": "ms",
+        "otherData": {"pydist": {"version": 1, "ranks": {"0": {"events": 5, "dropped": 0, "host": "vm", "pid": 1,
+                                                                "groups": {str(WORLD): [0]}}}}}}
+    change(trace)
+    return trace
+
+
+def event(i):
+    return lambda t: t["traceEvents"][i]
+
+
+def setter(where, **values):
+    return lambda t: where(t).update(values)
+
+
+def popper(where, key):
+    return lambda t: where(t).pop(key)
+
+
+RANK0 = lambda t: t["otherData"]["pydist"]["ranks"]["0"]   # noqa: E731
+BROKEN = {
+    "negative duration": (setter(event(3), dur=-1), r"event 3 \('X' 'parent'\): dur must be a number of us from 0"),
+    "duration past any clock": (setter(event(3), dur=1e300), "dur must be a number of us from 0 to 1e[+]16"),
+    "huge time": (setter(event(3), ts=-10**30), "ts must be a number of us"),
+    "time as text": (setter(event(4), ts="10"), "ts must be a number"),
+    "time true": (setter(event(3), ts=True), "ts must be a number"),
+    "no duration": (popper(event(3), "dur"), "event 3 .*: it has no 'dur'"),
+    "no pid": (popper(event(0), "pid"), "it has no 'pid'"),
+    "a rank not listed": (setter(event(4), pid=3), "pid must be a rank that otherData.pydist.ranks lists; got 3"),
+    "a negative rank": (setter(event(4), pid=-1), "pid must be a rank"),
+    "a rank as text": (setter(event(4), pid="0"), "pid must be a rank"),
+    "a float thread": (setter(event(4), tid=1.5), "tid must be a thread id"),
+    "a name not text": (setter(event(3), name=["parent"]), "name must be text"),
+    "a lone surrogate": (setter(event(3), name="\ud800"), "name must be text"),
+    "a category not text": (setter(event(3), cat=None), "cat must be text"),
+    "args not an object": (setter(event(3), args=[1]), "args must be an object"),
+    "args nested deeply": (setter(event(3), args={"a": json.loads("[" * 40 + "]" * 40)}), "args must be JSON at most"),
+    "a seq as text": (lambda t: event(4)(t)["args"].update(seq="1"), "args.seq must be an int >= 0"),
+    "a negative group": (lambda t: event(4)(t)["args"].update(group=-5), "args.group must be a group id"),
+    "a step as text": (lambda t: event(2)(t)["args"].update(step="1"), "args.step must be an int"),
+    "a wait below 0": (lambda t: event(4)(t)["args"].update(wait_us=-1.0), "args.wait_us must be"),
+    "a last rank not listed": (lambda t: event(4)(t)["args"].update(last_rank=9), "args.last_rank must be a rank"),
+    "an unknown phase": (setter(event(3), ph="B"), "ph must be one of M, X, b, e"),
+    "a phase not text": (setter(event(3), ph=1), "ph must be one of"),
+    "an unexpected field": (setter(event(3), colour="red"), "it has an unexpected key 'colour'"),
+    "an async event without id": (popper(event(5), "id"), "event 5 .*: it has no 'id'"),
+    "an event not an object": (lambda t: t["traceEvents"].append([0, 1]), "event 7 \\(list\\): it must be an object"),
+    "unknown metadata": (setter(event(1), name="thread_colour"), "name must be one of process_name"),
+    "metadata without its arg": (setter(event(1), args={}), "args has no 'name'"),
+    "a sort index as text": (setter(event(1), name="thread_sort_index", args={"sort_index": "0"}),
+                             "args.sort_index must be an int"),
+    "traceEvents an object": (lambda t: t.update(traceEvents={}), "traceEvents must be a list"),
+    "no traceEvents": (lambda t: t.pop("traceEvents"), "the trace has no 'traceEvents'"),
+    "a time unit": (lambda t: t.update(displayTimeUnit="s"), "displayTimeUnit must be"),
+    "otherData a list": (lambda t: t.update(otherData=[]), "otherData must be an object"),
+    "another version": (lambda t: t["otherData"]["pydist"].update(version=2), "format version 2; this pydist reads"),
+    "a version as text": (lambda t: t["otherData"]["pydist"].update(version="1"), "format version '1'"),
+    "no ranks": (lambda t: t["otherData"]["pydist"].pop("ranks"), "otherData.pydist has no 'ranks'"),
+    "a rank key not a number": (lambda t: t["otherData"]["pydist"]["ranks"].update(x=RANK0(t)),
+                                "otherData.pydist.ranks's keys must be ints"),
+    "a rank key past MPI's": (lambda t: t["otherData"]["pydist"]["ranks"].update({str(2**31): RANK0(t)}),
+                              "otherData.pydist.ranks's keys must be ints"),
+    "negative events": (lambda t: RANK0(t).update(events=-1), r"ranks\['0'\].events must be an int >= 0"),
+    "dropped as a float": (lambda t: RANK0(t).update(dropped=1.0), "dropped must be an int"),
+    "a host not text": (lambda t: RANK0(t).update(host=7), "host must be text"),
+    "group members not ranks": (lambda t: RANK0(t).update(groups={str(WORLD): ["a"]}), "must be a list of ranks"),
+    "a group id as a word": (lambda t: RANK0(t).update(groups={"world": [0]}), "groups's keys must be ints"),
+    "waits without events": (lambda t: t["otherData"]["pydist"].update(waits={"collectives": 1}),
+                             "otherData.pydist.waits has no 'events'"),
+    "someone's otherData with inf": (lambda t: t["otherData"].update(theirs={"x": float("inf")}),
+                                     r"otherData\['theirs'\] must be finite numbers"),
+}
+
+
+@pytest.mark.parametrize("name", BROKEN)
+def test_a_malformed_trace_is_a_valueerror_naming_the_file(tmp_path, name):
+    change, message = BROKEN[name]
+    trace = broken(change)
+    path = tmp_path / "run.rank0.json"
+    path.write_text(json.dumps(trace))   # (inf as Infinity: load refuses that first, json's extension)
+    with pytest.raises(ValueError, match=f"^{path}: "):
+        trace_report.load(path)
+    with pytest.raises(ValueError, match=f"^{path}: "):
+        trace_report.merge([path], tmp_path / "out.json")
+    assert not (tmp_path / "out.json").exists()
+    # a trace handed over as a dict is checked as well
+    for read in (trace_report.summary, trace_report.time_use, trace_report.stragglers,
+                 lambda t: trace_report.draw_png(t, tmp_path / "out.png")):
+        with pytest.raises(ValueError, match=f"^trace: .*{message}"):
+            read(trace)
+    assert not (tmp_path / "out.png").exists()
+
+
+def test_the_unchanged_small_trace_is_read(tmp_path):
+    """(So that each case above fails for its own change.)"""
+    trace = broken(lambda t: None)
+    path = tmp_path / "run.rank0.json"
+    path.write_text(json.dumps(trace))
+    assert trace_report.load(path) == trace
+    assert "1 rank(s)" in trace_report.summary(trace)
+    assert trace_report.merge([path])["otherData"]["pydist"]["ranks"] == trace["otherData"]["pydist"]["ranks"]
+
+
+GOOD_TEXT = json.dumps(broken(lambda t: None))
+
+
+@pytest.mark.parametrize("text, message", [
+    (b"", "not JSON: Expecting value"),
+    (GOOD_TEXT[:len(GOOD_TEXT) // 2].encode(), "not JSON"),
+    (GOOD_TEXT.replace('"dur": 10.0', '"dur": NaN', 1).encode(), "NaN is not a JSON number"),
+    (GOOD_TEXT.replace('"dur": 10.0', '"dur": 1e999', 1).encode(), "dur must be a number of us from 0 to .*; got inf"),
+    (GOOD_TEXT.replace('"ts": 10.0', '"ts": ' + "9" * 5000, 1).encode(), "not JSON: Exceeds the limit"),
+    (b'{"traceEvents": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+    (b"\xff\xfe\x00{", "not JSON"),
+    (b"[]", "the trace must be an object; got \\[\\]"),
+    (b"null", "the trace must be an object; got None"),
+])
+def test_a_file_that_is_not_a_trace_is_a_valueerror(tmp_path, text, message):
+    path = tmp_path / "run.json"
+    path.write_bytes(text)
+    with pytest.raises(ValueError, match=f"^{path}: .*{message}"):
+        trace_report.load(path)
+    with pytest.raises(ValueError, match=f"^{path}: .*{message}"):
+        trace_report.merge([path], None)
+
+
+def test_what_is_no_file_is_an_oserror(tmp_path):
+    with pytest.raises(IsADirectoryError, match=str(tmp_path)):
+        trace_report.load(tmp_path)
+    os.mkfifo(tmp_path / "fifo")   # (opened without waiting for a writer that never comes)
+    with pytest.raises(OSError, match="not a regular file"):
+        trace_report.load(tmp_path / "fifo")
+    with pytest.raises(FileNotFoundError):
+        trace_report.merge([tmp_path / "missing.json"], None)
+
+
+def test_draw_png_takes_names_as_text_and_refuses_bad_windows(merged, tmp_path):
+    """A "$" in a name is no TeX formula (matplotlib raised ParseException's ValueError on "$\\frac{")."""
+    for e in merged["traceEvents"]:
+        if e.get("name") == "forward":
+            e["name"] = "$\\frac{"
+    trace_report.draw_png(merged, tmp_path / "tex.png")
+    for bad in (0, -1.0, float("nan"), "1"):
+        with pytest.raises(ValueError, match="max_seconds"):
+            trace_report.draw_png(merged, tmp_path / "x.png", max_seconds=bad)
 
 
 # ---------------------------------------------------------------------------------------------------
