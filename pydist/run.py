@@ -225,7 +225,18 @@ def _write_record(folder, record):
 
 
 def _pmi_rank():
-    return int(os.environ.get("PMI_RANK", os.environ.get("PMIX_RANK", "0")))
+    value = os.environ.get("PMI_RANK", os.environ.get("PMIX_RANK", "0"))
+    return int(value) if value.isascii() and value.isdigit() and len(value) < 10 else 0
+
+
+def _started():
+    """When this rank's watcher started it (PYDIST_RUN_STARTED), or now when that is missing or malformed:
+    record_end runs on the way to MPI_Abort and must not raise."""
+    try:
+        value = float(os.environ.get("PYDIST_RUN_STARTED", ""))
+    except ValueError:
+        return time.time()
+    return value if math.isfinite(value) else time.time()
 
 
 def record_end(status, why):
@@ -234,7 +245,7 @@ def record_end(status, why):
     folder = os.environ["PYDIST_RUN_ATTEMPT_DIR"]
     try:
         _write_record(folder, {"rank": _pmi_rank(), "host": socket.gethostname(), "pid": os.getpid(),
-                               "started": float(os.environ.get("PYDIST_RUN_STARTED", time.time())),
+                               "started": _started(),
                                "ended": time.time(), "status": status, "signal": None, "last_line": why})
     except OSError:
         pass
