@@ -582,7 +582,7 @@ class Launcher:
         say(f"{'starting' if attempt == 0 else 'restarting'} {self.world} rank(s) on {where}" +
             (f" (attempt {attempt + 1})" if attempt else ""))
         began = time.monotonic()
-        self.stuck = []
+        self.stuck, self.stuck_why = [], ""
         proc = subprocess.Popen(cmd, env=env)
         try:
             while True:
@@ -621,7 +621,7 @@ class Launcher:
                 missing = [r for r in range(self.world) if r not in marks]
                 say(f"rank(s) {', '.join(map(str, missing))} never began init_process_group, {now - first:.0f} s "
                     f"after the first rank did (its timeout {timeout:g} s): ending the attempt")
-                self.stuck = missing
+                self.stuck, self.stuck_why = missing, "it never began init_process_group"
         if self.args.survive and not self.stuck:
             ended = records(folder, self.world, self.run_id)
             if ended and len(ended) < self.world and any(rec["status"] != 0 for rec in ended):
@@ -629,6 +629,7 @@ class Launcher:
                 if alone > SURVIVE_ALONE_S:
                     done = {rec["rank"] for rec in ended}
                     self.stuck = [r for r in range(self.world) if r not in done]
+                    self.stuck_why = "it was still running after every other rank had ended"
                     say(f"rank(s) {', '.join(map(str, self.stuck))} still running {alone:.0f} s after every other "
                         f"rank ended, one with a failure (waiting for ranks that are gone): ending the attempt")
         if self.stuck:
@@ -682,7 +683,9 @@ class Launcher:
                     f"that stopped answering)")
                 status = rc
             else:
-                say(f"rank {failure['rank']} (host {failure['host']}, pid {failure['pid']}) {describe(failure)}, "
+                why = (f"never arrived ({self.stuck_why}): the launcher ended it" if failure["rank"] in self.stuck
+                       else describe(failure))
+                say(f"rank {failure['rank']} (host {failure['host']}, pid {failure['pid']}) {why}, "
                     f"{failure['ended'] - failure['started']:.1f} s into the run")
                 status = failure["status"]
             lost = None

@@ -648,7 +648,9 @@ def check_blame(spec, happened, output):
         elif kind == "raise":
             ok = any(r == rank and "RuntimeError: chaos" in why for r, why in lines)
         elif kind == "hang":
-            ok = any("timed out" in why for _, why in lines)
+            # the timeout it caused, or the launcher's word that it never arrived (before init, or left
+            # running alone under --survive)
+            ok = any("timed out" in why or (r == rank and "never arrived" in why) for r, why in lines)
         else:   # rank 0's own error, or another rank's word that rank 0 could not write it
             ok = any("No space left on device" in why or "could not write the checkpoint" in why for _, why in lines)
         if not ok and kind != "stop":
