@@ -707,7 +707,8 @@ def expected(spec, happened):
     a dead rank ends the job and the launcher restarts it from the newest checkpoint, up to
     --max-restarts (then it gives up with the failed rank's status); a rank that failed twice running on
     one host is left out, and at fewer ranks than --min-ranks (-n here) it gives up; under --survive an
-    asynchronous strategy carries on without a worker that died during training (exit status 0); a
+    asynchronous strategy carries on without a worker that died during training (exit status 0), and may
+    without one that died between training calls (else that is restarted); a
     rank stopped for less than the job's timeout costs nothing."""
     kind = spec["fault"]
     if kind in ("none", "stop"):
@@ -724,7 +725,7 @@ def expected(spec, happened):
                 return
             hits = [[None, None]]   # repeat=always: the attempt after a restart meets it again, anywhere
         (_, mid_call), rest = hits[0], hits[1:]
-        if survivable and mid_call is not False:   # during training: carried on
+        if survivable:   # during training: carried on; between calls the server may learn of it first too
             outcomes.add(("restarted+carried on" if restarts else "carried on", 0))
             if mid_call:
                 return
