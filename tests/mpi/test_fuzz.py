@@ -165,7 +165,10 @@ def run_collective(case):
 
 @pytest.mark.parametrize("name", fc.COLLECTIVES)
 def test_fuzz_collectives(name):
-    fuzz(fc.collective_cases(2, name).map(lambda case: (case,)), run_collective, reached=[name])
+    # barrier has no arguments of its own, so fewer draws are bad ones: 20 of them missed every error now
+    # and then (1 run in 5 on an EPYC, from the same generator); 60 reach both kinds
+    fuzz(fc.collective_cases(2, name).map(lambda case: (case,)), run_collective,
+         max_examples=60 if name == "barrier" else 20, reached=[name])
 
 
 # ---------------------------------------------------------------------------------------------------
