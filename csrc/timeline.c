@@ -15,15 +15,15 @@
 #endif
 #include "timeline.h"
 
+#include "files.h"
+
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -317,41 +317,26 @@ static void put_event(FILE *f, const Event *e, long tid, long long *async_ids) {
     }
 }
 
-// A new file next to `path` for the trace, at a name no one can guess, made by us (O_EXCL) and not
-// through a link (O_NOFOLLOW): `path` itself is predictable (run.rank3.json), and a link planted there
-// would have us write wherever it points. The trace is renamed over `path`, which replaces a link there
-// rather than following it. Sets *tmp (free it); NULL with errno set.
+// The trace's file: a fresh one beside `path` (pd_create_beside), renamed over it at the end, since
+// `path` is predictable (run.rank3.json). Sets *tmp (free it); NULL with errno set.
 static FILE *create_temp(const char *path, char **tmp) {
-    size_t len = strlen(path) + 32;
-    *tmp = malloc(len);
-    if (*tmp == NULL) {
+    size_t len = strlen(path) + PD_BESIDE_EXTRA;
+    if ((*tmp = malloc(len)) == NULL) {
         return NULL;
     }
-    for (int tries = 0; tries < 100; tries++) {
-        unsigned long long r;
-        if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) {
-            r = (unsigned long long)pd_tl_clock() ^ ((unsigned long long)getpid() << 32);
-        }
-        snprintf(*tmp, len, "%s.%016llx.tmp", path, r);
-        int fd = open(*tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
-        if (fd < 0 && errno == EEXIST) {
-            continue;   // someone else's file (or a planted link): another name
-        }
-        FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
-        if (f != NULL) {
-            return f;
-        }
+    int fd = pd_create_beside(path, *tmp, len);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (f == NULL) {
         int saved = errno;
         if (fd >= 0) {
             close(fd);
             unlink(*tmp);
         }
+        free(*tmp);
+        *tmp = NULL;
         errno = saved;
-        break;
     }
-    free(*tmp);
-    *tmp = NULL;
-    return NULL;
+    return f;
 }
 
 int pd_tl_write(const char *path, const char *label, const char *extra_json) {

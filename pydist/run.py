@@ -56,6 +56,8 @@ import tempfile
 import threading
 import time
 
+from . import _files
+
 PROGRESS = "progress.json"   # in PYDIST_RUN_DIR: the newest step and checkpoint (rank 0 writes it)
 
 
@@ -114,18 +116,9 @@ class Reporting:
 
 
 def write_json(path, value):
-    """Write `value` to `path` whole or not at all, never through a link planted at a name we can be
-    expected to use: a fresh file (O_EXCL, in the same folder) renamed over `path` (a rename replaces a
-    link itself, never what it points to)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path) or ".")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(value, f)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """Write `value` to `path` whole or not at all, never through a link planted there (_files.replacing)."""
+    with _files.replacing(path) as f:
+        json.dump(value, f)
 
 
 def _read_json(path, limit=1 << 20):
@@ -285,11 +278,8 @@ def watch(folder, command):
     survive = os.environ.get("PYDIST_SURVIVE") == "1"
     child = subprocess.Popen(command, close_fds=False, stderr=subprocess.PIPE, env=env,
                              preexec_fn=_ignore_usr1_and_die_with_parent if survive else _die_with_parent)
-    pid_file = os.path.join(folder, f"rank-{rank}.pid")
-    fd, tmp = tempfile.mkstemp(prefix=f".rank-{rank}.pid.", dir=folder)
-    with os.fdopen(fd, "w") as f:
+    with _files.replacing(os.path.join(folder, f"rank-{rank}.pid")) as f:
         f.write(f"{child.pid} {socket.gethostname()}\n")
-    os.replace(tmp, pid_file)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         if sig == signal.SIGUSR1 and survive:   # hydra's word that a rank died, which the records carry
             signal.signal(sig, signal.SIG_IGN)
@@ -513,17 +503,18 @@ class Launcher:
         if not self.own_folder:
             os.makedirs(self.folder, mode=0o700, exist_ok=True)
             self.claim()
+        # the watchers that see this mark share the folder with the launcher (_attempt_folder)
+        write_json(os.path.join(self.folder, LAUNCHER_MARK), {"host": socket.gethostname(), "pid": os.getpid(),
+                                                              "run_id": self.run_id})
 
     def claim(self):
         """A --run-dir of the user's: refuse one another launcher is using now, and clear what an earlier
         launch left there (its attempts' records and progress), so that only this launch's are read."""
-        mark = os.path.join(self.folder, LAUNCHER_MARK)
-        other = _read_json(mark) or {}
+        other = _read_json(os.path.join(self.folder, LAUNCHER_MARK)) or {}
         if other.get("host") == socket.gethostname() and (_count(other.get("pid")) or 0) > 0 and _alive(other["pid"]):
             raise SystemExit(f"python -m pydist.run: --run-dir {self.folder} is in use by the launcher with pid "
                              f"{other['pid']}; name another folder")
         self.clear()
-        write_json(mark, {"host": socket.gethostname(), "pid": os.getpid(), "run_id": self.run_id})
 
     def clear(self):
         """Remove what a launch writes in the run's folder (attempt-N/, progress.json, the mark)."""
@@ -564,9 +555,6 @@ class Launcher:
     def start(self, attempt):
         folder = os.path.join(self.folder, f"attempt-{attempt}")
         os.mkdir(folder, 0o700)   # fresh: claim() cleared the folder
-        if self.own_folder and attempt == 0:
-            write_json(os.path.join(self.folder, LAUNCHER_MARK), {"host": socket.gethostname(), "pid": os.getpid(),
-                                                                  "run_id": self.run_id})
         env = dict(os.environ, PYDIST_RUN_DIR=self.folder, PYDIST_RESTART=str(attempt), PYDIST_RUN_ID=self.run_id)
         survive = []
         if self.args.survive:
@@ -675,7 +663,7 @@ class Launcher:
                 say(f"finished: {self.world - len(gone)} of {self.world} rank(s) to the end, {restarts} restart(s)")
                 return 0
             failure = first_failure(folder, self.world, self.run_id)
-            stuck = [rec for rec in records(folder, self.world, self.run_id) if rec["rank"] in self.stuck]
+            stuck = [rec for rec in ended if rec["rank"] in self.stuck]
             if stuck:   # the others' ends (timeouts, the launcher's kill) follow from it
                 failure = stuck[0]
             if failure is None:

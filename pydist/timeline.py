@@ -29,6 +29,7 @@ import types
 import numpy as np
 
 from . import _C
+from . import _files
 from . import distributed as dist
 from . import trace_report
 
@@ -129,7 +130,7 @@ def stop():
     names = [part_path(path, r) for r in range(size)]
     for r in range(1, size):
         if parts[r] is not None:
-            with trace_report.replacing(names[r], "wb") as f:   # from another host
+            with _files.replacing(names[r], "wb") as f:   # from another host
                 f.write(parts[r])
     trace_report.merge(names, path)
     for name in names:

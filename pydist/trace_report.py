@@ -34,17 +34,17 @@ Standard library and NumPy only; matplotlib, for the PNG, is imported when one i
 """
 import argparse
 import collections
-import contextlib
 import errno
 import json
 import math
 import os
-import secrets
 import stat
 import sys
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from . import _files
 
 VERSION = 1              # otherData.pydist.version this module reads and writes
 SLACK_US = 0.001         # 1 ns: times are written to the nanosecond, so sums may round by that much
@@ -101,45 +101,13 @@ def write(trace, path):
     """Write `trace` compactly, one event a line (as the ranks write theirs), through a temporary file,
     so `path` holds the whole trace or what it held before."""
     head = {k: v for k, v in trace.items() if k != "traceEvents"}
-    with replacing(path) as f:
+    with _files.replacing(path) as f:
         f.write('{"traceEvents":[\n')
         f.write(",\n".join(_compact(e) for e in trace["traceEvents"]))
         f.write("\n]")
         for key, value in head.items():
             f.write(f",{_compact(key)}:{_compact(value)}")
         f.write("}\n")
-
-
-@contextlib.contextmanager
-def replacing(path, mode="w"):
-    """A new file whose contents replace `path` when the block ends (and vanish if it raises).
-
-    The file is made next to `path` at a name no one can guess, by us (O_EXCL) and not through a link
-    (O_NOFOLLOW), then renamed over `path`: a link planted at a predictable name (run.rank3.json, or a
-    temporary one) is replaced, never written through. OSError when it cannot be made or renamed.
-    """
-    path = os.fspath(path)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    for _ in range(100):
-        tmp = f"{path}.{secrets.token_hex(8)}.tmp"
-        try:
-            fd = os.open(tmp, flags, 0o666)
-            break
-        except FileExistsError:
-            continue
-    else:
-        raise FileExistsError(errno.EEXIST, "no free name for a temporary file beside it", path)
-    try:
-        with os.fdopen(fd, mode) as f:
-            yield f
-        try:
-            os.replace(tmp, path)
-        except OSError as e:   # about `path` (a directory there, say), not the temporary's name
-            raise type(e)(e.errno, e.strerror, path) from None
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
 
 
 def _compact(value):

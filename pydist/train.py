@@ -23,11 +23,11 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 
 import numpy as np
 
+from . import _files
 from . import distributed as dist
 from .engine import DEFAULT_DATA_DIR, EVALUATES, STRATEGIES, Trainer, lenet5, load_fashion_mnist, mlp
 
@@ -132,23 +132,9 @@ def plot(history, path):
         fig = figure(history)
     except ImportError:
         return False
-    # a fresh file in the target folder renamed into place: never a write through a planted link
-    fd, tmp = tempfile.mkstemp(prefix=".curves.", suffix=".png", dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, dpi=100, format="png")
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with _files.replacing(path, "wb") as f:   # never a write through a link planted at the name
+        fig.savefig(f, dpi=100, format="png")
     return True
-
-
-def _umask():
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def read_metrics(path):

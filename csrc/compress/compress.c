@@ -249,12 +249,18 @@ int compress_payload_check(const Compressor *z, long lo, long len, const void *p
     }
 }
 
-int compress_decode_add(const Compressor *z, long lo, const void *payload, long len, float scale, float *out) {
-    char err[160];   // (a caller that wants the reason asks compress_payload_check itself)
-    if (compress_payload_check(z, lo, len, payload, compress_payload_bytes(z, lo, len), err, sizeof err) < 0) {
-        return -1;
+int compress_decode_sum(Compressor *z, long lo, long len, const char *payloads, size_t bytes, int count,
+                        const char *what, const char *who, float *sum) {
+    for (int i = 0; i < count; i++) {
+        char why[160];
+        if (compress_payload_check(z, lo, len, payloads + (size_t)i * bytes, bytes, why, sizeof why) < 0) {
+            snprintf(z->refused, sizeof z->refused, "%s (%s %d sent a malformed payload: %s; do the ranks' "
+                     "compressors match?)", what, who, i, why);
+            return -1;
+        }
     }
-    compress_decode_add_checked(z, lo, payload, len, scale, out);
+    memset(sum, 0, sizeof(float) * (size_t)len);
+    for (int i = 0; i < count; i++) compress_decode_add_checked(z, lo, payloads + (size_t)i * bytes, len, 1.0f, sum);
     return 0;
 }
 

@@ -98,13 +98,15 @@ void compress_encode(Compressor *z, long lo, const float *in, long len, void *pa
 // the plain all-reduce passes them). 0, or -1 with err saying what is wrong.
 int compress_payload_check(const Compressor *z, long lo, long len, const void *payload, size_t bytes, char *err,
                            size_t errlen);
-// out[0..len) += scale * what `payload` (compress_payload_bytes of it, from compress_encode with the same
-// z's spec, lo and len) holds: 0; or -1, writing nothing, when compress_payload_check refuses it.
-int compress_decode_add(const Compressor *z, long lo, const void *payload, long len, float scale, float *out);
-// The same for a payload that compress_payload_check has passed already (a caller that wants its message,
-// or every payload checked before any is added), so that it is not read twice.
+// out[0..len) += scale * what `payload` (compress_payload_bytes of it, for z's spec, lo and len) holds, once
+// compress_payload_check has passed it (bytes from outside are checked first, always).
 void compress_decode_add_checked(const Compressor *z, long lo, const void *payload, long len, float scale,
                                  float *out);
+// sum[0..len) = the sum of `count` payloads of `bytes` each (one per rank, in rank order), every one
+// checked before any is added: 0; or -1, sum untouched, with z->refused saying which payload is malformed
+// and why ("<what> (<who> i sent ...)"), for the caller's comm_fail.
+int compress_decode_sum(Compressor *z, long lo, long len, const char *payloads, size_t bytes, int count,
+                        const char *what, const char *who, float *sum);
 
 // Whether the encodings may use AVX2 and F16C: the level of simd.h is avx2 or wider (PYDIST_SIMD=sse2
 // keeps the scalar loops; both give the same bits).

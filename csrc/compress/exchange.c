@@ -11,7 +11,6 @@
  */
 #include "exchange.h"
 
-#include <stdio.h>
 #include <string.h>
 
 #include "engine/blas.h"
@@ -38,18 +37,11 @@ static int gathered_sum(Compressor *z, Comm *c, float *buf, long n) {
     if (rc < 0) {
         return rc;
     }
-    // Every payload is checked before any is added: a malformed one (a rank with another compressor, or
-    // damaged bytes) leaves buf as it was. Every rank holds the same payloads, so every rank refuses alike.
-    for (int r = 0; r < R; r++) {
-        char why[160];
-        if (compress_payload_check(z, 0, n, all + (size_t)r * bytes, bytes, why, sizeof why) < 0) {
-            snprintf(z->refused, sizeof z->refused, "the compressed sum (group rank %d sent a malformed payload: "
-                     "%s; do the ranks' compressors match?)", r, why);
-            return comm_fail(c, MPI_ERR_OTHER, z->refused);
-        }
+    // A malformed payload (a rank with another compressor, or damaged bytes) leaves buf as it was. Every rank
+    // holds the same payloads, so every rank refuses alike.
+    if (compress_decode_sum(z, 0, n, all, bytes, R, "the compressed sum", "group rank", buf) < 0) {
+        return comm_fail(c, MPI_ERR_OTHER, z->refused);
     }
-    memset(buf, 0, sizeof(float) * (size_t)n);
-    for (int r = 0; r < R; r++) compress_decode_add_checked(z, 0, all + (size_t)r * bytes, n, 1.0f, buf);
     return 0;
 }
 

@@ -22,8 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
+#include "files.h"
 #include "zlib_calls.h"
 
 static int write_all(int fd, const void *buf, size_t len) {
@@ -102,28 +102,9 @@ static void sync_dir(const char *path) {
     free(copy);
 }
 
-// The temporary beside `path` (len bytes at tmp), made as mkstemp makes one: a random name opened with
-// O_CREAT | O_EXCL, and O_NOFOLLOW besides, so that a name planted there (a symlink to a file someone
-// wants overwritten) is never opened, only passed over. Its mode is any new file's (0666 less the
-// umask), which the checkpoint keeps after the rename. The descriptor, or -1 with errno.
-static int create_temporary(const char *path, char *tmp, size_t len) {
-    for (unsigned attempt = 0; attempt < 100; attempt++) {
-        uint64_t r;
-        if (getentropy(&r, sizeof r) != 0) {   // (no entropy: still a name no other process is making now)
-            r = ((uint64_t)getpid() << 32) ^ (uint64_t)time(NULL) ^ (attempt * 0x9e3779b97f4a7c15ull);
-        }
-        snprintf(tmp, len, "%s.tmp.%016llx", path, (unsigned long long)r);
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
-        if (fd >= 0 || errno != EEXIST) {
-            return fd;
-        }
-    }
-    return -1;   // (errno: EEXIST)
-}
-
 int checkpoint_save(const char *path, const CheckpointHeader *h, const float *params, const float *momentum,
                     const void *state, char *err, size_t errlen) {
-    const size_t len = strlen(path) + 32;
+    const size_t len = strlen(path) + PD_BESIDE_EXTRA;
     char *tmp = malloc(len);
     int fd = -1, made = 0, rc = -1, cause = 0;
     if (tmp == NULL) {
@@ -133,7 +114,8 @@ int checkpoint_save(const char *path, const CheckpointHeader *h, const float *pa
     }
     uint32_t crc = checkpoint_crc(h, params, momentum, state);
     size_t bytes = (size_t)h->num_params * sizeof(float);
-    if ((fd = create_temporary(path, tmp, len)) < 0) {
+    // a fresh file beside it, renamed over it: a link planted at a predictable name is never written through
+    if ((fd = pd_create_beside(path, tmp, len)) < 0) {
         cause = errno;
         snprintf(err, errlen, "cannot create a temporary file beside checkpoint %s: %s", path, strerror(cause));
         goto out;

@@ -486,14 +486,14 @@ static int async_serve_call(Strategy *s, float *params, int first, int last) {
                 } else {
                     memset(in, 0, sizeof(float) * (size_t)len);
                 }
-                if (compress_decode_add(&s->z, s->shard_lo, payload, len, 1.0f, in) < 0) {
-                    char why[160];   // (compress_decode_add refused it: the check again, for its message)
-                    compress_payload_check(&s->z, s->shard_lo, len, payload, s->payload_bytes, why, sizeof why);
+                char why[160];
+                if (compress_payload_check(&s->z, s->shard_lo, len, payload, s->payload_bytes, why, sizeof why) < 0) {
                     snprintf(s->z.refused, sizeof s->z.refused, "a compressed push (worker rank %d sent a "
                              "malformed payload: %s)", w, why);
                     rc = comm_fail(c, MPI_ERR_OTHER, s->z.refused);
                     break;
                 }
+                compress_decode_add_checked(&s->z, s->shard_lo, payload, len, 1.0f, in);
             }
             long long staleness = s->updates - s->pulled_at[w];
             apply(s, center, in, out, len, staleness);

@@ -16,7 +16,6 @@
  * "weight sync" (the new weights going out; args step only: the other ranks' side of it lies inside
  * their "gradient sync", which is what a report pairs by group and seq).
  */
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -78,19 +77,12 @@ static char *encode_shards(Strategy *s, const float *grads, const long *lo, int 
     return out;
 }
 
-// sum[0..len) = the sum of `count` payloads of the entries [lo, lo + len), in order: 0. Every payload (another
-// rank's bytes) is checked before any is added; a malformed one fails the step with why (comm_fail).
+// sum[0..len) = the sum of `count` payloads of the entries [lo, lo + len), in order: 0. A malformed one
+// (another rank's bytes) fails the step with why.
 static int decode_sum(Strategy *s, const char *payloads, size_t bytes, int count, long lo, long len, float *sum) {
-    for (int i = 0; i < count; i++) {
-        char why[160];
-        if (compress_payload_check(&s->z, lo, len, payloads + (size_t)i * bytes, bytes, why, sizeof why) < 0) {
-            snprintf(s->z.refused, sizeof s->z.refused, "the compressed gradients (rank %d sent a malformed "
-                     "payload: %s)", i, why);
-            return comm_fail(&s->comm, MPI_ERR_OTHER, s->z.refused);
-        }
+    if (compress_decode_sum(&s->z, lo, len, payloads, bytes, count, "the compressed gradients", "rank", sum) < 0) {
+        return comm_fail(&s->comm, MPI_ERR_OTHER, s->z.refused);
     }
-    memset(sum, 0, sizeof(float) * (size_t)len);
-    for (int i = 0; i < count; i++) compress_decode_add_checked(&s->z, lo, payloads + (size_t)i * bytes, len, 1.0f, sum);
     return 0;
 }
 

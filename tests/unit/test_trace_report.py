@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from pydist import trace_report
+from pydist import _files, trace_report
 from trace_format import validate
 from unit_helpers import subprocess_env
 
@@ -218,7 +218,7 @@ def test_write_never_writes_through_a_link_at_its_temporary_name(merged, tmp_pat
     (tmp_path / "out.json.planted.tmp").symlink_to(victim)
     (tmp_path / "out.json.dangling.tmp").symlink_to(tmp_path / "never-made")
     drawn = iter(["planted", "dangling", "fresh"])
-    monkeypatch.setattr(trace_report.secrets, "token_hex", lambda n: next(drawn))
+    monkeypatch.setattr(_files.secrets, "token_hex", lambda n: next(drawn))
     trace_report.write(merged, tmp_path / "out.json")
     assert victim.read_text() == "someone else's file\n" and not (tmp_path / "never-made").exists()
     assert json.loads((tmp_path / "out.json").read_text()) == merged
