@@ -221,8 +221,8 @@ class LoggedEngine:
         self._log("call", step=self._engine.global_step)
         try:
             return self._engine.train_steps(*args)
-        finally:
-            self._log("end", step=self._engine.global_step)
+        finally:   # with how many workers the call went on without (an asynchronous server's word)
+            self._log("end", step=self._engine.global_step, without=len(self._engine.strategy_departed()["dead"]))
 
 
 def job():
@@ -688,13 +688,18 @@ def what_happened(spec, work, outside):
 def in_call(events, t, margin=0.001):
     """Whether time `t` fell inside one of these training calls ("a worker that dies during training
     ends nothing"), or in one that never ended; None when within `margin` seconds of a call's end or
-    start (the times come from different processes); False when between calls."""
+    start (the times come from different processes); False when between calls. A server's call that
+    ended going on without nobody counts as between calls: the worker had sent its last message of the
+    call (its DONE) before it died, so to the others it died after the call (the server ends a call only
+    on every worker's DONE or noticed death)."""
     start = None
     for ev in events:
         if ev["ev"] == "call":
             start = ev["t"]
         elif ev["ev"] == "end" and start is not None:
             if start - margin <= t <= ev["t"] + margin:
+                if ev.get("without") == 0:
+                    return False
                 return True if start + margin < t < ev["t"] - margin else None
             start = None
     if start is None or t < start - margin:

@@ -105,6 +105,11 @@ def test_a_death_is_placed_against_the_servers_training_calls():
     assert chaos.in_call(events, 10.4995) is None      # too close to the end to say
     assert chaos.in_call(events, 11.0) is True         # in a call that never ended
     assert chaos.in_call(events, 9.0) is False
+    # a call the server ended going on without nobody: the worker had sent its DONE before it died
+    ended = [{"ev": "call", "t": 10.0}, {"ev": "end", "t": 10.5, "without": 0}]
+    assert chaos.in_call(ended, 10.2) is False
+    went_on = [{"ev": "call", "t": 10.0}, {"ev": "end", "t": 10.5, "without": 1}]
+    assert chaos.in_call(went_on, 10.2) is True
 
 
 def write_checkpoint(path, step):
