@@ -73,8 +73,8 @@ def extension():
         link_args += ["-fsanitize=address"]
     return Extension(
         "pydist._C",
-        sources=sorted(glob.glob("csrc/*.c") + glob.glob("csrc/*/*.c")),
-        depends=glob.glob("csrc/*.h") + glob.glob("csrc/*/*.h"),
+        sources=sorted(glob.glob("csrc/**/*.c", recursive=True)),
+        depends=glob.glob("csrc/**/*.h", recursive=True),
         include_dirs=[numpy.get_include(), "csrc"],
         extra_compile_args=compile_args,
         extra_link_args=link_args,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What floating MIN/MAX by pydist's own rule (csrc/algorithms/minmax.h) costs, against another build.
+"""What floating MIN/MAX by pydist's own rule (csrc/core/minmax.h) costs, against another build.
 
     python benchmarks/minmax_cost.py --before /path/to/other/checkout      # that build's pydist beside this one
     python benchmarks/minmax_cost.py --before DIR --modes mpi --rounds 6   # MPI's user op alone

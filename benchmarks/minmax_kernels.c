@@ -1,12 +1,12 @@
 /*
- * minmax_kernels.c: the shared-memory reduction kernels alone (shm_reduce of csrc/algorithms/shm.c, the
+ * minmax_kernels.c: the shared-memory reduction kernels alone (shm_reduce of csrc/paths/algorithms/shm.c, the
  * loop every shm path and, through shm_combine, every MPI user op runs), one core, no MPI: GB/s of
  * input reduced for MIN, MAX and SUM (the control) per float dtype, two inputs into one output, at
  * 64 KiB (in cache) and 8 MiB (memory) per input. Built against a tree's shm.c, so that two trees'
  * kernels compare on the same machine in one session:
  *
- *   gcc -O3 -D_GNU_SOURCE -I csrc benchmarks/minmax_kernels.c csrc/algorithms/shm.c -o /tmp/k_after
- *   gcc -O3 -D_GNU_SOURCE -I csrc benchmarks/minmax_kernels.c OTHER/csrc/algorithms/shm.c -o /tmp/k_before
+ *   gcc -O3 -D_GNU_SOURCE -I csrc benchmarks/minmax_kernels.c csrc/paths/algorithms/shm.c -o /tmp/k_after
+ *   gcc -O3 -D_GNU_SOURCE -I csrc benchmarks/minmax_kernels.c OTHER/csrc/paths/algorithms/shm.c -o /tmp/k_before
  *   /tmp/k_before; /tmp/k_after     (alternate a few times on a busy machine; the best of 5 runs is shown)
  *
  * The float16/bfloat16 conversions that shm.c takes from dtypes.c (which needs Python) are copied here.

@@ -1,7 +1,7 @@
 /*
  * pair_probe.c: at 2 ranks, MPICH's broadcast, all-gather and all-to-all against the same bytes moved as
  * one point-to-point exchange, which is what pydist does past its shared-memory slots
- * (csrc/request.c pd_mpi_call_start_pair). SIZE is the whole buffer as collectives_raw.c counts it; the
+ * (csrc/paths/request.c pd_mpi_call_start_pair). SIZE is the whole buffer as collectives_raw.c counts it; the
  * buffers are 2 MiB-aligned and madvised for huge pages, as NumPy's large arrays are.
  *
  *     block   MPI_Bcast / MPI_Allgather / MPI_Alltoall

@@ -8,7 +8,7 @@
  *     wait     MPI_I<op> + MPI_Wait
  *     test     MPI_I<op> + MPI_Test in a tight loop
  *     clock    MPI_I<op> + MPI_Test, MPI_Wtime after every test
- *     poll     MPI_I<op> + pydist's loop (csrc/wait.c): MPI_Test, sched_yield after 64 tests,
+ *     poll     MPI_I<op> + pydist's loop (csrc/progress/wait.c): MPI_Test, sched_yield after 64 tests,
  *              MPI_Wtime every 32 tests, slices of 2 ms
  *     yield    MPI_I<op> + MPI_Test and sched_yield after every test
  *     persist  MPI_<op>_init once, then MPI_Start + MPI_Wait (a persistent request on the same buffers)
@@ -16,13 +16,13 @@
  * Collectives as collectives_raw.c (SIZE the whole buffer, R ranks, chunk SIZE/R), plus the calls
  * pydist makes where they differ: all_to_allv, all_to_all as MPI_Ialltoallv_c on bytes
  * (all_to_all_single); all_reduce_u and reduce_scatt_u, float32 SUM as pydist's user op (MPI's sum with
- * a canonical NaN, csrc/dtypes.c); every call in its large-count _c form.
+ * a canonical NaN, csrc/core/dtypes.c); every call in its large-count _c form.
  *
  *     mpicc.mpich -O3 -o benchmarks/.build/wait_probe benchmarks/wait_probe.c
  *     mpiexec.mpich -n 2 benchmarks/.build/wait_probe [-r REPEATS] [-t SECONDS] SIZE ...
  *
  * pydist sets MPIR_CVAR_IREDUCE_SCATTER_BLOCK_INTRA_ALGORITHM=sched_pairwise and
- * MPIR_CVAR_IALLGATHER_INTRA_ALGORITHM=sched_ring before MPI_Init (csrc/group.c); pass them with -genv
+ * MPIR_CVAR_IALLGATHER_INTRA_ALGORITHM=sched_ring before MPI_Init (csrc/groups/group.c); pass them with -genv
  * to see the I-calls as pydist gets them.
  *
  * Method: per (collective, size), an iteration count that takes about -t seconds (default 0.05) with
@@ -53,7 +53,7 @@ enum strategy { BLOCK, WAIT, TEST, CLOCK, POLL, YIELD, PERSIST, NUM_STRATEGIES }
 static const char *STRATEGY_NAMES[NUM_STRATEGIES] = {"block", "wait", "test", "clock", "poll", "yield", "persist"};
 
 static int nranks;
-static MPI_Op f32_sum_op;   // pydist's float32 SUM (csrc/dtypes.c): MPI's, with a canonical NaN
+static MPI_Op f32_sum_op;   // pydist's float32 SUM (csrc/core/dtypes.c): MPI's, with a canonical NaN
 static MPI_Count *counts;   // [nranks] all_to_allv's byte counts and displacements
 static MPI_Aint *displs;
 
@@ -122,7 +122,7 @@ static void complete(enum strategy s, MPI_Request *req) {
     case CLOCK:
         for (double t = 0; !done; t += MPI_Wtime()) MPI_Test(req, &done, MPI_STATUS_IGNORE);
         break;
-    case POLL:   // csrc/wait.c's test_for_a_slice, slice after slice (the GIL part left out)
+    case POLL:   // csrc/progress/wait.c's test_for_a_slice, slice after slice (the GIL part left out)
         while (!done) {
             double slice_end = MPI_Wtime() + 0.002;
             for (long tests = 1; !done; tests++) {

@@ -1,7 +1,7 @@
 """pydist's own settings that Python reads from the environment (docs/reference/environment.md), parsed
 strictly: unset or empty is the default, and any other value must be one the setting takes, in full, or
 it is a ValueError naming the variable and what it takes, where the setting is first read. (The byte
-counts and thread level that C reads are checked the same way by init_process_group, csrc/group.c, and
+counts and thread level that C reads are checked the same way by init_process_group, csrc/groups/group.c, and
 listed by ``_C.mpi_info()["settings"]``.)
 
 Not here: PYDIST_RUN_DIR, PYDIST_RUN_ATTEMPT_DIR and PYDIST_TIMELINE are paths, and PYDIST_MPI_OWNER is

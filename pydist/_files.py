@@ -1,6 +1,6 @@
 """Writing a file at a name others can predict (run.json, progress.json, curves.png) without ever writing
 through a link planted there, and whole or not at all. Standard library only: the launcher's watcher uses
-it too. (csrc/files.c does the same for the files C writes.)"""
+it too. (csrc/core/files.c does the same for the files C writes.)"""
 import contextlib
 import errno
 import os

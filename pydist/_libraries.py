@@ -44,7 +44,7 @@ def _pypi_libraries():
 # The instruction sets the CPU reports settle which kernels can run, so the engine's OpenBLAS is told
 # the family by name (OPENBLAS_CORETYPE) unless the user set one. Newer CPUs of a family run the same
 # float32 kernels (OpenBLAS' Cooperlake and SapphireRapids use SkylakeX's sgemm; Zen uses Haswell's).
-# PYDIST_SIMD, the cap on every vector kernel of pydist's (csrc/simd.h), caps the BLAS's family too:
+# PYDIST_SIMD, the cap on every vector kernel of pydist's (csrc/core/simd.h), caps the BLAS's family too:
 # sse2 takes Prescott's (SSE3, the oldest family OpenBLAS builds for x86-64).
 _CORE_BY_FLAGS = (("SKYLAKEX", {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}),
                   ("HASWELL", {"avx2", "fma"}))

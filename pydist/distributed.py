@@ -194,7 +194,7 @@ def _launcher_size():
 
 
 # A process made from a rank never uses the rank's MPI (DESIGN.md, "Semantics every path keeps"). A
-# forked one holds a copy of it, which csrc/child.c marks and refuses. A fresh interpreter (spawn,
+# forked one holds a copy of it, which csrc/groups/child.c marks and refuses. A fresh interpreter (spawn,
 # forkserver, subprocess) holds only the rank's environment, and with it the launcher's variables:
 # MPI_Init there would join the job as the rank (with the connection still open: close_fds=False),
 # or talk PMI to a closed descriptor, or to whatever file now has its number. So the process the

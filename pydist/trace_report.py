@@ -1,7 +1,7 @@
 """Reading pydist timelines: merge the ranks' files into one Chrome trace, say where each rank's time
 went and which rank the others waited for, and draw it.
 
-Each rank writes its own trace (csrc/timeline.c, started by pydist/timeline.py); this module is what
+Each rank writes its own trace (csrc/observe/timeline.c, started by pydist/timeline.py); this module is what
 reads them. A library, with the command line of ``python -m pydist.timeline`` (and of this module)::
 
     python -m pydist.trace_report merge run.rank0.json run.rank1.json run.rank2.json -o run.json
@@ -28,7 +28,7 @@ is one exchange they all took part in, which is how merge() finds who waited for
 Whatever reads a trace here checks it first (check(), one pass): a file that is not this format is a
 ValueError naming the file and what is wrong, and the code after the check trusts the structure.
 
-Not here: recording (csrc/timeline.c), starting and stopping it (pydist/timeline.py), and the Trace
+Not here: recording (csrc/observe/timeline.c), starting and stopping it (pydist/timeline.py), and the Trace
 Event Format's own rules, nesting included, as a checker for the tests (tests/unit/trace_format.py).
 Standard library and NumPy only; matplotlib, for the PNG, is imported when one is drawn.
 """

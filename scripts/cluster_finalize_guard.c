@@ -11,7 +11,7 @@
  * transport hangs during cleanup"). No UCX or MPICH variable we tried avoids it (UCX_TLS=tcp,
  * tcp,self, tcp,self,sm, all; UCX_TCP_PUT_ENABLE=n, UCX_TCP_CONN_NB=y, UCX_ADAPTIVE_PROGRESS=n,
  * UCX_PROTO_ENABLE=y). When it happens every operation of the job has completed: pydist's exit
- * barrier (csrc/liveness.c) precedes MPI_Finalize, so what is lost by leaving is only the
+ * barrier (csrc/groups/liveness.c) precedes MPI_Finalize, so what is lost by leaving is only the
  * disconnect. The rank in the PMI barrier meets its own guard and leaves too, and the job ends 0.
  * The cost: a rank that called sys.exit(N) and then hung here exits 0.
  */

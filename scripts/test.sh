@@ -51,7 +51,7 @@ times+=$(sed -n 's/^world size \([0-9]*\): .* in \([0-9.]* s\).*/    \1 rank(s):
 rm -f "$MPI_OUT"
 
 # The unit and multi-rank stages ran every vector kernel at the widest level this CPU runs; the kernels'
-# own tests run again at each narrower one (csrc/simd.h), so a wrong or missing build of a convolution,
+# own tests run again at each narrower one (csrc/core/simd.h), so a wrong or missing build of a convolution,
 # pooling, reduction or compressor fails here on any x86-64 machine: sse2 everywhere, avx2 too on an
 # AVX-512 CPU. PYDIST_SIMD also caps OpenBLAS's kernels (Prescott at sse2).
 LOWER_LEVELS=$($PY -c "from pydist import _C; L = ('sse2', 'avx2', 'avx512'); print(*L[:L.index(_C.simd_info()['cpu'])])")

@@ -13,7 +13,7 @@
 
 #include <math.h>
 
-#include "algorithms/shm.h"
+#include "paths/algorithms/shm.h"
 
 #define HALF_MAX 65504.0f
 

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "engine/blas.h"
-#include "simd.h"
+#include "core/simd.h"
 
 int compress_vector_ok(void) {
     return pd_simd_level() >= PD_SIMD_AVX2;   // AVX2 and F16C (simd.h); PYDIST_SIMD=sse2 keeps the loops scalar

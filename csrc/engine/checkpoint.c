@@ -23,7 +23,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "files.h"
+#include "core/files.h"
 #include "zlib_calls.h"
 
 static int write_all(int fd, const void *buf, size_t len) {

@@ -18,7 +18,7 @@
  * peak). This file picks the table of the level simd.h says and serves layers.h's entry points from it.
  */
 #include "conv_direct.h"
-#include "simd.h"
+#include "core/simd.h"
 
 static const ConvKernels *kernels(void) {
     return PD_SIMD_PICK(&conv_kernels);

@@ -13,7 +13,7 @@
  * first maximum in raster order on ties; with relu, relu(max) = max(relu(x)), the argmax that of x.
  */
 #include "layers.h"
-#include "simd.h"
+#include "core/simd.h"
 
 #include <stdlib.h>
 #include <string.h>

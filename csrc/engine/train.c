@@ -13,7 +13,7 @@
 
 #include <time.h>
 
-#include "timeline.h"
+#include "observe/timeline.h"
 
 static double now(void) {
     struct timespec ts;

@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "comm.h"
-#include "compress/exchange.h"
+#include "strategies/exchange.h"
 #include "engine/sgd.h"
 #include "hooks.h"
 

@@ -11,7 +11,7 @@
 
 #include <mpi.h>
 
-#include "algorithms/ring.h"
+#include "paths/algorithms/ring.h"
 
 // The communicator and how to wait on it, with what was sent counted where it is sent.
 typedef struct {

@@ -31,7 +31,7 @@
 #include "engine/data.h"
 #include "engine/model.h"
 #include "engine/sgd.h"
-#include "timeline.h"
+#include "observe/timeline.h"
 
 typedef enum {
     STRATEGY_ALLREDUCE, STRATEGY_RING, STRATEGY_CENTRAL, STRATEGY_PS, STRATEGY_AVERAGE, STRATEGY_EASGD,

@@ -1,6 +1,6 @@
 /*
  * strategy.h: the registry of strategies, how ranks cooperate in training. It maps a name to a kind
- * and a kind to its table of hooks (hooks.h), and is what the glue (csrc/engine_py.c) calls: create a
+ * and a kind to its table of hooks (hooks.h), and is what the glue (csrc/api/engine_py.c) calls: create a
  * strategy, then reach its hooks through the functions below. The layers, each calling only down:
  *   strategy.c   the registry: names, kinds, the servers' places, scratch, dispatch through the
  *                tables; the only file that knows every strategy.

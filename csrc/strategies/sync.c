@@ -4,7 +4,7 @@
  *   allreduce  the all-reduce of the gradients (our shared-memory one when the replicas share a node and
  *              the gradients are large enough, as all_reduce's automatic choice; else MPI's), then
  *              every rank applies the same update;
- *   ring       the same with our ring all-reduce (csrc/algorithms/ring.c);
+ *   ring       the same with our ring all-reduce (csrc/paths/algorithms/ring.c);
  *   central    tf.distribute's central storage: gradients to rank 0, which alone keeps the optimizer
  *              state and updates, then sends the weights to every rank;
  *   ps         a sharded parameter server: the last S ranks each own a contiguous shard of the
@@ -19,9 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algorithms/ring.h"
+#include "paths/algorithms/ring.h"
 #include "comm.h"
-#include "compress/exchange.h"
+#include "strategies/exchange.h"
 #include "engine/sgd.h"
 #include "hooks.h"
 

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 
 #include "engine/conv_direct.h"
-#include "simd.h"
+#include "core/simd.h"
 
 extern const ConvKernels conv_kernels_wide;
 

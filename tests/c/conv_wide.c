@@ -2,7 +2,7 @@
 // sizes and paths) compiled for AVX2, where GCC lowers each 16-float vector to two: the same loops, tile
 // choices and offsets as the AVX-512 build, runnable on a CPU without AVX-512. tests/c/conv_levels.c
 // checks it with the others.
-#include "simd.h"
+#include "core/simd.h"
 #ifdef PD_SIMD_BUILDS
 #pragma GCC target("avx2,fma")
 #define VL 16

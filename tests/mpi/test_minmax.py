@@ -1,4 +1,4 @@
-"""MIN and MAX on floats with NaN, signed zeros and infinities, on every path (csrc/algorithms/minmax.h).
+"""MIN and MAX on floats with NaN, signed zeros and infinities, on every path (csrc/core/minmax.h).
 
 The rule, the same on every path and dtype: any NaN among the inputs gives NaN (as np.minimum and
 np.maximum), the format's canonical quiet NaN whatever NaNs came in; otherwise the smallest or largest

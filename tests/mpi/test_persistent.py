@@ -1,4 +1,4 @@
-"""Small collectives through the group's cache of persistent requests (csrc/persistent.c), against
+"""Small collectives through the group's cache of persistent requests (csrc/paths/persistent.c), against
 NumPy references each rank computes on its own.
 
 Messages up to PYDIST_PERSISTENT_BYTES (8 KiB by default) run as cached MPI persistent requests on

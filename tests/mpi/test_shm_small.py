@@ -1,4 +1,4 @@
-"""Small collectives in shared memory (csrc/algorithms/shm_small.c), which every collective of a group
+"""Small collectives in shared memory (csrc/paths/algorithms/shm_small.c), which every collective of a group
 within one node takes up to _C.shm_info()["small_bytes"] per rank: each collective against an
 independent NumPy reference on both sides of the bound, every dtype x op of all_reduce, the counter
 that says the path was taken (and that 0 turns it off), async calls more than the slots in flight and

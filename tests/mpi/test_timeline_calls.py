@@ -1,4 +1,4 @@
-"""Every communication call on the timeline (issue 28; csrc/collectives.c, csrc/p2p.c and the paths):
+"""Every communication call on the timeline (issue 28; csrc/ops/collectives.c, csrc/ops/p2p.c and the paths):
 one "comm" span per call per rank, with its name, the bytes of this rank's buffers, the path that
 carried it and its group's id; a group's collectives numbered 1, 2, ... alike on every rank; an
 async_op=True call as a b/e pair from its start to its completion; a point-to-point call with its peer.

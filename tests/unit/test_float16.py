@@ -1,5 +1,5 @@
 """float16: MPI has no half type, so pydist moves it as 16-bit words and reduces with its own
-half <-> float conversion (csrc/dtypes.c). At world size 1, AVG runs that conversion on every element
+half <-> float conversion (csrc/core/dtypes.c). At world size 1, AVG runs that conversion on every element
 (half -> float, divide by 1, round back to half), so it must give NumPy's x / 1 bit for bit: the
 input itself for every value but signalling NaNs, which come back quiet, as in NumPy.
 """

@@ -1,4 +1,4 @@
-"""PYDIST_SIMD: one cap for every vector kernel (csrc/simd.h). Each level this CPU runs is taken and
+"""PYDIST_SIMD: one cap for every vector kernel (csrc/core/simd.h). Each level this CPU runs is taken and
 reported; a level it lacks, or a name that is no level, is refused with a clear error at import; and the
 levels agree on LeNet-5's gradients within float32 rounding, while each level repeats its own bits.
 
@@ -113,7 +113,7 @@ def test_no_kernel_spills_its_registers_at_any_level():
         assert f"{level:7} forward_tiles" in proc.stdout, level   # each level's loops were read
 
 
-CONV_SOURCES = ["tests/c/conv_levels.c", "tests/c/conv_wide.c", "csrc/engine/conv_direct.c", "csrc/simd.c",
+CONV_SOURCES = ["tests/c/conv_levels.c", "tests/c/conv_wide.c", "csrc/engine/conv_direct.c", "csrc/core/simd.c",
                 "csrc/engine/conv_direct_sse2.c", "csrc/engine/conv_direct_avx2.c", "csrc/engine/conv_direct_avx512.c"]
 
 

@@ -50,7 +50,7 @@ def comm(rank, name, ts, end, seq, peer=-1, tid=None):
 
 
 def rank_trace(rank):
-    """Rank `rank`'s file as csrc/timeline.c writes it."""
+    """Rank `rank`'s file as csrc/observe/timeline.c writes it."""
     main = 100 + rank
     events = [{"ph": "M", "pid": rank, "tid": 0, "name": "process_name", "args": {"name": f"rank {rank} (vm)"}},
               {"ph": "M", "pid": rank, "tid": 0, "name": "process_sort_index", "args": {"sort_index": rank}},

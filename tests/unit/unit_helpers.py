@@ -86,7 +86,7 @@ LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_", "SLURM_", "MPI
 SUBPROCESS_TIMEOUT_S = 60
 
 
-SIMD_LEVELS = ("sse2", "avx2", "avx512")   # csrc/simd.h, narrowest first
+SIMD_LEVELS = ("sse2", "avx2", "avx512")   # csrc/core/simd.h, narrowest first
 
 
 def simd_levels():

@@ -1,0 +1,293 @@
+/*
+ * request.c: the plain MPI path's pending operation: one MPI request (a nonblocking collective, isend,
+ * irecv), tested with MPI_Test, waited for the pydist way (group.c's pd_op_wait: deadline, Ctrl-C,
+ * departed ranks), and parked with its arrays when its Work is dropped before it completes; and the one
+ * place that starts a collective's data as MPI's nonblocking call (PdMpiCall).
+ */
+#include "core/pydist.h"
+
+// MPI_Test once. 1 over (finished, or failed and recorded), 0 pending.
+static int request_test(PdWorkObject *w) {
+    int done = 0;
+    int rc = MPI_Test(&w->req, &done, &w->status);
+    if (rc != MPI_SUCCESS) {
+        w->pending = NULL;
+        pd_raise_mpi(rc, w->op.what);
+        pd_work_fail(w);
+        PyErr_Clear();   // reported by wait() / exception()
+        return 1;
+    }
+    if (!done) {
+        return 0;
+    }
+    w->pending = NULL;
+    pd_work_finish(w);
+    return 1;
+}
+
+static int request_wait(PdWorkObject *w, double timeout, int timeout_breaks) {
+    if (pd_op_wait(&w->req, &w->status, &w->op, timeout, timeout_breaks) < 0) {
+        if (w->req != MPI_REQUEST_NULL) {
+            return -1;   // a timeout or a signal leaves the request pending and the Work usable
+        }
+        w->pending = NULL;   // MPI completed the request with an error
+        pd_work_fail(w);
+        PyErr_Clear();
+        return 0;
+    }
+    w->pending = NULL;
+    pd_work_finish(w);
+    return 0;
+}
+
+// Dropped: complete now if MPI has, else park the request with the arrays (a receive nobody waits for
+// may be cancelled at finalize), and warn.
+static void request_abandon(PdWorkObject *w) {
+    int done = 0, fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin && MPI_Test(&w->req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) {
+        pd_work_warn_dropped(w);
+        pd_park(w->req, w->keep, w->is_recv);  // steals keep
+        w->keep = NULL;
+    }
+    w->req = MPI_REQUEST_NULL;
+}
+
+const PdPending pd_request_pending = {request_test, request_wait, request_abandon};
+
+PdWorkObject *pd_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObject *result, int is_recv) {
+    PdWorkObject *w = pd_work_make(req == MPI_REQUEST_NULL ? NULL : &pd_request_pending, NULL, op, keep, result);
+    if (w == NULL) {
+        pd_park(req, Py_XNewRef(keep), is_recv);  // nobody can own the request now: keep its memory alive
+        return NULL;
+    }
+    w->req = req;
+    w->is_recv = is_recv;
+    return w;
+}
+
+int pd_mpi_call_start(const PdMpiCall *c, MPI_Comm comm, MPI_Request *req) {
+    switch (c->kind) {
+    case PD_MPI_BCAST:
+        return MPI_Ibcast_c(c->recv, c->rcount, c->type, c->root, comm, req);
+    case PD_MPI_ALLREDUCE:
+        return MPI_Iallreduce_c(c->send, c->recv, c->rcount, c->type, c->op, comm, req);
+    case PD_MPI_REDUCE:
+        return MPI_Ireduce_c(c->send, c->recv, c->scount, c->type, c->op, c->root, comm, req);
+    case PD_MPI_ALLGATHER:
+        return MPI_Iallgather_c(c->send, c->scount, c->type, c->recv, c->rcount, c->type, comm, req);
+    case PD_MPI_ALLGATHERV:
+        return MPI_Iallgatherv_c(c->send, c->scount, c->type, c->recv, c->rcounts, c->rdispls, c->type, comm, req);
+    case PD_MPI_GATHERV:
+        return MPI_Igatherv_c(c->send, c->scount, c->type, c->recv, c->rcounts, c->rdispls, c->type, c->root, comm,
+                              req);
+    case PD_MPI_SCATTERV:
+        return MPI_Iscatterv_c(c->send, c->scounts, c->sdispls, c->type, c->recv, c->rcount, c->type, c->root, comm,
+                               req);
+    case PD_MPI_REDUCE_SCATTER_BLOCK:
+        return MPI_Ireduce_scatter_block_c(c->send, c->recv, c->rcount, c->type, c->op, comm, req);
+    case PD_MPI_ALLTOALLV:
+        return MPI_Ialltoallv_c(c->send, c->scounts, c->sdispls, c->type, c->recv, c->rcounts, c->rdispls, c->type,
+                                comm, req);
+    case PD_MPI_ALLTOALL:
+        return MPI_Ialltoall_c(c->send, c->scount, c->type, c->recv, c->rcount, c->type, comm, req);
+    default:
+        return MPI_ERR_INTERN;
+    }
+}
+
+// Two ranks: a broadcast, an all-gather and an all-to-all each move one block each way, so the data
+// goes as one point-to-point request (MPI_Isend, MPI_Irecv or MPI_Isendrecv on `comm` with `tag`) and
+// this rank's own block is copied here, at the start. MPICH's all-gather at 2 ranks, blocking or not,
+// took 2.4x the exchange's time at 256 KiB and 7.4x at 1 MiB (benchmarks/pair_probe.c); its broadcast
+// and all-to-all tie with it, less the schedule of the nonblocking call. Like MPI's call, the request never waits for the peer to start, and any
+// MPI call moves it along. Byte-typed calls only (collectives.c sends these as bytes).
+int pd_mpi_call_pairs(const PdMpiCall *c) {
+    switch (c->kind) {
+    case PD_MPI_BCAST: case PD_MPI_ALLGATHER: case PD_MPI_ALLGATHERV:
+        return c->type == MPI_BYTE;
+    case PD_MPI_ALLTOALL: case PD_MPI_ALLTOALLV:   // never made in place (collectives.c stages an aliased input)
+        return c->type == MPI_BYTE && c->send != MPI_IN_PLACE;
+    default:
+        return 0;
+    }
+}
+
+int pd_mpi_call_start_pair(const PdMpiCall *c, int me, MPI_Comm comm, int tag, MPI_Request *req,
+                           const char **what) {
+    if (!pd_mpi_call_pairs(c) || (me != 0 && me != 1)) {
+        return -1;
+    }
+    *what = "MPI_Isendrecv_c";
+    int p = 1 - me;
+    const char *send = c->send == MPI_IN_PLACE ? NULL : (const char *)c->send;
+    char *recv = c->recv;
+    const char *src = NULL, *mine_in = NULL;   // the block sent to p; this rank's own block (NULL: in place)
+    char *dst = NULL, *mine_out = NULL;        // where p's block lands; where this rank's own block goes
+    MPI_Count scount = 0, rcount = 0, own = 0;
+    switch (c->kind) {
+    case PD_MPI_BCAST:
+        *what = me == c->root ? "MPI_Isend_c" : "MPI_Irecv_c";
+        return me == c->root ? MPI_Isend_c(recv, c->rcount, MPI_BYTE, p, tag, comm, req)
+                             : MPI_Irecv_c(recv, c->rcount, MPI_BYTE, p, tag, comm, req);
+    case PD_MPI_ALLGATHER:
+        scount = rcount = own = c->rcount;
+        mine_out = recv + (size_t)me * (size_t)own;
+        dst = recv + (size_t)p * (size_t)own;
+        mine_in = send;
+        src = send != NULL ? send : mine_out;
+        break;
+    case PD_MPI_ALLGATHERV:
+        scount = c->scount;
+        rcount = c->rcounts[p];
+        own = scount < c->rcounts[me] ? scount : c->rcounts[me];
+        mine_out = recv + c->rdispls[me];
+        dst = recv + c->rdispls[p];
+        mine_in = send;
+        src = send != NULL ? send : mine_out;
+        break;
+    case PD_MPI_ALLTOALL:
+        scount = rcount = own = c->scount;
+        src = send + (size_t)p * (size_t)own;
+        dst = recv + (size_t)p * (size_t)own;
+        mine_in = send + (size_t)me * (size_t)own;
+        mine_out = recv + (size_t)me * (size_t)own;
+        break;
+    case PD_MPI_ALLTOALLV:   // this rank's own block is as large on both sides (collectives.c checks)
+        scount = c->scounts[p];
+        rcount = c->rcounts[p];
+        own = c->scounts[me] < c->rcounts[me] ? c->scounts[me] : c->rcounts[me];
+        src = send + c->sdispls[p];
+        dst = recv + c->rdispls[p];
+        mine_in = send + c->sdispls[me];
+        mine_out = recv + c->rdispls[me];
+        break;
+    default:
+        return -1;
+    }
+    int rc = MPI_Isendrecv_c(src, scount, MPI_BYTE, p, tag, dst, rcount, MPI_BYTE, p, tag, comm, req);
+    if (rc == MPI_SUCCESS && mine_in != NULL && mine_in != mine_out && own > 0) {
+        memmove(mine_out, mine_in, (size_t)own);   // while the peer's block is in flight
+    }
+    return rc;
+}
+
+// MPICH 4.0.2's alltoallv sends each rank's block to itself through its point-to-point layer, where
+// its alltoall copies it (benchmarks/wait_probe.c, 2 ranks, Ialltoallv against Ialltoall: 256 KiB 12.0
+// against 9.7 us, 1 MiB 52.7 against 47.9, 64 MiB 8.0 against 6.8 ms), so equal blocks may take the
+// plain call (shared_memory.c decides, at 2 ranks).
+int pd_mpi_call_even(const PdMpiCall *c, int size, PdMpiCall *out) {
+    if (c->kind != PD_MPI_ALLTOALLV || size < 1) {
+        return 0;
+    }
+    MPI_Count block = c->scounts[0];
+    for (int p = 0; p < size; p++) {
+        if (c->scounts[p] != block || c->rcounts[p] != block || c->sdispls[p] != (MPI_Aint)p * (MPI_Aint)block ||
+            c->rdispls[p] != (MPI_Aint)p * (MPI_Aint)block) {
+            return 0;
+        }
+    }
+    *out = (PdMpiCall){PD_MPI_ALLTOALL, "MPI_Ialltoall_c", c->send, block, NULL, NULL, c->recv, block, NULL, NULL,
+                       c->type, MPI_OP_NULL, -1};
+    return 1;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// An input that overlaps the output
+
+// The byte range of block p (of `size`) on one side of the call; len 0: none. send: the input side.
+static void block_range(const PdMpiCall *c, int send, int p, int size, int me, MPI_Count type_size,
+                        const char **at, size_t *len) {
+    *at = NULL;
+    *len = 0;
+    const char *base = send ? (const char *)c->send : (const char *)c->recv;
+    const MPI_Count *counts = send ? c->scounts : c->rcounts;
+    const MPI_Aint *displs = send ? c->sdispls : c->rdispls;
+    if (base == NULL || base == (const char *)MPI_IN_PLACE) {
+        return;
+    }
+    if (counts != NULL) {   // the v-collectives' blocks, in bytes
+        *at = base + displs[p];
+        *len = (size_t)counts[p];
+    } else if (!send && c->kind == PD_MPI_ALLGATHER) {   // one block per rank
+        *at = base + (size_t)p * (size_t)c->rcount * (size_t)type_size;
+        *len = (size_t)c->rcount * (size_t)type_size;
+    } else if (p == me) {   // one buffer, given as this rank's block (a reduce-scatter's input: all of them)
+        MPI_Count n = !send ? c->rcount : c->kind == PD_MPI_REDUCE_SCATTER_BLOCK ? c->rcount * size : c->scount;
+        *at = base;
+        *len = (size_t)n * (size_t)type_size;
+    }
+}
+
+static int overlap(const char *a, size_t an, const char *b, size_t bn) {
+    return an > 0 && bn > 0 && a < b + bn && b < a + an;
+}
+
+int pd_mpi_call_unalias(PdMpiCall *c, int size, int me, PyObject **stage) {
+    *stage = NULL;
+    if (c->kind == PD_MPI_BCAST || c->kind == PD_MPI_ALLREDUCE || c->kind == PD_MPI_REDUCE || c->send == NULL ||
+        c->send == MPI_IN_PLACE || c->recv == NULL) {
+        return 0;   // one buffer, or MPI_IN_PLACE: nothing to overlap
+    }
+    MPI_Count type_size = 1;
+    if (c->type != MPI_BYTE && MPI_Type_size_c(c->type, &type_size) != MPI_SUCCESS) {
+        return pd_raise_mpi_int(MPI_ERR_TYPE, c->name);
+    }
+    // Each side's extent first: separate arrays (the usual case) cost one pass over the blocks.
+    const char *lo[2] = {NULL, NULL}, *hi[2] = {NULL, NULL};
+    size_t total = 0;
+    for (int side = 0; side < 2; side++) {
+        for (int p = 0; p < size; p++) {
+            const char *at;
+            size_t len;
+            block_range(c, side == 0, p, size, me, type_size, &at, &len);
+            if (len == 0) {
+                continue;
+            }
+            total += side == 0 ? len : 0;
+            lo[side] = lo[side] == NULL || at < lo[side] ? at : lo[side];
+            hi[side] = hi[side] == NULL || at + len > hi[side] ? at + len : hi[side];
+        }
+    }
+    if (lo[0] == NULL || lo[1] == NULL || !overlap(lo[0], (size_t)(hi[0] - lo[0]), lo[1], (size_t)(hi[1] - lo[1]))) {
+        return 0;
+    }
+    int aliased = 0;
+    for (int p = 0; p < size && !aliased; p++) {
+        const char *s;
+        size_t sn;
+        block_range(c, 1, p, size, me, type_size, &s, &sn);
+        for (int q = 0; q < size && !aliased && sn > 0; q++) {
+            const char *r;
+            size_t rn;
+            block_range(c, 0, q, size, me, type_size, &r, &rn);
+            aliased = overlap(s, sn, r, rn);
+        }
+    }
+    if (!aliased) {
+        return 0;
+    }
+    // Send from a copy taken now (what the input held at the call, as the slots' path sends), with
+    // its own displacements where the call has them.
+    size_t displs_bytes = c->sdispls != NULL ? (size_t)size * sizeof(MPI_Aint) : 0;
+    PyObject *copy = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(displs_bytes + total));
+    if (copy == NULL) {
+        return -1;
+    }
+    char *mem = PyByteArray_AS_STRING(copy), *data = mem + displs_bytes;
+    if (c->sdispls != NULL) {
+        MPI_Aint *displs = (MPI_Aint *)mem;   // bytearray's storage: malloc'd, aligned for MPI_Aint
+        size_t at = 0;
+        for (int p = 0; p < size; p++) {
+            displs[p] = (MPI_Aint)at;
+            memcpy(data + at, (const char *)c->send + c->sdispls[p], (size_t)c->scounts[p]);
+            at += (size_t)c->scounts[p];
+        }
+        c->sdispls = displs;
+    } else {
+        memcpy(data, c->send, total);
+    }
+    c->send = data;
+    *stage = copy;
+    return 0;
+}
