@@ -33,6 +33,7 @@ import collections
 import json
 import math
 import os
+import re
 import random
 import select
 import shutil
@@ -444,6 +445,7 @@ SETTINGS = {   # name: (valid examples, how pydist reads it)
     "PYDIST_SHM_STAGE": (["64", "1048576", "4096"], "c"),
     "PYDIST_PERSISTENT_BYTES": (["0", "8192"], "c"),
     "PYDIST_THREAD_LEVEL": (["single", "funneled", "serialized", "multiple"], "c"),
+    "PYDIST_STALL_WARN": (["0", "60", "0.5", "1000000000"], "c"),
     "PYDIST_WAIT": (["mpi", "MPI"], "py"),
     "PYDIST_DEBUG": (["DETAIL", "detail", "OFF"], "py"),
     "PYDIST_BLAS_THREADS": (["1", "4", "1024"], "py"),
@@ -490,6 +492,9 @@ def _env_reference(name, value):
     digits = value.isascii() and value.isdigit()
     if name == "PYDIST_THREAD_LEVEL":
         return (value in SETTINGS[name][0]), value
+    if name == "PYDIST_STALL_WARN":
+        ok = re.fullmatch(r"[0-9]+(\.[0-9]+)?", value) is not None and float(value) <= 1e9
+        return ok, float(value) if ok else None
     if SETTINGS[name][1] == "c":
         return (digits and int(value) <= BYTES_MAX), int(value) if digits else None
     if name == "PYDIST_WAIT":

@@ -4,6 +4,11 @@
  * error-feedback residual kept between calls. pydist.torch.hooks and the tests stand on it; the engine's
  * strategies use csrc/compress/ directly.
  */
+#include "api/compress_py.h"
+
+#include "core/buffer.h"
+#include "core/errors.h"
+#include "groups/group.h"
 #include "strategies/comm_glue.h"
 #include "strategies/exchange.h"
 

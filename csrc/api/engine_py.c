@@ -6,7 +6,16 @@
  * the way every pydist call waits (pd_op_wait: polling, Ctrl-C, timeouts, dead ranks). An Engine is used
  * by one call at a time (`busy`), since its buffers are written without the GIL.
  */
-#include "core/pydist.h"
+#include "api/engine_py.h"
+
+#include "core/buffer.h"
+#include "core/errors.h"
+#include "groups/child.h"
+#include "groups/group.h"
+#include "observe/calls.h"
+#include "paths/shared_memory.h"
+#include "progress/op.h"
+#include "progress/wait.h"
 
 #include "engine/blas.h"
 #include <time.h>

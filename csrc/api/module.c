@@ -1,14 +1,29 @@
 /*
  * module.c: the pydist._C extension module: its function table, exception types and constants.
  *
- * The only file that imports NumPy's C API (PD_IMPORT_NUMPY). Multi-phase init (PEP 489), as in
+ * It imports NumPy's C API (core/numpy_api.c) before anything uses it. Multi-phase init (PEP 489), as in
  * CPython's Modules/xxlimited.c. The functions are positional with fixed signatures; keywords,
  * defaults, groups and warnings live in pydist/ (Python), and every function here re-validates what
  * it uses, so calling _C directly cannot crash the interpreter.
  */
-#define PD_IMPORT_NUMPY
-#include "core/pydist.h"
+#include "api/compress_py.h"
+#include "api/engine_py.h"
+#include "core/dtypes.h"
+#include "core/errors.h"
 #include "core/simd.h"
+#include "groups/child.h"
+#include "groups/group.h"
+#include "observe/calls.h"
+#include "ops/collectives.h"
+#include "ops/p2p.h"
+#include "paths/persistent.h"
+#include "paths/private_comm.h"
+#include "paths/ring_path.h"
+#include "paths/shared_memory.h"
+#include "progress/progress.h"
+#include "progress/wait.h"
+#include "progress/work.h"
+#include "session/session.h"
 
 #define FAST(name, fn, doc) {name, (PyCFunction)(void (*)(void))fn, METH_FASTCALL, doc}
 
@@ -91,7 +106,9 @@ static int add_exception(PyObject *m, PyObject **slot, const char *name, PyObjec
 }
 
 static int module_exec(PyObject *m) {
-    import_array1(-1);
+    if (pd_import_numpy() < 0) {
+        return -1;
+    }
     char err[256];
     if (pd_simd_check(err, sizeof err) < 0) {   // a cap this CPU cannot run: refused before any kernel runs
         PyErr_SetString(PyExc_ValueError, err);
@@ -116,10 +133,11 @@ static int module_exec(PyObject *m) {
         pd_compressor_type_init(m) < 0 || pd_shm_type_init(m) < 0) {
         return -1;
     }
-    // The paths, in the order a group's release reaches them: the persistent requests are freed before
-    // the communicators they were made on, the rings in flight abandoned, then the shared channel goes.
-    if (pd_path_register(&pd_persistent_path) < 0 || pd_path_register(&pd_ring_path) < 0 ||
-        pd_path_register(&pd_shm_path) < 0) {
+    // The paths. A group's set-up reaches them in this order and its release in the reverse: the
+    // persistent requests are freed before the communicators they were made on, the rings in flight
+    // abandoned, then the shared channel goes, and last the private communicator they talk on.
+    if (pd_path_register(&pd_private_comm_path) < 0 || pd_path_register(&pd_shm_path) < 0 ||
+        pd_path_register(&pd_ring_path) < 0 || pd_path_register(&pd_persistent_path) < 0) {
         return -1;
     }
     static const struct { const char *name; int value; } ints[] = {

@@ -9,11 +9,11 @@
  * scalar conversion does, so both give the same bits (tests/unit/test_compression_kernels.py compares
  * them over every kind of value). The scalar conversions, a call per value, took 10 ns a value.
  */
-#include "compress.h"
+#include "encodings.h"
 
 #include <math.h>
 
-#include "paths/algorithms/shm.h"
+#include "core/kernels.h"
 
 #define HALF_MAX 65504.0f
 

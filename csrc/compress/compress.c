@@ -4,6 +4,7 @@
  * decode adds what a payload holds. The encodings themselves are cast16.c, topk.c, sign.c, powersgd.c.
  */
 #include "compress.h"
+#include "encodings.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -12,10 +13,6 @@
 
 #include "engine/blas.h"
 #include "core/simd.h"
-
-int compress_vector_ok(void) {
-    return pd_simd_level() >= PD_SIMD_AVX2;   // AVX2 and F16C (simd.h); PYDIST_SIMD=sse2 keeps the loops scalar
-}
 
 int compress_parse(const char *text, CompressSpec *spec, char *err, size_t errlen) {
     *spec = (CompressSpec){COMPRESS_NONE, 1.0, 0};

@@ -28,6 +28,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "encodings.h"
+
 typedef enum { COMPRESS_NONE, COMPRESS_FP16, COMPRESS_BF16, COMPRESS_TOPK, COMPRESS_SIGN, COMPRESS_POWERSGD } CompressKind;
 
 typedef struct {
@@ -36,7 +38,6 @@ typedef struct {
     int rank;       // powersgd: K
 } CompressSpec;
 
-#define SIGN_CHUNK 256
 
 // A matrix-shaped block of the flat buffer (row-major, rows x cols), for powersgd.
 typedef struct {
@@ -107,34 +108,5 @@ void compress_decode_add_checked(const Compressor *z, long lo, const void *paylo
 // and why ("<what> (<who> i sent ...)"), for the caller's comm_fail.
 int compress_decode_sum(Compressor *z, long lo, long len, const char *payloads, size_t bytes, int count,
                         const char *what, const char *who, float *sum);
-
-// Whether the encodings may use AVX2 and F16C: the level of simd.h is avx2 or wider (PYDIST_SIMD=sse2
-// keeps the scalar loops; both give the same bits).
-int compress_vector_ok(void);
-
-// The encodings (cast16.c, topk.c, sign.c, powersgd.c), on x[0..len) in place: x (the input plus the
-// residual) becomes the new residual, x minus what the payload decodes to.
-void cast16_encode(int bf16, float *x, long len, uint16_t *out);
-void cast16_decode_add(int bf16, const uint16_t *in, long len, float scale, float *out);
-long topk_count(double ratio, long len);
-// mag: len floats of scratch.
-void topk_encode(float *x, long len, long k, float *mag, int32_t *index, float *value);
-// The checks of compress_payload_check (0, or -1 with err); the decoders trust what they passed.
-int topk_check(const int32_t *index, long k, long len, char *err, size_t errlen);
-void topk_decode_add(const int32_t *index, const float *value, long k, float scale, float *out);
-size_t sign_bytes(long len);
-void sign_encode(float *x, long len, void *out);
-int sign_check(const void *in, long len, char *err, size_t errlen);
-void sign_decode_add(const void *in, long len, float scale, float *out);
-// powersgd.c: orthonormalise the K columns of P (rows x K, row-major) in place (a column that comes
-// out (near) zero stays zero); and one rank's own rank-K factorisation of M (rows x cols), P then Q,
-// M becoming what P Q^T leaves of it (p: rows x K floats).
-void powersgd_orthonormalize(float *p, long rows, int k);
-void powersgd_factor(float *m, long rows, long cols, int k, float *q, float *p);
-// A column of the warm start Q that has gone (near) zero (a matrix that was zero: a dead layer) would
-// keep every later P zero: it starts again from fresh draws of `state` (the same on every rank).
-void powersgd_refresh_q(float *q, long cols, int k, uint64_t *state);
-// One draw, uniform in [-1, 1), of Q's generator.
-float powersgd_draw(uint64_t *state);
 
 #endif  // PYDIST_COMPRESS_COMPRESS_H

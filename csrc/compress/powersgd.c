@@ -4,7 +4,7 @@
  * projection of M onto P's columns (exact when K >= the rank of M). The sum over a group (exchange.c)
  * all-reduces P and Q between these steps; one rank alone (a worker's push) factors its own M here.
  */
-#include "compress.h"
+#include "encodings.h"
 
 #include <math.h>
 

@@ -9,7 +9,7 @@
  * same bits. A chunk with a NaN gets the one quiet NaN as its scale and residual. With AVX2 a byte of
  * bits is one movemask of eight signs.
  */
-#include "compress.h"
+#include "encodings.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -3,7 +3,7 @@
  * threshold go to the lower index, and NaN counts as the largest magnitude (it is sent, not hidden in
  * the residual), so the choice is the same wherever it is made.
  */
-#include "compress.h"
+#include "encodings.h"
 
 #include <math.h>
 #include <stdio.h>

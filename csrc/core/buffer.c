@@ -6,7 +6,9 @@
  * aligned and in native byte order, and writeable when the call writes into it: MPI reads and writes
  * the memory as one run of elements, so anything else would be silently wrong.
  */
-#include "core/pydist.h"
+#include "core/buffer.h"
+
+#include "core/errors.h"
 
 // Shape or strides as "(3, 2)", for messages.
 static PyObject *dims_repr(int nd, const npy_intp *dims) {

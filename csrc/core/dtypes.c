@@ -13,7 +13,10 @@
  * them as signed: see unsigned_ops below), and so do MIN and MAX on every floating dtype, so that NaN
  * and signed zeros give the same bits on every rank and path (algorithms/minmax.h).
  */
-#include "core/pydist.h"
+#include "core/dtypes.h"
+
+#include "core/errors.h"
+#include "core/kernels.h"
 #include "core/minmax.h"
 
 #include <math.h>
@@ -97,101 +100,6 @@ const PdDtype *pd_dtype_bfloat16(void) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// float16 <-> float32, bit-exact with NumPy (round to nearest, ties to even).
-
-static float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t mant = h & 0x3ffu;
-    uint32_t bits;
-    if (exp == 0x1f) {                 // inf / nan
-        bits = sign | 0x7f800000u | (mant << 13);
-    } else if (exp != 0) {             // normal
-        bits = sign | ((exp + 112) << 23) | (mant << 13);
-    } else if (mant == 0) {            // zero
-        bits = sign;
-    } else {                           // subnormal: value = mant * 2^-24, exact in float
-        float f = (float)mant * 5.9604644775390625e-8f;
-        memcpy(&bits, &f, 4);
-        bits |= sign;
-    }
-    float out;
-    memcpy(&out, &bits, 4);
-    return out;
-}
-
-static uint16_t float_to_half(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    uint32_t absx = x & 0x7fffffffu;
-    if (absx >= 0x7f800000u) {                       // inf or nan (keep nan quiet)
-        return sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u | ((absx >> 13) & 0x3ffu) : 0);
-    }
-    if (absx >= 0x477ff000u) {                       // rounds to >= 65520: overflow to inf
-        return sign | 0x7c00u;
-    }
-    if (absx < 0x38800000u) {                        // below the smallest normal half: subnormal
-        if (absx < 0x33000000u) {                    // below half the smallest subnormal: zero
-            return sign;
-        }
-        uint32_t e = absx >> 23;
-        uint32_t m = (absx & 0x7fffffu) | 0x800000u; // implicit bit
-        uint32_t shift = 126 - e;                    // 14 + (113 - e) - 1 ... bits to drop
-        uint32_t half_m = m >> shift;
-        uint32_t rem = m & ((1u << shift) - 1);
-        uint32_t halfway = 1u << (shift - 1);
-        if (rem > halfway || (rem == halfway && (half_m & 1u))) {
-            half_m++;
-        }
-        return sign | (uint16_t)half_m;
-    }
-    // normal: rebias exponent (127 -> 15) and round the 23-bit mantissa to 10 bits
-    uint32_t h = ((absx >> 13) - (112u << 10));
-    uint32_t rem = absx & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) {
-        h++;                                         // may carry into the exponent: still correct
-    }
-    return sign | (uint16_t)h;
-}
-
-// bfloat16 is float32's top half: widening is exact; narrowing rounds to nearest even as torch's
-// c10::BFloat16 does, and keeps NaN quiet.
-static float bf16_to_float(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float out;
-    memcpy(&out, &bits, 4);
-    return out;
-}
-
-static uint16_t float_to_bf16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u) {
-        return (uint16_t)((x >> 16) | 0x40u);
-    }
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
-}
-
-// The same conversions for the shared-memory all-reduce's kernels (algorithms/shm.c).
-float pd_half_to_float(uint16_t h) {
-    return half_to_float(h);
-}
-
-uint16_t pd_float_to_half(float f) {
-    return float_to_half(f);
-}
-
-float pd_bf16_to_float(uint16_t h) {
-    return bf16_to_float(h);
-}
-
-uint16_t pd_float_to_bf16(float f) {
-    return float_to_bf16(f);
-}
-
-// ---------------------------------------------------------------------------------------------------
 // float16 user ops. MPI calls them as inout[i] = in[i] (op) inout[i].
 
 // A NaN result is the canonical quiet NaN (algorithms/minmax.h): which NaN IEEE arithmetic gives
@@ -209,10 +117,10 @@ uint16_t pd_float_to_bf16(float f) {
         }                                                                                           \
     }
 
-HALF_OP(half_sum, half_to_float, float_to_half, PD_F16_QNAN, a + b)
-HALF_OP(half_prod, half_to_float, float_to_half, PD_F16_QNAN, a * b)
-HALF_OP(bf16_sum, bf16_to_float, float_to_bf16, PD_BF16_QNAN, a + b)
-HALF_OP(bf16_prod, bf16_to_float, float_to_bf16, PD_BF16_QNAN, a * b)
+HALF_OP(half_sum, pd_half_to_float, pd_float_to_half, PD_F16_QNAN, a + b)
+HALF_OP(half_prod, pd_half_to_float, pd_float_to_half, PD_F16_QNAN, a * b)
+HALF_OP(bf16_sum, pd_bf16_to_float, pd_float_to_bf16, PD_BF16_QNAN, a + b)
+HALF_OP(bf16_prod, pd_bf16_to_float, pd_float_to_bf16, PD_BF16_QNAN, a * b)
 
 // float32 and float64 SUM and PRODUCT: MPI's own, but for a NaN result, which is canonical (above).
 // The loop vectorises (an add or multiply, a compare and a blend per lane).
@@ -521,12 +429,12 @@ void pd_divide_inplace(void *buf, MPI_Count count, const PdDtype *dt, int diviso
     if (dt->half == PD_HALF_F16) {
         uint16_t *p = buf;
         for (MPI_Count i = 0; i < count; i++) {
-            p[i] = float_to_half(half_to_float(p[i]) / (float)divisor);
+            p[i] = pd_float_to_half(pd_half_to_float(p[i]) / (float)divisor);
         }
     } else if (dt->half == PD_HALF_BF16) {
         uint16_t *p = buf;
         for (MPI_Count i = 0; i < count; i++) {
-            p[i] = float_to_bf16(bf16_to_float(p[i]) / (float)divisor);
+            p[i] = pd_float_to_bf16(pd_bf16_to_float(p[i]) / (float)divisor);
         }
     } else if (dt->mpi == MPI_FLOAT) {
         float *p = buf;

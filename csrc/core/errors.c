@@ -3,9 +3,9 @@
  *
  * Every MPI return code goes through pd_raise_mpi, so a failed call always surfaces as
  * DistBackendError("<call> failed: <MPI's own text> (error class N)"), never as an abort: the
- * communicators use MPI_ERRORS_RETURN (group.c).
+ * communicators use MPI_ERRORS_RETURN (groups/group.c).
  */
-#include "core/pydist.h"
+#include "core/errors.h"
 
 PyObject *pd_DistError = NULL;
 PyObject *pd_DistBackendError = NULL;

@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "pool2.h"
+
 // y (B, out) = x (B, in) W^T + b
 void linear_forward(const float *x, const float *W, const float *b, float *y, int B, int in, int out);
 // dW = dy^T x, db = sum_B dy, dx = dy W (dx may be NULL: the first layer needs none). accumulate:
@@ -50,32 +52,6 @@ void conv_direct_backward(const ConvShape *s, const float *cols, const float *W,
 // examples in double (both paths use it).
 void conv_bias_grad(const ConvShape *s, const float *dy, float *db, int B, int accumulate);
 
-// Branch-free for the same reason as pool_take below: keep the bits where the mask is all ones. NaN
-// passes through (it is not <= 0), as in torch.
-static inline float keep_if(float v, int keep) {
-    uint32_t bits;
-    memcpy(&bits, &v, sizeof bits);
-    bits &= (uint32_t)-keep;
-    memcpy(&v, &bits, sizeof v);
-    return v;
-}
-
-static inline float relu_of(float v) {
-    return keep_if(v, !(v <= 0.0f));
-}
-
-// Max pooling's comparison (layers.c and pool2.c), without branches (they become conditional moves):
-// which element is largest is a coin toss on real data, and a mispredicted branch per element cost
-// more than the rest of the pooling. `relu`: the output is relu(max), which equals max(relu(x)) (the two
-// commute), so a ReLU before the pooling costs a comparison per output instead of a pass over its
-// input. The argmax is then that of x; it differs from that of relu(x) only where the output is <= 0,
-// and there backward passes no gradient either way.
-static inline void pool_take(float v, int at, float *top, int *best) {
-    int take = !(v <= *top) & (*top == *top);  // larger, or a NaN, which wins as in torch
-    *best = take ? at : *best;
-    *top = take ? v : *top;
-}
-
 // Max pooling with a k x k window and stride k over (B*C) planes of h x w; out is (h/k) x (w/k).
 // argmax records, per output, the input offset of the maximum (the first one on ties, as PyTorch).
 void maxpool_forward(const float *x, float *y, int32_t *argmax, int planes, int h, int w, int k);
@@ -85,11 +61,6 @@ void maxpool_backward(const float *dy, const int32_t *argmax, float *dx, int pla
 void relu_maxpool_forward(const float *x, float *y, int32_t *argmax, int planes, int h, int w, int k);
 void relu_maxpool_backward(const float *dy, const float *y, const int32_t *argmax, float *dx, int planes, int h,
                            int w, int k);
-
-// The k = 2 cases of the above (pool2.c): y, argmax of (h / 2) x (w / 2) outputs per plane, relu or not;
-// backward needs h and w even (windows tiling the plane), y NULL for plain pooling.
-void pool2_forward(const float *x, float *y, int32_t *argmax, int planes, int h, int w, int relu);
-void pool2_backward(const float *dy, const float *y, const int32_t *argmax, float *dx, int planes, int h, int w);
 
 void relu_forward(const float *x, float *y, long n);
 // dx = dy where y > 0, else 0 (PyTorch's threshold_backward on the output)

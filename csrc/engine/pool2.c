@@ -9,10 +9,10 @@
  * row, which is there, and write into the next row (or plane), which is written after, in order; only
  * where that would pass the end of the buffers does a row finish one output at a time.
  *
- * The comparisons are those of layers.h's pool_take: larger, or a NaN, which wins as in torch; the
+ * The comparisons are those of pool2.h's pool_take: larger, or a NaN, which wins as in torch; the
  * first maximum in raster order on ties; with relu, relu(max) = max(relu(x)), the argmax that of x.
  */
-#include "layers.h"
+#include "pool2.h"
 #include "core/simd.h"
 
 #include <stdlib.h>
@@ -22,7 +22,7 @@
 
 #define SELECT(take, a, b) (((take) & (a)) | (~(take) & (b)))
 
-// One output: the window at r0[2 oj], r0[2 oj + 1], r1[2 oj], r1[2 oj + 1], by layers.h's pool_take.
+// One output: the window at r0[2 oj], r0[2 oj + 1], r1[2 oj], r1[2 oj + 1], by pool2.h's pool_take.
 static void pool_one(const float *r0, const float *r1, float *out, int32_t *arg, int oj, int w, int at0, int relu) {
     int best = at0 + 2 * oj;
     float top = r0[2 * oj];

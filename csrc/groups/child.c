@@ -16,7 +16,9 @@
  * Fresh interpreters (spawn, forkserver, subprocess) share nothing but the environment;
  * pydist/distributed.py checks that before init.
  */
-#include "core/pydist.h"
+#include "groups/child.h"
+
+#include "core/errors.h"
 
 #include <pthread.h>
 #include <unistd.h>
@@ -42,9 +44,7 @@ static void after_fork_in_child(void) {
     }
     pd_mpi_inherited = 1;
     parent_pid = (long)getppid();
-    if (pd_initialized) {
-        parent_rank = pd_group_rank(0);
-    } else if (MPI_Comm_rank(MPI_COMM_WORLD, &parent_rank) != MPI_SUCCESS) {   // after destroy
+    if (MPI_Comm_rank(MPI_COMM_WORLD, &parent_rank) != MPI_SUCCESS) {   // (the world group's rank too: a dup)
         parent_rank = -1;
     }
 }

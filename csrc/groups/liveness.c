@@ -9,7 +9,7 @@
  * everyone else to reach exit too.
  *
  * This file only records who has left and when (pd_liveness_poll, pd_liveness_left). Which waits a
- * departure ends is decided by group.c, which knows what each operation needs: a collective needs
+ * departure ends is decided by progress/op.c, which knows what each operation needs: a collective needs
  * every rank of its group, a point-to-point call its peer.
  *
  * Notices are probed for rather than received by a posted wildcard receive, so no request of ours
@@ -30,7 +30,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/pydist.h"
+#include "groups/liveness.h"
+
+#include "core/errors.h"
+#include "groups/child.h"
 
 #define RECORD_SCAN_SECONDS 0.2
 // At exit under --survive: how long the barrier may go on once a peer's watcher has recorded its end. A
@@ -43,7 +46,7 @@ static MPI_Comm ctl = MPI_COMM_NULL;     // private dup of MPI_COMM_WORLD
 static double *left_at = NULL;           // [world size]: when that rank's notice arrived; 0: still here
 static int world_size = 0;
 static int departures = 0;               // how many notices have arrived
-static int leaving = 0;                  // this rank is in pd_liveness_announce
+static int leaving = 0;                  // this rank is in the exit barrier (pd_liveness_exit_begin)
 static char *records = NULL;             // the watchers' folder under PYDIST_SURVIVE; NULL: no records
 static char *from_record = NULL;         // [world size]: 1 when that departure was learnt from a record
 static double scanned_at = 0.0;          // when the records were last looked for
@@ -219,7 +222,7 @@ static int has_record(int r) {
 // recorded its end either passed the barrier (which then completes at once) or died outside any
 // collective (after the last one, or between two) and will never arrive. After EXIT_GRACE_SECONDS the
 // barrier is given up: every survivor sees the same record, so all of them leave.
-static int exit_check(void *ctx, double wait_started) {
+int pd_liveness_exit_check(void *ctx, double wait_started) {
     (void)ctx;
     (void)wait_started;
     static double seen_at = 0.0, checked_at = 0.0;
@@ -249,11 +252,11 @@ const char *pd_liveness_exit_why(void) {
     return exit_why;
 }
 
-// At interpreter exit, before MPI_Finalize: tell every other rank, then wait for all of them to
-// reach exit too. The wait ends at the session's timeout, and under --survive once a peer is known to
-// have ended without arriving (exit_check). Returns -1 if that wait failed, was interrupted or was given
-// up (then MPI_Finalize must be skipped; pd_liveness_exit_why says why).
-int pd_liveness_announce(void) {
+void pd_liveness_exit_given_up(const char *why) {
+    snprintf(exit_why, sizeof exit_why, "%s", why);
+}
+
+int pd_liveness_exit_begin(MPI_Request *req) {
     if (pd_mpi_inherited) {
         return -1;   // a forked child: the parent's departure is not the child's to announce
     }
@@ -270,30 +273,15 @@ int pd_liveness_announce(void) {
             }
         }
     }
-    MPI_Request req = MPI_REQUEST_NULL;
-    PdWaitSpec spec = {"the exit barrier (waiting for every rank to reach exit)", pd_session_timeout(), exit_check,
-                       NULL, 0.0};
     exit_why[0] = '\0';
-    if (rc != MPI_SUCCESS || (rc = MPI_Ibarrier(survivors != MPI_COMM_NULL ? survivors : ctl, &req)) != MPI_SUCCESS) {
+    if (rc != MPI_SUCCESS || (rc = MPI_Ibarrier(survivors != MPI_COMM_NULL ? survivors : ctl, req)) != MPI_SUCCESS) {
         snprintf(exit_why, sizeof exit_why, "the exit barrier could not start (MPI error %d)", rc);
         return -1;
     }
-    int waited = pd_wait(&req, MPI_STATUS_IGNORE, &spec);
-    if (waited < 0 || req != MPI_REQUEST_NULL) {   // an error, a signal, the timeout; or exit_check gave up
-        if (waited < 0) {
-            PyObject *type, *value, *tb;
-            PyErr_Fetch(&type, &value, &tb);
-            PyObject *text = value != NULL ? PyObject_Str(value) : NULL;
-            const char *utf8 = text != NULL ? PyUnicode_AsUTF8(text) : NULL;
-            snprintf(exit_why, sizeof exit_why, "%s", utf8 != NULL ? utf8 : "the exit barrier was interrupted");
-            Py_XDECREF(text);
-            Py_XDECREF(type);
-            Py_XDECREF(value);
-            Py_XDECREF(tb);
-            PyErr_Clear();
-        }
-        return -1;
-    }
+    return 1;
+}
+
+void pd_liveness_exit_end(void) {
     // Everyone has left their last operation. Drain the notices so nothing is pending at finalize.
     for (;;) {
         int flag = 0, who = 0;
@@ -307,5 +295,4 @@ int pd_liveness_announce(void) {
     if (survivors != MPI_COMM_NULL) {
         MPI_Comm_free(&survivors);
     }
-    return 0;
 }

@@ -6,16 +6,22 @@
  * numbered among its group's collectives: every member numbers it alike (MPI matches collectives by
  * order), so the report can pair the ranks' spans of one collective and tell who arrived last. A group
  * is known in the trace by an id that is the same on every member: a hash of its world ranks and of its
- * ordinal among the groups of those same members this process has made (group.c tells us as each is
+ * ordinal among the groups of those same members this process has made (the session tells us as each is
  * made; every member makes them in the same order, as their creation is collective). Handles would not
  * do: a rank that made a group it is not in, or made one members-only, numbers its slots differently.
  */
-#include "core/pydist.h"
+#include "observe/calls.h"
+
+#include "core/errors.h"
+#include "groups/group.h"
+#include "observe/stall.h"
 
 #include <stdint.h>
 #include <string.h>
 
 PD_THREAD_LOCAL const char *pd_call_path = NULL;
+PD_THREAD_LOCAL int pd_validate_only = 0;
+int (*pd_call_defer)(PyObject *ret, const PdCall *c, long long bytes, const char *path) = NULL;
 
 typedef struct {
     unsigned generation;   // the group slot's generation the entry is for
@@ -94,7 +100,7 @@ static void identify(GroupCalls *g, long group, unsigned generation, int made) {
 
 void pd_call_group_made(long group) {
     if (group >= 0 && group < PD_MAX_GROUPS) {
-        identify(&per_group[group], group, pd_op("", group, PD_PEER_ALL).generation, 1);
+        identify(&per_group[group], group, pd_group_generation(group), 1);
     }
 }
 
@@ -103,7 +109,7 @@ static GroupCalls *entry(long group) {
         return NULL;
     }
     GroupCalls *g = &per_group[group];
-    unsigned generation = pd_op("", group, PD_PEER_ALL).generation;
+    unsigned generation = pd_group_generation(group);
     if (!g->known || g->generation != generation) {
         identify(g, group, generation, 0);
     }
@@ -135,7 +141,7 @@ void pd_call_begin(PdCall *c, const char *name, long group, int collective, int 
             c->seq = c->board_seq - g->base;
         }
     }
-    pd_stall_note_call(c);
+    pd_stall_note_call(c->name, c->gid, c->board_seq, c->peer);
     c->t0 = pd_tl_begin();
 }
 
@@ -148,14 +154,8 @@ void pd_call_end(PdCall *c, PyObject *ret, long long bytes) {
         return;   // a failed call is not a span: its error says what happened
     }
     const char *path = pd_call_path != NULL ? pd_call_path : "MPI";
-    if (PyObject_TypeCheck(ret, pd_WorkType)) {
-        PdWorkObject *w = (PdWorkObject *)ret;
-        if (w->pending != NULL) {   // recorded when it completes (work.c)
-            w->call = *c;
-            w->call_bytes = bytes;
-            w->call_path = path;
-            return;
-        }
+    if (pd_call_defer != NULL && pd_call_defer(ret, c, bytes, path)) {
+        return;   // recorded when it completes (work.c)
     }
     pd_tl_span(c->t0, "comm", c->name, 5, PD_TL_INT("group", c->gid), PD_TL_INT("seq", c->seq),
                PD_TL_INT("bytes", bytes), PD_TL_STR("path", path), PD_TL_INT("peer", c->peer));

@@ -14,7 +14,13 @@
  * are not on this host's board: the warning says so rather than guess. Writing the board costs a few
  * stores per call; reading it happens only in a stalled wait.
  */
-#include "core/pydist.h"
+#include "observe/stall.h"
+
+#include "core/errors.h"
+#include "core/settings.h"
+#include "groups/group.h"
+#include "groups/liveness.h"
+#include "observe/timeline.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -55,17 +61,10 @@ static PD_THREAD_LOCAL uint64_t cur_gid, cur_seq;
 static PD_THREAD_LOCAL const char *cur_name;
 
 void pd_stall_read_env(void) {
+    // init refused a malformed value (session.c); one set since is taken as unset
     const char *v = getenv("PYDIST_STALL_WARN");
-    stall_warn = 60.0;
-    if (v != NULL && v[0]) {
-        char *end;
-        double s = strtod(v, &end);
-        if (*end == 0 && s >= 0) {
-            stall_warn = s;
-        } else {
-            fprintf(stderr, "pydist: PYDIST_STALL_WARN=%s is not a number of seconds; using 60\n", v);
-        }
-    }
+    double seconds;
+    stall_warn = v != NULL && pd_parse_seconds(v, &seconds) == 0 ? seconds : 60.0;
 }
 
 void pd_stall_board_attach(void *slots, size_t slot_stride, int size, int node_rank, const int *world_ranks) {
@@ -148,13 +147,13 @@ static void note(BoardSlot *s, const char *what, uint64_t gid, uint64_t seq, int
     write_end(s);
 }
 
-void pd_stall_note_call(const PdCall *c) {
-    cur_gid = c->gid;
-    cur_seq = c->board_seq;   // not c->seq: a timeline's start renumbers that, and the other ranks'
-    cur_name = c->name;       // boards may still show their calls from before it
+void pd_stall_note_call(const char *name, uint64_t gid, unsigned long board_seq, int peer) {
+    cur_gid = gid;
+    cur_seq = board_seq;   // not the call's seq: a timeline's start renumbers that, and the other ranks'
+    cur_name = name;       // boards may still show their calls from before it
     BoardSlot *s = my_slot();
     if (s != NULL) {
-        note(s, c->name, c->gid, c->board_seq, c->peer, 0, -1);
+        note(s, name, gid, board_seq, peer, 0, -1);
     }
 }
 

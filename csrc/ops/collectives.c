@@ -22,15 +22,29 @@
  * after its argument checks, so that debug.py can raise local argument errors before its cross-rank
  * comparison. It is thread-local: another thread's collective must not silently become a no-op.
  *
+ * Each call describes itself once, as every path would take it (PdRoute), and route.c's one table picks
+ * the path: the shared-memory slots, the persistent cache, all_reduce's ring and large shared-memory
+ * all-reduce, or MPI's nonblocking call.
+ *
  * The timeline and the stall inspector (calls.c) see each call from its checks to its return:
  * pd_call_begin once the arguments are valid, pd_call_end at `done:` on every way out, with the bytes
  * of this rank's larger side (nccl-tests' convention: an all-gather counts its output, a reduce-scatter
  * and an all-to-all their input, gather and scatter the list on the root and the one array elsewhere).
  * The path that takes the call names itself in pd_call_path on the way.
  */
-#include "core/pydist.h"
+#include "ops/collectives.h"
 
-PD_THREAD_LOCAL int pd_validate_only = 0;
+#include "core/buffer.h"
+#include "core/dtypes.h"
+#include "core/errors.h"
+#include "groups/group.h"
+#include "observe/calls.h"
+#include "paths/persistent.h"
+#include "paths/request.h"
+#include "paths/ring_path.h"
+#include "ops/route.h"
+#include "paths/shared_memory.h"
+
 
 // A call whose checks failed before pd_call_begin: pd_call_end at `done:` has nothing to end (calls.c
 // records nothing for a skipped call, and leaves the stall inspector's board alone).
@@ -53,99 +67,9 @@ static MPI_Comm *group_and_async(PyObject *const *args, Py_ssize_t nargs, Py_ssi
     return pd_group_comm(*group, fn);
 }
 
-// What Work.result() returns for `result` (borrowed; NULL: nothing): a new list holding it, or the
-// list itself.
-static PyObject *result_list(PyObject *result) {
-    if (result != NULL && PyList_Check(result)) {
-        return Py_NewRef(result);
-    }
-    PyObject *list = PyList_New(result == NULL ? 0 : 1);
-    if (list != NULL && result != NULL) {
-        PyList_SET_ITEM(list, 0, Py_NewRef(result));
-    }
-    return list;
-}
-
-// Finish a started collective: wait (blocking) or return a Work (async). `keep` owns every byte MPI
-// touches; `result` is what Work.result() returns (borrowed; NULL: an empty list). When avg_buf is
-// set, its avg_count elements are divided by the group size once the operation has completed.
-static PyObject *finish(MPI_Request req, const char *what, long group, int async_op, PyObject *keep,
-                        PyObject *result, const PdBuf *avg_buf) {
-    int divisor = avg_buf ? pd_group_size(group) : 0;
-    PdOp op = pd_op(what, group, PD_PEER_ALL);
-    if (!async_op) {
-        if (pd_op_wait_or_park(&req, MPI_STATUS_IGNORE, &op, keep, 0) < 0) {
-            return NULL;
-        }
-        if (divisor > 0) {
-            pd_divide_inplace(avg_buf->data, avg_buf->count, avg_buf->dtype, divisor);
-        }
-        Py_RETURN_NONE;
-    }
-    PyObject *list = result_list(result);
-    if (list == NULL) {
-        pd_park(req, Py_XNewRef(keep), 0);  // nobody can own it now: keep its memory alive
-        return NULL;
-    }
-    PdWorkObject *w = pd_work_new(req, &op, keep, list, 0);   // parks the request if it fails
-    Py_DECREF(list);
-    if (w == NULL) {
-        return NULL;
-    }
-    if (divisor > 0) {
-        w->avg_divisor = divisor;
-        w->avg_dtype = avg_buf->dtype;
-        w->avg_buf = avg_buf->data;
-        w->avg_count = avg_buf->count;
-    }
-    return (PyObject *)w;
-}
-
-static PyObject *start_failed(int rc, const char *call) {
-    return pd_raise_mpi(rc, call);
-}
-
 // A tuple (a, b) of two owners, for operations with an input and an output.
 static PyObject *pair(PdBuf *a, PdBuf *b) {
     return PyTuple_Pack(2, (PyObject *)a->arr, (PyObject *)b->arr);
-}
-
-// A small message's collective through the group's cache of persistent requests (persistent.c):
-// the same result, waits and Work as finish(), on staging buffers. Only for calls that every rank
-// sends this way: pd_persist_wanted(bytes) with bytes the same on every rank.
-static PyObject *finish_persistent(const char *what, long group, MPI_Comm comm, int async_op,
-                                   const PdPersistKey *key, const PdPersistCall *call, PyObject *keep,
-                                   PyObject *result) {
-    PdOp op = pd_op(what, group, PD_PEER_ALL);
-    PyObject *list = NULL;
-    if (async_op && (list = result_list(result)) == NULL) {
-        return NULL;
-    }
-    PyObject *ret = pd_persist_run(&op, comm, key, call, keep, list);
-    Py_XDECREF(list);
-    return ret;
-}
-
-// A list's displacements (PdBufList.displs) serve as SmallCall's block offsets.
-_Static_assert(sizeof(MPI_Aint) == sizeof(ptrdiff_t), "MPI_Aint is not ptrdiff_t's size");
-
-// A small collective in shared memory (shared_memory.c over algorithms/shm_small.c) when the group
-// takes it for this size, which every rank decides alike. 1 with *ret set (the result, or NULL raised);
-// 0: use MPI's.
-static int try_small(const char *fn, long group, int async_op, SmallCall call, PyObject *a, PyObject *b,
-                     PyObject *result, PyObject **ret) {
-    if (!pd_shm_small_takes(group, &call)) {
-        return 0;
-    }
-    PyObject *list = NULL;
-    *ret = NULL;
-    if (async_op && (list = result_list(result)) == NULL) {
-        return 1;
-    }
-    int fallback = 0;
-    *ret = pd_shm_small_run(fn, fn, group, async_op, &call, a, b, list, &fallback);
-    Py_XDECREF(list);
-    return *ret != NULL || !fallback;
 }
 
 static PdPersistKey persist_key(int kind, long group, MPI_Count count, MPI_Datatype type, size_t extent, MPI_Op op,
@@ -162,64 +86,11 @@ static void persist_avg(PdPersistCall *call, long op, long group, const PdBuf *o
     }
 }
 
-// Whether the group's calls put their headers through the shared-memory slots (a group within one
-// node, the small collectives on; the same answer on every rank). Then every call the slots do not
-// carry sends its header there too (mpi_path), and the persistent cache is not used: a rank whose call
-// differs, on either side of any threshold, raises ValueError with every other instead of waiting.
-static int headers_in_slots(long group) {
-    return pd_shm_small_wanted(group, 0);
-}
-
-// A collective's data as MPI's call `mc`, finished as finish() does. With `headers` (headers_in_slots),
-// `call` (as the slots describe it: try_small's, whose data pd_shm_header_run leaves out when the slots
-// do not take it) goes through the slots first and the data then takes MPI on the group's private
-// communicator (shared_memory.c); else MPI's call on `comm` at once.
-static PyObject *mpi_path_start(const char *fn, long group, MPI_Comm comm, int async_op, int headers,
-                                const PdMpiCall *mc, SmallCall call, PyObject *keep, PyObject *result,
-                                const PdBuf *avg) {
-    if (headers) {
-        PyObject *list = result_list(result);
-        if (list == NULL) {
-            return NULL;
-        }
-        int fallback = 0;
-        PyObject *ret = pd_shm_header_run(fn, group, async_op, &call, mc, keep, list, avg, &fallback);
-        Py_DECREF(list);
-        if (ret != NULL || !fallback) {
-            return ret;
-        }
-    }
-    MPI_Request req = MPI_REQUEST_NULL;
-    pd_call_path = "MPI";
-    int rc = pd_mpi_call_start(mc, comm, &req);
-    if (rc != MPI_SUCCESS) {
-        return start_failed(rc, mc->name);
-    }
-    return finish(req, fn, group, async_op, keep, result, avg);
-}
-
-// mpi_path_start, with an input that overlaps the output (torch's forms: all_to_all_single(t, t),
-// reduce_scatter_tensor into a chunk of its input, a list's entry passed again as the tensor) sent
-// from a copy taken now, as the slots' and the persistent path send: MPI forbids the overlap, and
-// MPICH aborts the job on some of it.
-static PyObject *mpi_path(const char *fn, long group, MPI_Comm comm, int async_op, int headers, const PdMpiCall *mc,
-                          SmallCall call, PyObject *keep, PyObject *result, const PdBuf *avg) {
-    PdMpiCall unaliased = *mc;
-    PyObject *stage = NULL;
-    if (pd_mpi_call_unalias(&unaliased, pd_group_size(group), pd_group_rank(group), &stage) < 0) {
-        return NULL;
-    }
-    if (stage == NULL) {
-        return mpi_path_start(fn, group, comm, async_op, headers, mc, call, keep, result, avg);
-    }
-    PyObject *kept = PyTuple_Pack(2, keep != NULL ? keep : Py_None, stage);
-    Py_DECREF(stage);
-    if (kept == NULL) {
-        return NULL;
-    }
-    PyObject *ret = mpi_path_start(fn, group, comm, async_op, headers, &unaliased, call, kept, result, avg);
-    Py_DECREF(kept);
-    return ret;
+// A collective as every path would take it (route.h): automatic, its slots' form tried first, its header
+// through the slots on a group whose calls put them there; the caller fills in the rest.
+static PdRoute route(const char *fn, long group, MPI_Comm comm, int async_op, PyObject *keep, PyObject *result) {
+    return (PdRoute){.fn = fn, .group = group, .comm = comm, .async_op = async_op, .algorithm = PD_ROUTE_AUTO,
+                     .small_first = 1, .headers_ok = 1, .keep = keep, .result = result};
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -230,7 +101,6 @@ PyObject *pd_barrier(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     long group;
     int async_op;
-    MPI_Request req = MPI_REQUEST_NULL;
     PdCall call;
     PyObject *ret = NULL;
     MPI_Comm *comm = group_and_async(args, nargs, 2, "barrier", &group, &async_op);
@@ -242,23 +112,13 @@ PyObject *pd_barrier(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         ret = Py_NewRef(Py_None);
         goto done;
     }
-    if (try_small("barrier", group, async_op, (SmallCall){SMALL_BARRIER, SHM_U8, 0, -1, 0, 1, NULL, NULL, 0, NULL,
-                  NULL}, NULL, NULL, NULL, &ret)) {
-        goto done;
-    }
-    if (pd_persist_wanted(0)) {
-        PdPersistKey key = persist_key(PD_PERSIST_BARRIER, group, 0, MPI_BYTE, 1, MPI_OP_NULL, -1);
-        PdPersistCall cached = {0};
-        ret = finish_persistent("barrier", group, *comm, async_op, &key, &cached, NULL, NULL);
-        goto done;
-    }
-    pd_call_path = "MPI";
-    int rc = MPI_Ibarrier(*comm, &req);
-    if (rc != MPI_SUCCESS) {
-        ret = start_failed(rc, "MPI_Ibarrier");
-        goto done;
-    }
-    ret = finish(req, "barrier", group, async_op, NULL, NULL, NULL);
+    PdRoute r = route("barrier", group, *comm, async_op, NULL, NULL);
+    r.small = (SmallCall){SMALL_BARRIER, SHM_U8, 0, -1, 0, 1, NULL, NULL, 0, NULL, NULL};
+    r.headers_ok = 0;   // the slots take every barrier where the group has them
+    r.persist_ok = 1;
+    r.persist_key = persist_key(PD_PERSIST_BARRIER, group, 0, MPI_BYTE, 1, MPI_OP_NULL, -1);
+    r.mpi = (PdMpiCall){.kind = PD_MPI_BARRIER, .name = "MPI_Ibarrier", .type = MPI_BYTE, .op = MPI_OP_NULL, .root = -1};
+    ret = pd_route(&r);
 done:
     pd_call_end(&call, ret, 0);
     return ret;
@@ -291,39 +151,33 @@ PyObject *pd_broadcast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     // As bytes, as below: ranks may hold different dtypes of one size.
     SmallCall small = {SMALL_BCAST, SHM_U8, 0, root, (int64_t)buf.nbytes, 1, is_root ? buf.data : NULL,
                        is_root ? NULL : buf.data, 0, NULL, NULL};
-    if (try_small(fn, group, async_op, small, (PyObject *)buf.arr, NULL, args[0], &ret)) {
-        goto done;
-    }
-    int headers = headers_in_slots(group);
-    if (!headers && pd_persist_wanted((size_t)buf.nbytes)) {   // as bytes: the same key whatever dtype each rank holds
-        PdPersistKey key = persist_key(PD_PERSIST_BCAST, group, buf.nbytes, MPI_BYTE, 1, MPI_OP_NULL, root);
-        PdPersistCall cached = {is_root ? buf.data : NULL, is_root ? (size_t)buf.nbytes : 0,
-                                is_root ? NULL : buf.data, is_root ? 0 : (size_t)buf.nbytes, 0, NULL, 0};
-        ret = finish_persistent(fn, group, *comm, async_op, &key, &cached, (PyObject *)buf.arr, args[0]);
-        goto done;
-    }
-    PdMpiCall mc = {PD_MPI_BCAST, "MPI_Ibcast_c", NULL, 0, NULL, NULL, buf.data, buf.nbytes, NULL, NULL, MPI_BYTE,
-                    MPI_OP_NULL, root};
-    ret = mpi_path(fn, group, *comm, async_op, headers, &mc, small, (PyObject *)buf.arr, args[0], NULL);
+    PdRoute r = route(fn, group, *comm, async_op, (PyObject *)buf.arr, args[0]);
+    r.small = small;
+    r.persist_ok = 1;   // as bytes: the same key whatever dtype each rank holds
+    r.persist_bytes = (size_t)buf.nbytes;
+    r.persist_key = persist_key(PD_PERSIST_BCAST, group, buf.nbytes, MPI_BYTE, 1, MPI_OP_NULL, root);
+    r.persist_call = (PdPersistCall){is_root ? buf.data : NULL, is_root ? (size_t)buf.nbytes : 0,
+                                     is_root ? NULL : buf.data, is_root ? 0 : (size_t)buf.nbytes, 0, NULL, 0};
+    r.mpi = (PdMpiCall){PD_MPI_BCAST, "MPI_Ibcast_c", NULL, 0, NULL, NULL, buf.data, buf.nbytes, NULL, NULL, MPI_BYTE,
+                        MPI_OP_NULL, root};
+    ret = pd_route(&r);
 done:
     pd_call_end(&call, ret, buf.nbytes);
     pd_buf_release(&buf);
     return ret;
 }
 
-// all_reduce's `algorithm` (pydist maps the names): MPI's own, our ring (csrc/paths/algorithms/ring.h), our
-// shared-memory all-reduce (shared_memory.c), or automatic: on a group whose ranks share a node, the
-// small collectives up to pd_shm_small_bytes, shm from PD_SHM_AUTO_BYTES up when every rank's array is
-// in the segment (decided inside, from what every rank publishes) and for any array from
-// PD_SHM_AUTO_COPY_BYTES up; else MPI's.
-enum { ALGORITHM_MPI = 0, ALGORITHM_RING = 1, ALGORITHM_SHM = 2, ALGORITHM_AUTO = 3 };
-
+// all_reduce's `algorithm` (pydist maps the names; route.h's PD_ROUTE_*): MPI's own, our ring
+// (csrc/paths/algorithms/ring.h), our shared-memory all-reduce (shared_memory.c), or automatic: on a group
+// whose ranks share a node, the small collectives up to pd_shm_small_bytes, shm from PD_SHM_AUTO_BYTES up
+// when every rank's array is in the segment (decided inside, from what every rank publishes) and for any
+// array from PD_SHM_AUTO_COPY_BYTES up; else MPI's.
 // _C.all_reduce(tensor, op, group, async_op[, algorithm]) -> None | Work. In place. algorithm: 0 MPI's
 // MPI_Iallreduce, 1 our ring, 2 our shared-memory all-reduce, 3 automatic (the default).
 PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     const char *fn = "all_reduce";
-    long op, group, algorithm = ALGORITHM_AUTO;
+    long op, group, algorithm = PD_ROUTE_AUTO;
     int async_op;
     PdBuf buf = {0};
     MPI_Op mop;
@@ -333,7 +187,7 @@ PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (pd_arg_long(args[4], fn, "algorithm", &algorithm) < 0) {
             return NULL;
         }
-        if (algorithm < ALGORITHM_MPI || algorithm > ALGORITHM_AUTO) {
+        if (algorithm < PD_ROUTE_MPI || algorithm > PD_ROUTE_AUTO) {
             PyErr_Format(PyExc_ValueError, "all_reduce(): `algorithm` must be 0 (MPI), 1 (ring), 2 (shm) or 3 "
                          "(automatic); got %ld", algorithm);
             return NULL;
@@ -356,37 +210,24 @@ PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         ret = Py_NewRef(Py_None);
         goto done;
     }
-    if (algorithm == ALGORITHM_RING) {
-        ret = pd_ring_all_reduce(args[0], &buf, op, mop, group, async_op);
-        goto done;
-    }
-    // Automatic: a size the small collectives take goes there (below); larger ones to shm or MPI's, chosen
-    // after every rank's header has matched (shared_memory.c).
-    if ((algorithm == ALGORITHM_SHM || (algorithm == ALGORITHM_AUTO && pd_shm_auto(group, buf.nbytes) &&
-                                        !pd_shm_small_wanted(group, (size_t)buf.nbytes))) &&
-        pd_shm_all_reduce(args[0], &buf, op, mop, group, async_op,
-                          algorithm == ALGORITHM_SHM || buf.nbytes >= PD_SHM_AUTO_COPY_BYTES, &ret)) {
-        goto done;   // else (decided alike everywhere): MPI's
-    }
-    SmallCall small = {SMALL_ALLREDUCE, pd_shm_dtype(&buf), (int)op, -1, (int64_t)buf.count,
-                       (size_t)PyArray_ITEMSIZE(buf.arr), buf.data, buf.data, 0, NULL, NULL};
-    if (algorithm == ALGORITHM_AUTO && try_small(fn, group, async_op, small, (PyObject *)buf.arr, NULL, args[0], &ret)) {
-        goto done;
-    }
-    // algorithm="mpi" is MPI's own all-reduce on the group's communicator, asked for by name.
-    int headers = algorithm == ALGORITHM_AUTO && headers_in_slots(group);
-    if (!headers && pd_persist_wanted((size_t)buf.nbytes)) {
-        PdPersistKey key = persist_key(PD_PERSIST_ALLREDUCE, group, buf.count, buf.dtype->mpi,
-                                       (size_t)PyArray_ITEMSIZE(buf.arr), mop, -1);
-        PdPersistCall cached = {buf.data, (size_t)buf.nbytes, buf.data, (size_t)buf.nbytes, 0, NULL, 0};
-        persist_avg(&cached, op, group, &buf);
-        ret = finish_persistent(fn, group, *comm, async_op, &key, &cached, (PyObject *)buf.arr, args[0]);
-        goto done;
-    }
-    PdMpiCall mc = {PD_MPI_ALLREDUCE, "MPI_Iallreduce_c", MPI_IN_PLACE, 0, NULL, NULL, buf.data, buf.count, NULL,
-                    NULL, buf.dtype->mpi, mop, -1};
-    ret = mpi_path(fn, group, *comm, async_op, headers, &mc, small, (PyObject *)buf.arr, args[0],
-                   op == PD_OP_AVG ? &buf : NULL);
+    // Automatic: a size the small collectives take goes there; larger ones to shm or MPI's, chosen after
+    // every rank's header has matched (shared_memory.c). algorithm="mpi" is MPI's own all-reduce on the
+    // group's communicator, asked for by name (route.c).
+    PdRoute r = route(fn, group, *comm, async_op, (PyObject *)buf.arr, args[0]);
+    r.algorithm = (int)algorithm;
+    r.tensor = args[0], r.buf = &buf, r.op = op, r.mop = mop;
+    r.small = (SmallCall){SMALL_ALLREDUCE, pd_shm_dtype(&buf), (int)op, -1, (int64_t)buf.count,
+                          (size_t)PyArray_ITEMSIZE(buf.arr), buf.data, buf.data, 0, NULL, NULL};
+    r.persist_ok = 1;
+    r.persist_bytes = (size_t)buf.nbytes;
+    r.persist_key = persist_key(PD_PERSIST_ALLREDUCE, group, buf.count, buf.dtype->mpi,
+                                (size_t)PyArray_ITEMSIZE(buf.arr), mop, -1);
+    r.persist_call = (PdPersistCall){buf.data, (size_t)buf.nbytes, buf.data, (size_t)buf.nbytes, 0, NULL, 0};
+    persist_avg(&r.persist_call, op, group, &buf);
+    r.mpi = (PdMpiCall){PD_MPI_ALLREDUCE, "MPI_Iallreduce_c", MPI_IN_PLACE, 0, NULL, NULL, buf.data, buf.count, NULL,
+                        NULL, buf.dtype->mpi, mop, -1};
+    r.avg = op == PD_OP_AVG ? &buf : NULL;
+    ret = pd_route(&r);
 done:
     pd_call_end(&call, ret, buf.nbytes);
     pd_buf_release(&buf);
@@ -423,25 +264,21 @@ PyObject *pd_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     SmallCall small = {SMALL_REDUCE, pd_shm_dtype(&buf), (int)op, root, (int64_t)buf.count,
                        (size_t)PyArray_ITEMSIZE(buf.arr), buf.data, is_root ? buf.data : NULL, 0, NULL, NULL};
-    if (try_small(fn, group, async_op, small, (PyObject *)buf.arr, NULL, args[0], &ret)) {
-        goto done;
+    PdRoute r = route(fn, group, *comm, async_op, (PyObject *)buf.arr, args[0]);
+    r.small = small;
+    r.persist_ok = 1;
+    r.persist_bytes = (size_t)buf.nbytes;
+    r.persist_key = persist_key(PD_PERSIST_REDUCE, group, buf.count, buf.dtype->mpi, (size_t)PyArray_ITEMSIZE(buf.arr),
+                                mop, root);
+    r.persist_call = (PdPersistCall){buf.data, (size_t)buf.nbytes, is_root ? buf.data : NULL,
+                                     is_root ? (size_t)buf.nbytes : 0, 0, NULL, 0};
+    if (is_root) {
+        persist_avg(&r.persist_call, op, group, &buf);
     }
-    int headers = headers_in_slots(group);
-    if (!headers && pd_persist_wanted((size_t)buf.nbytes)) {
-        PdPersistKey key = persist_key(PD_PERSIST_REDUCE, group, buf.count, buf.dtype->mpi,
-                                       (size_t)PyArray_ITEMSIZE(buf.arr), mop, root);
-        PdPersistCall cached = {buf.data, (size_t)buf.nbytes, is_root ? buf.data : NULL,
-                                is_root ? (size_t)buf.nbytes : 0, 0, NULL, 0};
-        if (is_root) {
-            persist_avg(&cached, op, group, &buf);
-        }
-        ret = finish_persistent(fn, group, *comm, async_op, &key, &cached, (PyObject *)buf.arr, args[0]);
-        goto done;
-    }
-    PdMpiCall mc = {PD_MPI_REDUCE, "MPI_Ireduce_c", is_root ? MPI_IN_PLACE : buf.data, buf.count, NULL, NULL,
-                    is_root ? buf.data : NULL, 0, NULL, NULL, buf.dtype->mpi, mop, root};
-    ret = mpi_path(fn, group, *comm, async_op, headers, &mc, small, (PyObject *)buf.arr, args[0],
-                   (op == PD_OP_AVG && is_root) ? &buf : NULL);
+    r.mpi = (PdMpiCall){PD_MPI_REDUCE, "MPI_Ireduce_c", is_root ? MPI_IN_PLACE : buf.data, buf.count, NULL, NULL,
+                        is_root ? buf.data : NULL, 0, NULL, NULL, buf.dtype->mpi, mop, root};
+    r.avg = (op == PD_OP_AVG && is_root) ? &buf : NULL;
+    ret = pd_route(&r);
 done:
     pd_call_end(&call, ret, buf.nbytes);
     pd_buf_release(&buf);
@@ -488,19 +325,15 @@ PyObject *pd_all_gather_into_tensor(PyObject *self, PyObject *const *args, Py_ss
     }
     // The staging copy makes the in-place form no different (here as below).
     SmallCall small = {SMALL_ALLGATHER, SHM_U8, 0, -1, (int64_t)in.nbytes, 1, in.data, out.data, 0, NULL, NULL};
-    if (try_small(fn, group, async_op, small, keep, NULL, args[0], &ret)) {
-        goto done;
-    }
-    int headers = headers_in_slots(group);
-    if (!headers && pd_persist_allgather_ok && pd_persist_wanted((size_t)out.nbytes)) {
-        PdPersistKey key = persist_key(PD_PERSIST_ALLGATHER, group, in.nbytes, MPI_BYTE, 1, MPI_OP_NULL, -1);
-        PdPersistCall cached = {in.data, (size_t)in.nbytes, out.data, (size_t)out.nbytes, 0, NULL, 0};
-        ret = finish_persistent(fn, group, *comm, async_op, &key, &cached, keep, args[0]);
-        goto done;
-    }
-    PdMpiCall mc = {PD_MPI_ALLGATHER, "MPI_Iallgather_c", in_place ? MPI_IN_PLACE : in.data, in.nbytes, NULL, NULL,
-                    out.data, in.nbytes, NULL, NULL, MPI_BYTE, MPI_OP_NULL, -1};
-    ret = mpi_path(fn, group, *comm, async_op, headers, &mc, small, keep, args[0], NULL);
+    PdRoute r = route(fn, group, *comm, async_op, keep, args[0]);
+    r.small = small;
+    r.persist_ok = pd_persist_allgather_ok;
+    r.persist_bytes = (size_t)out.nbytes;
+    r.persist_key = persist_key(PD_PERSIST_ALLGATHER, group, in.nbytes, MPI_BYTE, 1, MPI_OP_NULL, -1);
+    r.persist_call = (PdPersistCall){in.data, (size_t)in.nbytes, out.data, (size_t)out.nbytes, 0, NULL, 0};
+    r.mpi = (PdMpiCall){PD_MPI_ALLGATHER, "MPI_Iallgather_c", in_place ? MPI_IN_PLACE : in.data, in.nbytes, NULL, NULL,
+                        out.data, in.nbytes, NULL, NULL, MPI_BYTE, MPI_OP_NULL, -1};
+    ret = pd_route(&r);
 done:
     pd_call_end(&call, ret, out.nbytes);
     Py_XDECREF(keep);
@@ -537,12 +370,11 @@ PyObject *pd_all_gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     // A kind of its own: past the small bound its MPI call (allgatherv) is not all_gather_into_tensor's.
     SmallCall small = {SMALL_ALLGATHER_LIST, SHM_U8, 0, -1, (int64_t)in.nbytes, 1, in.data, outs.base, 0, NULL,
                        outs.displs};
-    if (try_small(fn, group, async_op, small, keep, NULL, args[0], &ret)) {
-        goto done;
-    }
-    PdMpiCall mc = {PD_MPI_ALLGATHERV, "MPI_Iallgatherv_c", in.data, in.nbytes, NULL, NULL, outs.base, 0,
-                    outs.counts, outs.displs, MPI_BYTE, MPI_OP_NULL, -1};
-    ret = mpi_path(fn, group, *comm, async_op, headers_in_slots(group), &mc, small, keep, args[0], NULL);
+    PdRoute r = route(fn, group, *comm, async_op, keep, args[0]);
+    r.small = small;
+    r.mpi = (PdMpiCall){PD_MPI_ALLGATHERV, "MPI_Iallgatherv_c", in.data, in.nbytes, NULL, NULL, outs.base, 0,
+                        outs.counts, outs.displs, MPI_BYTE, MPI_OP_NULL, -1};
+    ret = pd_route(&r);
 done:
     pd_call_end(&call, ret, (long long)outs.n * in.nbytes);
     Py_XDECREF(keep);
@@ -589,13 +421,11 @@ PyObject *pd_gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     // outs: empty but on the root
     SmallCall small = {SMALL_GATHER, SHM_U8, 0, root, (int64_t)in.nbytes, 1, in.data, outs.base, 0, NULL,
                        outs.displs};
-    if (try_small(fn, group, async_op, small, keep, NULL, is_root ? args[1] : NULL, &ret)) {
-        goto done;
-    }
-    PdMpiCall mc = {PD_MPI_GATHERV, "MPI_Igatherv_c", in.data, in.nbytes, NULL, NULL, outs.base, 0, outs.counts,
-                    outs.displs, MPI_BYTE, MPI_OP_NULL, root};
-    ret = mpi_path(fn, group, *comm, async_op, headers_in_slots(group), &mc, small, keep, is_root ? args[1] : NULL,
-                   NULL);
+    PdRoute r = route(fn, group, *comm, async_op, keep, is_root ? args[1] : NULL);
+    r.small = small;
+    r.mpi = (PdMpiCall){PD_MPI_GATHERV, "MPI_Igatherv_c", in.data, in.nbytes, NULL, NULL, outs.base, 0, outs.counts,
+                        outs.displs, MPI_BYTE, MPI_OP_NULL, root};
+    ret = pd_route(&r);
 done:
     pd_call_end(&call, ret, larger(in.nbytes, (long long)outs.n * in.nbytes));   // outs: the root's
     Py_XDECREF(keep);
@@ -642,12 +472,11 @@ PyObject *pd_scatter(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     // ins: empty but on the root
     SmallCall small = {SMALL_SCATTER, SHM_U8, 0, root, (int64_t)out.nbytes, 1, ins.base, out.data, 0, ins.displs,
                        NULL};
-    if (try_small(fn, group, async_op, small, keep, NULL, args[0], &ret)) {
-        goto done;
-    }
-    PdMpiCall mc = {PD_MPI_SCATTERV, "MPI_Iscatterv_c", ins.base, 0, ins.counts, ins.displs, out.data, out.nbytes,
-                    NULL, NULL, MPI_BYTE, MPI_OP_NULL, root};
-    ret = mpi_path(fn, group, *comm, async_op, headers_in_slots(group), &mc, small, keep, args[0], NULL);
+    PdRoute r = route(fn, group, *comm, async_op, keep, args[0]);
+    r.small = small;
+    r.mpi = (PdMpiCall){PD_MPI_SCATTERV, "MPI_Iscatterv_c", ins.base, 0, ins.counts, ins.displs, out.data, out.nbytes,
+                        NULL, NULL, MPI_BYTE, MPI_OP_NULL, root};
+    ret = pd_route(&r);
 done:
     pd_call_end(&call, ret, larger(out.nbytes, (long long)ins.n * out.nbytes));   // ins: the root's
     Py_XDECREF(keep);
@@ -667,24 +496,20 @@ static PyObject *reduce_scatter_start(const char *fn, PdBuf *out, void *in_data,
         Py_RETURN_NONE;
     }
     int size = pd_group_size(group);
-    PyObject *ret;
-    SmallCall small = {SMALL_REDUCE_SCATTER, pd_shm_dtype(out), (int)op, -1, (int64_t)out->count,
-                       (size_t)PyArray_ITEMSIZE(out->arr), in_data, out->data, 0, NULL, NULL};
-    if (try_small(fn, group, async_op, small, keep, NULL, result, &ret)) {
-        return ret;
-    }
-    int headers = headers_in_slots(group);
-    if (!headers && pd_persist_wanted((size_t)out->nbytes * (size_t)size)) {   // the input's size, as the sweep counts
-        PdPersistKey key = persist_key(PD_PERSIST_REDUCE_SCATTER, group, out->count, out->dtype->mpi,
-                                       (size_t)PyArray_ITEMSIZE(out->arr), mop, -1);
-        PdPersistCall cached = {in_data, (size_t)out->nbytes * (size_t)size, out->data, (size_t)out->nbytes, 0, NULL,
-                                0};
-        persist_avg(&cached, op, group, out);
-        return finish_persistent(fn, group, comm, async_op, &key, &cached, keep, result);
-    }
-    PdMpiCall mc = {PD_MPI_REDUCE_SCATTER_BLOCK, "MPI_Ireduce_scatter_block_c", in_data, 0, NULL, NULL, out->data,
-                    out->count, NULL, NULL, out->dtype->mpi, mop, -1};
-    return mpi_path(fn, group, comm, async_op, headers, &mc, small, keep, result, op == PD_OP_AVG ? out : NULL);
+    PdRoute r = route(fn, group, comm, async_op, keep, result);
+    r.small = (SmallCall){SMALL_REDUCE_SCATTER, pd_shm_dtype(out), (int)op, -1, (int64_t)out->count,
+                          (size_t)PyArray_ITEMSIZE(out->arr), in_data, out->data, 0, NULL, NULL};
+    r.persist_ok = 1;
+    r.persist_bytes = (size_t)out->nbytes * (size_t)size;   // the input's size, as the sweep counts
+    r.persist_key = persist_key(PD_PERSIST_REDUCE_SCATTER, group, out->count, out->dtype->mpi,
+                                (size_t)PyArray_ITEMSIZE(out->arr), mop, -1);
+    r.persist_call = (PdPersistCall){in_data, (size_t)out->nbytes * (size_t)size, out->data, (size_t)out->nbytes, 0,
+                                     NULL, 0};
+    persist_avg(&r.persist_call, op, group, out);
+    r.mpi = (PdMpiCall){PD_MPI_REDUCE_SCATTER_BLOCK, "MPI_Ireduce_scatter_block_c", in_data, 0, NULL, NULL, out->data,
+                        out->count, NULL, NULL, out->dtype->mpi, mop, -1};
+    r.avg = op == PD_OP_AVG ? out : NULL;
+    return pd_route(&r);
 }
 
 // _C.reduce_scatter_tensor(output, input, op, group, async_op): input holds group-size blocks of
@@ -929,11 +754,13 @@ PyObject *pd_all_to_all_single(PyObject *self, PyObject *const *args, Py_ssize_t
     int even = even_blocks(scounts, sdispls, size, in.nbytes) && even_blocks(rcounts, rdispls, size, out.nbytes);
     // Never the persistent cache: its key (an alltoall of equal blocks) cannot be known alike on a rank
     // whose blocks are uneven, whose alltoallv would then meet a cached alltoall and wait forever.
-    PdMpiCall mc = {PD_MPI_ALLTOALLV, "MPI_Ialltoallv_c", in.data, 0, scounts, sdispls, out.data, 0, rcounts, rdispls,
-                    MPI_BYTE, MPI_OP_NULL, -1};
-    ret = mpi_path(fn, group, *comm, async_op, headers_in_slots(group), &mc,
-                   (SmallCall){SMALL_ALLTOALL, SHM_U8, 0, -1, even ? (int64_t)(in.nbytes / size) : SMALL_UNEVEN, 1,
-                               even ? in.data : NULL, even ? out.data : NULL, 0, NULL, NULL}, keep, args[0], NULL);
+    PdRoute r = route(fn, group, *comm, async_op, keep, args[0]);
+    r.small = (SmallCall){SMALL_ALLTOALL, SHM_U8, 0, -1, even ? (int64_t)(in.nbytes / size) : SMALL_UNEVEN, 1,
+                          even ? in.data : NULL, even ? out.data : NULL, 0, NULL, NULL};
+    r.small_first = 0;   // its header goes through the slots, and its data where it fits (pd_shm_header_run)
+    r.mpi = (PdMpiCall){PD_MPI_ALLTOALLV, "MPI_Ialltoallv_c", in.data, 0, scounts, sdispls, out.data, 0, rcounts,
+                        rdispls, MPI_BYTE, MPI_OP_NULL, -1};
+    ret = pd_route(&r);
 done:
     pd_call_end(&call, ret, larger(in.nbytes, out.nbytes));
     Py_XDECREF(keep);
@@ -997,11 +824,13 @@ PyObject *pd_all_to_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     // An all-to-all of equal blocks, as all_to_all_single's (whose MPI call it shares): through the slots
     // when small, with MPI's alltoallv to fall back on beside a rank whose blocks are uneven.
-    PdMpiCall mc = {PD_MPI_ALLTOALLV, "MPI_Ialltoallv_c", ins.base, 0, ins.counts, ins.displs, outs.base, 0,
-                    outs.counts, outs.displs, MPI_BYTE, MPI_OP_NULL, -1};
-    ret = mpi_path(fn, group, *comm, async_op, headers_in_slots(group), &mc,
-                   (SmallCall){SMALL_ALLTOALL, SHM_U8, 0, -1, (int64_t)first.nbytes, 1, ins.base, outs.base, 0,
-                               ins.displs, outs.displs}, keep, args[0], NULL);
+    PdRoute r = route(fn, group, *comm, async_op, keep, args[0]);
+    r.small = (SmallCall){SMALL_ALLTOALL, SHM_U8, 0, -1, (int64_t)first.nbytes, 1, ins.base, outs.base, 0, ins.displs,
+                          outs.displs};
+    r.small_first = 0;   // as all_to_all_single's
+    r.mpi = (PdMpiCall){PD_MPI_ALLTOALLV, "MPI_Ialltoallv_c", ins.base, 0, ins.counts, ins.displs, outs.base, 0,
+                        outs.counts, outs.displs, MPI_BYTE, MPI_OP_NULL, -1};
+    ret = pd_route(&r);
 done:
     pd_call_end(&call, ret, (long long)ins.n * first.nbytes);
     Py_XDECREF(keep);

@@ -3,14 +3,22 @@
  *
  * torch semantics: `dst`/`src` are global ranks whatever the group; sending to or receiving from
  * yourself is a ValueError; recv(src=None) receives from anyone and returns the sender's rank.
- * The blocking calls are the nonblocking ones plus pd_op_wait (group.c). A point-to-point wait needs
+ * The blocking calls are the nonblocking ones plus pd_op_wait (progress/op.c). A point-to-point wait needs
  * only its peer (any member of the group for a receive from anyone), and its timeout never breaks the
  * group: collectives never match point-to-point messages.
  *
  * The timeline and the stall inspector (calls.c) see each call from its checks to its return, with its
  * peer as a global rank (a receive from anyone: the sender, once known) and the bytes of its array.
  */
-#include "core/pydist.h"
+#include "ops/p2p.h"
+
+#include "core/buffer.h"
+#include "core/errors.h"
+#include "groups/group.h"
+#include "observe/calls.h"
+#include "paths/request.h"
+#include "progress/op.h"
+#include "progress/wait.h"
 
 // A call whose checks failed before pd_call_begin: pd_call_end at `done:` has nothing to end.
 #define CALL_NOT_BEGUN {.skip = 1}

@@ -40,7 +40,15 @@
  * collectives of benchmarks/collectives_sweep.py at 64 KiB: 0.30-0.86x mpi4py's time with a 64 KiB
  * bound, 0.62-1.47x with 8 KiB, two alternating runs each).
  */
-#include "core/pydist.h"
+#include "paths/persistent.h"
+
+#include "core/errors.h"
+#include "core/settings.h"
+#include "groups/group.h"
+#include "observe/calls.h"
+#include "progress/op.h"
+#include "progress/wait.h"
+#include "progress/work.h"
 
 
 // Requests per key: async calls of one key may overlap this deep before the oldest must complete.
@@ -696,7 +704,7 @@ static void persist_group_release(long group, unsigned generation) {
 
 // MPICH 4.0.2's persistent all-gather with recursive doubling (its automatic choice at 2 and 4 ranks)
 // leaves the peers' blocks unwritten from the second start on; these algorithms were checked right on
-// every start (2-4 ranks). group.c asks for sched_ring unless the user chose: any other choice, or MPI
+// every start (2-4 ranks). The session asks for sched_ring unless the user chose: any other choice, or MPI
 // started by someone else without it, keeps all-gathers on the nonblocking path.
 static const char *const ALLGATHER_RESTARTABLE[] = {"sched_ring", "sched_brucks", "tsp_ring", "tsp_brucks",
                                                     "tsp_recexch_doubling", "tsp_recexch_halving"};

@@ -1,10 +1,14 @@
 /*
  * request.c: the plain MPI path's pending operation: one MPI request (a nonblocking collective, isend,
- * irecv), tested with MPI_Test, waited for the pydist way (group.c's pd_op_wait: deadline, Ctrl-C,
+ * irecv), tested with MPI_Test, waited for the pydist way (progress/op.c's pd_op_wait: deadline, Ctrl-C,
  * departed ranks), and parked with its arrays when its Work is dropped before it completes; and the one
  * place that starts a collective's data as MPI's nonblocking call (PdMpiCall).
  */
-#include "core/pydist.h"
+#include "paths/request.h"
+
+#include "core/errors.h"
+#include "progress/op.h"
+#include "progress/wait.h"
 
 // MPI_Test once. 1 over (finished, or failed and recorded), 0 pending.
 static int request_test(PdWorkObject *w) {
@@ -68,6 +72,8 @@ PdWorkObject *pd_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObj
 
 int pd_mpi_call_start(const PdMpiCall *c, MPI_Comm comm, MPI_Request *req) {
     switch (c->kind) {
+    case PD_MPI_BARRIER:
+        return MPI_Ibarrier(comm, req);
     case PD_MPI_BCAST:
         return MPI_Ibcast_c(c->recv, c->rcount, c->type, c->root, comm, req);
     case PD_MPI_ALLREDUCE:
@@ -225,8 +231,8 @@ static int overlap(const char *a, size_t an, const char *b, size_t bn) {
 
 int pd_mpi_call_unalias(PdMpiCall *c, int size, int me, PyObject **stage) {
     *stage = NULL;
-    if (c->kind == PD_MPI_BCAST || c->kind == PD_MPI_ALLREDUCE || c->kind == PD_MPI_REDUCE || c->send == NULL ||
-        c->send == MPI_IN_PLACE || c->recv == NULL) {
+    if (c->kind == PD_MPI_BCAST || c->kind == PD_MPI_ALLREDUCE || c->kind == PD_MPI_REDUCE || c->kind == PD_MPI_BARRIER ||
+        c->send == NULL || c->send == MPI_IN_PLACE || c->recv == NULL) {
         return 0;   // one buffer, or MPI_IN_PLACE: nothing to overlap
     }
     MPI_Count type_size = 1;

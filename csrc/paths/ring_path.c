@@ -10,7 +10,16 @@
  * along with MPI_Test. The list holds a reference to the Work: one dropped unwaited keeps its arrays
  * and still completes, as MPI's own collectives do.
  */
-#include "core/pydist.h"
+#include "paths/ring_path.h"
+
+#include "core/dtypes.h"
+#include "core/errors.h"
+#include "groups/group.h"
+#include "observe/calls.h"
+#include "paths/algorithms/ring.h"
+#include "paths/private_comm.h"
+#include "progress/op.h"
+#include "progress/wait.h"
 
 // ---------------------------------------------------------------------------------------------------
 // Rings in flight

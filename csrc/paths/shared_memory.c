@@ -29,7 +29,20 @@
  * by Work.wait/is_completed, by the next call on the group, or by any pydist wait (the path's progress,
  * from the wait hook), so an async call that nobody waits for still completes, as MPI's do.
  */
-#include "core/pydist.h"
+#include "paths/shared_memory.h"
+
+#include "core/errors.h"
+#include "core/settings.h"
+#include "groups/group.h"
+#include "observe/calls.h"
+#include "observe/stall.h"
+#include "paths/algorithms/shm.h"
+#include "paths/private_comm.h"
+#include "paths/ring_path.h"
+#include "paths/shm_segment.h"
+#include "progress/op.h"
+#include "progress/wait.h"
+#include "progress/work.h"
 #include "shm_segment.h"
 
 #include <errno.h>

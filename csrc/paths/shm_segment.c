@@ -24,7 +24,9 @@
  * PYDIST_TEST_SEGMENT_FALLBACK=memfd acts as if memfd_create were missing, =proc as if /proc were
  * hidden from the other ranks.
  */
-#include "core/pydist.h"
+#include "paths/shm_segment.h"
+
+#include "core/errors.h"
 #include "shm_segment.h"
 
 #include <dirent.h>

@@ -1,9 +1,10 @@
 /*
- * progress.c: the progress engine. What the wait loop (wait.c), the Work type (work.c) and the group
- * table (group.c) know of the paths a call can take, and nothing more.
+ * progress.c: the progress engine. What the wait loop (wait.c), the Work type (work.c) and the session
+ * (session/session.c) know of the paths a call can take, and nothing more.
  *
  * A path is the plain MPI request (request.c), our ring (ring_path.c), the shared-memory collectives
- * (shared_memory.c) or the cached persistent requests (persistent.c). Each registers itself once, at
+ * (shared_memory.c), the cached persistent requests (persistent.c), or the private communicator they talk
+ * on (private_comm.c). Each registers itself once, at
  * module exec, with three hooks:
  *   progress       move along what no thread is waiting for (rings' next steps, small collectives
  *                  whose peers have posted, persistent calls waiting for their request): called with
@@ -14,10 +15,10 @@
  *   group_release  the group's communicators are going: give up what is in flight on it.
  * and each of its pending operations is a PdPending (test, wait, abandon) that a Work holds.
  *
- * Arrows go one way: the paths call down into this file, wait.c, work.c and group.c; none of these
+ * Arrows go one way: the paths call down into this file, wait.c, work.c and op.c; none of these
  * calls a path by name.
  */
-#include "core/pydist.h"
+#include "progress/progress.h"
 
 #define MAX_PATHS 8
 
@@ -55,10 +56,11 @@ int pd_paths_group_setup(long group, const char *fn) {
     return 0;
 }
 
-// In the order the paths registered: each gives up what it has in flight before the communicators
-// that carry it go (group.c frees them after this returns).
+// In reverse order of registration, as destructors run: each path gives up what it has in flight before
+// what it was set up on goes (the private communicator, registered first, goes last), and all of it
+// before the group's communicator (the session frees it after this returns).
 void pd_paths_group_release(long group, unsigned generation) {
-    for (int i = 0; i < n_paths; i++) {
+    for (int i = n_paths - 1; i >= 0; i--) {
         if (paths[i]->group_release != NULL) {
             paths[i]->group_release(group, generation);
         }

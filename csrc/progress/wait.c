@@ -10,7 +10,7 @@
  * yielding, as MPI's blocking calls do: each sched_yield is a system call that the test after it
  * waits behind (benchmarks/wait_probe.c, 2 ranks on 2 cores: an Ibcast of 64 KiB 3.6 us with tests
  * alone, 4.5 us yielding after 64 tests). Every few milliseconds the loop takes the GIL back to run Python's signal
- * handlers (Ctrl-C), to run the caller's check (group.c uses it to notice ranks that have exited) and
+ * handlers (Ctrl-C), to run the caller's check (progress/op.c uses it to notice ranks that have exited) and
  * to check the deadline (timeout=), as the lock wait in CPython's Python/thread.c does.
  * PYDIST_WAIT=mpi (or _C.set_wait_mode(1)) switches to a plain MPI_Wait for benchmarks. pd_wait_any is
  * the same loop over several requests, testing them in turn from a given one (the asynchronous
@@ -28,7 +28,11 @@
  * write into the caller's memory. Such requests are parked with a reference to their owners until MPI
  * is done with them, so that memory can never be freed under MPI.
  */
-#include "core/pydist.h"
+#include "progress/wait.h"
+
+#include "core/errors.h"
+#include "groups/child.h"
+#include "progress/progress.h"
 
 #include <sched.h>
 

@@ -1,6 +1,6 @@
 /*
  * work.c: the Work handle that async_op=True and isend/irecv return. It knows its operation only as a
- * PdPending (pydist.h): the operation's path (request.c, ring_path.c, shared_memory.c, persistent.c)
+ * PdPending (work.h): the operation's path (request.c, ring_path.c, shared_memory.c, persistent.c)
  * implements how it is tested, waited for and abandoned, in its own file.
  *
  * A Work owns the arrays of its operation (`keep`) until it is over, so MPI never writes into freed
@@ -16,7 +16,12 @@
  * first is done, and is_completed() answers False meanwhile rather than test what another thread is
  * testing without the GIL.
  */
-#include "core/pydist.h"
+#include "progress/work.h"
+
+#include "core/errors.h"
+#include "groups/child.h"
+#include "progress/progress.h"
+#include "progress/wait.h"
 
 
 PyTypeObject *pd_WorkType = NULL;
@@ -301,10 +306,24 @@ static PyType_Spec work_spec = {
     .slots = work_slots,
 };
 
+// pd_call_defer: a call that returned a Work still in flight is recorded on the timeline when it completes
+// (pd_work_finish / pd_work_fail).
+static int take_call(PyObject *ret, const PdCall *c, long long bytes, const char *path) {
+    if (!PyObject_TypeCheck(ret, pd_WorkType) || ((PdWorkObject *)ret)->pending == NULL) {
+        return 0;
+    }
+    PdWorkObject *w = (PdWorkObject *)ret;
+    w->call = *c;
+    w->call_bytes = bytes;
+    w->call_path = path;
+    return 1;
+}
+
 int pd_work_type_init(PyObject *module) {
     pd_WorkType = (PyTypeObject *)PyType_FromModuleAndSpec(module, &work_spec, NULL);
     if (pd_WorkType == NULL) {
         return -1;
     }
+    pd_call_defer = take_call;
     return PyModule_AddObjectRef(module, "Work", (PyObject *)pd_WorkType);
 }

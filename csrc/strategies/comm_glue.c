@@ -4,6 +4,12 @@
  */
 #include "strategies/comm_glue.h"
 
+#include "core/errors.h"
+#include "groups/group.h"
+#include "paths/shared_memory.h"
+#include "progress/op.h"
+#include "progress/wait.h"
+
 static void sync_lock(void *ctx) {
     PdSyncContext *s = ctx;
     PyEval_RestoreThread(s->released);

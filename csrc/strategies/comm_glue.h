@@ -6,7 +6,7 @@
 #ifndef PYDIST_COMM_GLUE_H
 #define PYDIST_COMM_GLUE_H
 
-#include "core/pydist.h"
+#include "core/base.h"
 #include "strategies/comm.h"
 
 // What a Comm's callbacks need while the caller runs without the GIL; the Comm's ctx points to one.

@@ -11,6 +11,8 @@
  */
 #include "exchange.h"
 
+#include "compress/encodings.h"
+
 #include <string.h>
 
 #include "engine/blas.h"

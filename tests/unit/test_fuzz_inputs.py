@@ -37,7 +37,8 @@ def test_a_decoder_refuses_malformed_input_with_an_exception(decoder, tmp_path):
 
 @pytest.mark.parametrize("name, value", [("PYDIST_SHM_BYTES", "12x"), ("PYDIST_SHM_STAGE", "-1"),
                                          ("PYDIST_PERSISTENT_BYTES", "99999999999999999999999"),
-                                         ("PYDIST_SHM_SMALL_BYTES", " 64"), ("PYDIST_THREAD_LEVEL", "serial")])
+                                         ("PYDIST_SHM_SMALL_BYTES", " 64"), ("PYDIST_THREAD_LEVEL", "serial"),
+                                         ("PYDIST_STALL_WARN", "inf"), ("PYDIST_STALL_WARN", "1e3")])
 def test_a_malformed_setting_read_in_c_is_a_value_error_naming_it(name, value, monkeypatch):
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=f"^{name} must be .*got '{value}'"):

@@ -20,20 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-// The element types the kernels reduce (pydist's dtype table, by kind and size).
-enum {
-    SHM_BOOL, SHM_I8, SHM_I16, SHM_I32, SHM_I64, SHM_U8, SHM_U16, SHM_U32, SHM_U64,
-    SHM_F16, SHM_F32, SHM_F64, SHM_C64, SHM_C128, SHM_BF16, SHM_DTYPES
-};
-// The ops, in torch's order (the same values as pydist.h's PD_OP_*).
-enum { SHM_SUM = 0, SHM_AVG = 1, SHM_PRODUCT = 2, SHM_MIN = 3, SHM_MAX = 4, SHM_BAND = 5, SHM_BOR = 6,
-       SHM_BXOR = 7 };
-
-// float16 <-> float32, bit-exact with NumPy; bfloat16 <-> float32, rounding as torch does (dtypes.c).
-float pd_half_to_float(uint16_t h);
-uint16_t pd_float_to_half(float f);
-float pd_bf16_to_float(uint16_t h);
-uint16_t pd_float_to_bf16(float f);
+#include "core/kernels.h"
 
 #define SHM_BUFFERS 3   // staging buffers per rank
 
@@ -92,20 +79,6 @@ void shm_channel_release(ShmChannel *c);
 // and every rank returns -2 in step).
 int shm_allreduce(ShmChannel *c, const ShmSession *session, void *data, int64_t count, int dtype, int op,
                   int copy_ok, const ShmWait *wait, char *err, size_t errlen);
-
-// acc[0..n) = acc[i] (op) in[i], the kernels' one pairwise step (not AVG's division): dtypes.c's MPI
-// user ops for float16/bfloat16 and floating MIN/MAX reduce with it too, so every path computes alike.
-void shm_combine(void *acc, const void *in, size_t n, int dtype, int op);
-
-// outs[0..n_outs)[0..len) = the reduction of ins[0..R)[0..len) with op, in rank order (AVG divides by R).
-void shm_reduce(char *const *outs, int n_outs, char *const *ins, int R, size_t len, int dtype, int op);
-
-// A copy out of a small collective's slot (libc's memcpy: shm.c says why).
-void shm_copy(void *dst, const void *src, size_t n);
-
-// Names for messages.
-const char *shm_dtype_name(int dtype);
-size_t shm_itemsize(int dtype);
 
 // ---------------------------------------------------------------------------------------------------
 // The heap: first-fit over one rank's region, its bookkeeping private to the rank.
