@@ -11,6 +11,23 @@ from .distributed import __all__  # noqa: F401
 
 __version__ = "0.1.0"
 
+
+def _timeline_from_env():
+    from . import timeline
+    timeline._from_env()   # PYDIST_TIMELINE=run.json: the job's timeline starts with the world group
+
+
+def _timeline_stop():
+    import sys
+    timeline = sys.modules.get(__name__ + ".timeline")   # (never started if never imported)
+    if timeline is not None and timeline._active is not None:
+        timeline.stop()   # PYDIST_TIMELINE: the job's timeline ends with its group
+
+
+from . import distributed as _distributed  # noqa: E402
+_distributed._at_init.append(_timeline_from_env)
+_distributed._at_destroy.append(_timeline_stop)
+
 def __getattr__(name):
     # dist.timeline("run.json") records a region (pydist/timeline.py, a callable module), imported on
     # first use so that `python -m pydist.timeline` runs it fresh

@@ -66,9 +66,12 @@ _DTYPE_NAMES = {zlib.crc32(n.encode()): n for n in (
     "float64", "complex64", "complex128")}
 
 
+# ReduceOp's names by value, from _C as distributed.ReduceOp takes them (this module sits below distributed)
+_OP_NAMES = {getattr(_C, "OP_" + name): name for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")}
+
+
 def _describe(row):
     """What one rank's fingerprint row says it called, e.g. all_reduce(float32 (4,), op=SUM)."""
-    from .distributed import ReduceOp
     name = NAMES[int(row[0])]
     _, root_arg, op_arg = CHECKED[name]
     parts = []
@@ -78,8 +81,8 @@ def _describe(row):
         parts.append(f"{dtype} {dims}".strip())
     if root_arg:
         parts.append(f"{root_arg}={int(row[3])}")
-    if op_arg and 0 <= row[4] < len(ReduceOp):
-        parts.append(f"op={ReduceOp(int(row[4])).name}")
+    if op_arg and int(row[4]) in _OP_NAMES:
+        parts.append(f"op={_OP_NAMES[int(row[4])]}")
     if row[WIDTH - 1] > 0:   # only a non-default algorithm is worth naming
         parts.append(f"algorithm={ALGORITHMS[int(row[WIDTH - 1])]!r}")
     return f"{name}({', '.join(parts)})"

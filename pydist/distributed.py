@@ -49,6 +49,11 @@ def _load_C():
 
 _C = _load_C()
 
+# What the modules above this one do as the world group starts and ends (pydist/__init__.py fills them:
+# the timeline's recording, which itself calls down into this module, so it is reached from above).
+_at_init = []
+_at_destroy = []
+
 __all__ = [
     "ReduceOp", "reduce_op", "Backend", "GroupMember", "ProcessGroup", "Work",
     "DistError", "DistBackendError", "DistTimeoutError",
@@ -398,8 +403,8 @@ def init_process_group(backend="mpi", init_method=None, timeout=None, world_size
     GroupMember.WORLD = _world
     if sys.excepthook is sys.__excepthook__:
         sys.excepthook = _excepthook
-    from . import timeline
-    timeline._from_env()   # PYDIST_TIMELINE=run.json
+    for hook in _at_init:   # pydist/__init__.py's: PYDIST_TIMELINE=run.json starts the job's timeline
+        hook()
 
 
 def _set_default_timeout(seconds):
@@ -421,9 +426,8 @@ def destroy_process_group(group=None):
             _C.destroy_group(group._handle)
         group._handle = _DESTROYED
         return
-    from . import timeline
-    if timeline._active is not None:   # PYDIST_TIMELINE: the job's timeline ends with its group
-        timeline.stop()
+    for hook in _at_destroy:   # PYDIST_TIMELINE: the job's timeline ends with its group
+        hook()
     _C.destroy()
     for g in _subgroups:   # their communicator slots may be reused by later groups
         g._handle = _DESTROYED

@@ -656,4 +656,5 @@ except RuntimeError:
 _fill_env()
 
 from . import torch_hooks as hooks   # noqa: E402 (pydist.torch.hooks: the compressors as DDP comm hooks)
+hooks._GROUP_TYPE = ProcessGroupPydist
 sys.modules[__name__ + ".hooks"] = hooks

@@ -25,12 +25,15 @@ import torch.distributed as tdist
 from . import _C
 from . import timeline as _timeline
 
+# pydist.torch's ProcessGroupPydist, set by pydist.torch as it imports this module (pydist.torch.hooks): this
+# module sits below it
+_GROUP_TYPE = None
+
 
 def _pydist_group(state, hook):
     """The torch process group the hook sums over: a ProcessGroupPydist."""
-    from .torch import ProcessGroupPydist
     group = tdist.group.WORLD if state is None else state
-    if not isinstance(group, ProcessGroupPydist):
+    if _GROUP_TYPE is None or not isinstance(group, _GROUP_TYPE):
         raise ValueError(f"pydist.torch.hooks.{hook}: `state` must be None or a process group of backend "
                          f"\"pydist\" (the compressors sum over pydist); got {type(group).__name__}")
     return group
