@@ -1,6 +1,6 @@
 # Every target installs what it needs first (scripts/setup.sh is idempotent), so on a fresh machine
 # `make train` or `make test` is the only command to type.
-.PHONY: setup setup-test train test bench docs clean
+.PHONY: setup setup-test train check test bench docs clean
 
 setup:
 	scripts/setup.sh
@@ -14,6 +14,10 @@ train: setup
 	mkdir -p results
 	cd results && UCX_ERROR_SIGNALS= mpiexec.mpich -n 2 ../.venv/bin/python -m pydist.train --model lenet5 \
 	  --epochs 5 --checkpoint lenet5.ckpt
+
+# While editing: a core of every kind of test in about two minutes (scripts/check.sh says which).
+check: setup-test
+	scripts/check.sh
 
 # The whole test suite: unit tests, multi-rank tests at 1-4 ranks, and an AddressSanitizer run.
 test: setup-test
