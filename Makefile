@@ -16,7 +16,8 @@ train: setup
 	  --epochs 5 --checkpoint lenet5.ckpt
 
 # While editing: a core of every kind of test in about two minutes (scripts/check.sh says which).
-check: setup-test
+check:
+	[ -x .venv/bin/python ] || scripts/setup.sh --test   # set up once; the lane itself installs nothing
 	scripts/check.sh
 
 # The whole test suite: unit tests, multi-rank tests at 1-4 ranks, and an AddressSanitizer run.
