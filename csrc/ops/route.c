@@ -95,27 +95,6 @@ static PyObject *finish_persistent(const char *what, long group, MPI_Comm comm, 
 // A list's displacements (PdBufList.displs) serve as SmallCall's block offsets.
 _Static_assert(sizeof(MPI_Aint) == sizeof(ptrdiff_t), "MPI_Aint is not ptrdiff_t's size");
 
-// A small collective in shared memory (shared_memory.c over algorithms/shm_small.c) when the group
-// takes it for this size, which every rank decides alike. 1 with *ret set (the result, or NULL raised);
-// 0: use MPI's.
-static int try_small(const char *fn, long group, int async_op, SmallCall call, PyObject *a, PyObject *b,
-                     PyObject *result, PyObject **ret) {
-    if (!pd_shm_small_takes(group, &call)) {
-        return 0;
-    }
-    PyObject *list = NULL;
-    *ret = NULL;
-    if (async_op && (list = result_list(result)) == NULL) {
-        return 1;
-    }
-    int fallback = 0;
-    *ret = pd_shm_small_run(fn, fn, group, async_op, &call, a, b, list, &fallback);
-    Py_XDECREF(list);
-    return *ret != NULL || !fallback;
-}
-
-
-
 // Whether the group's calls put their headers through the shared-memory slots (a group within one
 // node, the small collectives on; the same answer on every rank). Then every call the slots do not
 // carry sends its header there too (mpi_path), and the persistent cache is not used: a rank whose call
@@ -125,7 +104,7 @@ static int headers_in_slots(long group) {
 }
 
 // A collective's data as MPI's call `mc`, finished as finish() does. With `headers` (headers_in_slots),
-// `call` (as the slots describe it: try_small's, whose data pd_shm_header_run leaves out when the slots
+// `call` (as the slots describe it: small_run's, whose data pd_shm_header_run leaves out when the slots
 // do not take it) goes through the slots first and the data then takes MPI on the group's private
 // communicator (shared_memory.c); else MPI's call on `comm` at once.
 static PyObject *mpi_path_start(const char *fn, long group, MPI_Comm comm, int async_op, int headers,
@@ -213,9 +192,16 @@ static int small_takes(const PdRoute *r) {
     return r->algorithm == PD_ROUTE_AUTO && r->small_first && pd_shm_small_takes(r->group, &r->small);
 }
 
+// A small collective in shared memory (shared_memory.c over algorithms/shm_small.c), small_takes having
+// checked the size: *fallback when the group cannot use the slots (every rank alike).
 static PyObject *small_run(PdRoute *r, int *fallback) {
-    PyObject *ret = NULL;
-    *fallback = !try_small(r->fn, r->group, r->async_op, r->small, r->keep, NULL, r->result, &ret);
+    PyObject *list = NULL;
+    if (r->async_op && (list = result_list(r->result)) == NULL) {
+        return NULL;
+    }
+    SmallCall call = r->small;   // (the slots' run may fill it in; the MPI row's header needs it as described)
+    PyObject *ret = pd_shm_small_run(r->fn, r->fn, r->group, r->async_op, &call, r->keep, NULL, list, fallback);
+    Py_XDECREF(list);
     return ret;
 }
 
