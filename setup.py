@@ -8,6 +8,7 @@ what it took, and writes it to pydist/_build_config.py (``python -m pydist --ver
 import glob
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy
@@ -49,8 +50,11 @@ class BuildExt(build_ext):
         # Beside the module: the source tree's for an in-place build, the build folder's for a wheel.
         target = os.path.join("" if self.inplace else self.build_lib, "pydist", "_build_config.py")
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        with open(target, "w") as f:
-            f.write(config)
+        # Written whole under a temporary name and renamed: a build for another Python (make test runs
+        # one beside the tests) never shows a running pydist a half-written file.
+        if not os.path.exists(target) or Path(target).read_text() != config:
+            Path(target + f".{os.getpid()}.tmp").write_text(config)
+            os.replace(target + f".{os.getpid()}.tmp", target)
         # Objects compiled against another MPI's headers are not reused (setuptools would: it compares
         # only the sources' times).
         stamp = os.path.join(self.build_temp, "pydist_build_config.py")
@@ -61,6 +65,30 @@ class BuildExt(build_ext):
             with open(stamp, "w") as f:
                 f.write(config)
         super().run()
+
+    def build_extensions(self):
+        # setuptools compiles one extension's sources one after another, and `-j` only builds several
+        # extensions at once; pydist._C is one extension of 58 files. Each source goes to its own gcc,
+        # as many at a time as `-j N` or PYDIST_BUILD_JOBS=N says (pip passes the environment to the
+        # build), else one per core (pybind11's ParallelCompile does the same).
+        jobs = self.parallel if isinstance(self.parallel, int) and self.parallel > 0 else None
+        if jobs is None and os.environ.get("PYDIST_BUILD_JOBS"):
+            value = os.environ["PYDIST_BUILD_JOBS"]
+            if not value.isdigit() or int(value) < 1:
+                sys.exit(f"PYDIST_BUILD_JOBS={value!r}: expected a whole number of compilers to run at once, 1 or more")
+            jobs = int(value)
+        if jobs is None:
+            jobs = len(os.sched_getaffinity(0))
+        compile_one_by_one = self.compiler.compile
+
+        def compile_in_parallel(sources, *args, **kwargs):
+            with ThreadPoolExecutor(jobs) as pool:
+                objects = list(pool.map(lambda src: compile_one_by_one([src], *args, **kwargs), sources))
+            return [obj for one in objects for obj in one]
+
+        self.compiler.compile = compile_in_parallel
+        self.parallel = None   # one extension: nothing for setuptools' own pool to share out
+        super().build_extensions()
 
 
 def extension():

@@ -8,9 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 export PYDIST_REQUIRE_PEERS=${PYDIST_REQUIRE_PEERS:-1} UCX_ERROR_SIGNALS=
+source scripts/compiler.sh
 start=$(date +%s)
 # (its own exit status: a build that fails stops the lane before any test runs the old extension)
-$PY setup.py -q build_ext --inplace -j 2
+$PY setup.py -q build_ext --inplace
 
 $PY -P -m pytest -q -p no:cacheprovider -x tests/unit/test_layers.py tests/unit/test_api.py tests/unit/test_errors.py \
   tests/unit/test_ring_args.py tests/unit/test_shm_args.py tests/unit/test_trace_report.py tests/unit/test_run.py \

@@ -13,6 +13,8 @@ cd "$(dirname "$0")/.."
 # process as rank 0 of 1. Debian's python3-mpi4py pulls Open MPI in, so it is never installed here.
 # OpenBLAS and zlib for the training engine, and the Fashion-MNIST data set its main job trains on.
 APT_PACKAGES=(mpich libmpich-dev pkg-config libopenblas-dev zlib1g-dev dataset-fashion-mnist)
+# The test suite's builds go through ccache (scripts/compiler.sh).
+if [ "${1:-}" = "--test" ]; then APT_PACKAGES+=(ccache); fi
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -48,5 +50,6 @@ if [ "${1:-}" = "--test" ]; then
   fi
 fi
 # Editable, so the tests and examples run against this checkout; the C extension is built in place.
+if [ "${1:-}" = "--test" ]; then source scripts/compiler.sh; fi
 "${PIP[@]}" --no-build-isolation -e .
 .venv/bin/python -c "import pydist, numpy; print('setup: pydist', pydist.__version__, 'ready in .venv')"

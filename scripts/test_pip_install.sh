@@ -7,8 +7,8 @@
 #        python -m venv v && v/bin/pip install .
 #        v/bin/mpiexec -n 2 v/bin/python -m pydist.train --data DIR --epochs 1
 #      pip fetches MPICH 5 and scipy-openblas32 from PyPI for the build (buildsys/pydist_backend.py).
-#   2. The wheel, built there too: `pip wheel .`, then `auditwheel repair` leaving libmpi and OpenBLAS
-#      to their PyPI packages. The repaired wheel goes into a fresh venv, back on the full machine
+#   2. The wheel step 1 built (`pip wheel .`), then `auditwheel repair` leaving libmpi and OpenBLAS to
+#      their PyPI packages. The repaired wheel goes into a fresh venv, back on the full machine
 #      (Debian's MPICH in view: the wheel must still load PyPI's), and passes the core tests on MPICH 5:
 #      every collective, p2p, async work, groups, errors and timeouts, and the training engine's data
 #      parallelism at 2 and 3 ranks; dying and stuck ranks; the launcher checks and the import (PyPI's
@@ -61,9 +61,13 @@ if [ "${1:-}" = "--inside" ]; then   # step 1, run by step 0 below inside the mo
   git -C "$ROOT" ls-files -co --exclude-standard | grep -v '^pydist/_build_config.py$' |
     (cd "$ROOT" && tar cf - -T -) | (mkdir -p "$WORK/src" && tar xf - -C "$WORK/src")
   cd "$WORK/src"
-  echo "-- python -m venv v && v/bin/pip install ."
+  # `pip install .` is pip building a wheel of the checkout (in an isolated build environment, which
+  # takes MPICH 5 and OpenBLAS from PyPI) and installing it; done as its two halves, the one build
+  # serves step 2 too (a second `pip wheel .` was 1-2 minutes of the stage).
+  echo "-- python -m venv v && v/bin/pip install . (as pip wheel . && pip install the wheel)"
   "$PYTHON" -m venv "$WORK/v"
-  "$WORK/v/bin/pip" install "${PIP_QUIET[@]}" .
+  "$WORK/v/bin/pip" wheel "${PIP_QUIET[@]}" --no-deps . -w "$WORK/wheel"
+  "$WORK/v/bin/pip" install "${PIP_QUIET[@]}" "$WORK"/wheel/pydist-*.whl
   (cd "$WORK" && v/bin/python -m pydist --version) | tee "$WORK/version.txt"
   grep -q "built with MPI from PyPI's mpich 5" "$WORK/version.txt" || { echo "FAIL: not built on PyPI's MPICH"; exit 1; }
   grep -q "running on MPICH Version: *5" "$WORK/version.txt" || { echo "FAIL: not running on MPICH 5"; exit 1; }
@@ -78,8 +82,6 @@ acc = json.loads(summary[-1].split(" ", 1)[1])["final_test_accuracy"]
 assert acc > 0.7, f"one epoch on PyPI's MPICH reached test accuracy {acc}, expected above 0.7"
 print(f"-- trained: test accuracy {acc} after one epoch")
 EOF
-  echo "-- pip wheel . && auditwheel repair"
-  "$WORK/v/bin/pip" wheel "${PIP_QUIET[@]}" --no-deps . -w "$WORK/wheel"
   exit 0
 fi
 

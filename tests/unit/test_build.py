@@ -1,6 +1,7 @@
 """The build: no compiler warnings with -Wall -Wextra, one clear line when MPICH is missing, the order
 in which it looks for MPI (MPICC, the environment's, PyPI's). `pip install .` into a fresh virtual
 environment, on a machine with no system MPI, is scripts/test_pip_install.sh (stage 4 of make test)."""
+import glob
 import os
 import stat
 import subprocess
@@ -124,3 +125,58 @@ def test_this_machines_mpich_and_openblas_need_nothing_from_pypi():
     assert pydist_backend.build_requirements() == []
     found = pydist_backend.Found()
     assert found.mpi[1] == "pkg-config mpich" and found.blas[1] == "pkg-config openblas"
+
+
+# ---------------------------------------------------------------------------------------------------
+# setup.py compiles the extension's files several at a time (one extension; setuptools alone compiles
+# its files one after another): as many as PYDIST_BUILD_JOBS or -j say, else one per core.
+
+FAKE_CC = """#!/bin/sh
+# A stand-in compiler: notes when each compile starts and ends, and writes an empty object.
+out=""; compile=0; prev=""
+for a in "$@"; do
+  [ "$a" = "-c" ] && compile=1
+  [ "$prev" = "-o" ] && out=$a
+  prev=$a
+done
+[ $compile = 1 ] || exit 1   # the link: nothing more to see
+echo "start $$" >> "$CC_LOG"; sleep "$CC_SLEEP"; echo "end $$" >> "$CC_LOG"
+: > "$out"
+"""
+
+
+def most_compiles_at_once(tmp_path, jobs, seconds):
+    tmp_path.mkdir()
+    cc = tmp_path / "cc"
+    cc.write_text(FAKE_CC)
+    cc.chmod(0o755)
+    log = tmp_path / "cc.log"
+    env = dict(os.environ, CC=str(cc), CC_LOG=str(log), CC_SLEEP=str(seconds), PYDIST_BUILD_JOBS=jobs)
+    proc = subprocess.run([sys.executable, "setup.py", "build_ext", "--force", "--build-lib", str(tmp_path / "lib"),
+                           "--build-temp", str(tmp_path / "tmp")], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0   # the stand-in does not link
+    now = most = starts = 0
+    for line in log.read_text().split():
+        if line == "start":
+            now, starts = now + 1, starts + 1
+        elif line == "end":
+            now -= 1
+        most = max(most, now)
+    assert starts == len(glob.glob(os.path.join(ROOT, "csrc", "**", "*.c"), recursive=True)), proc.stderr
+    return most
+
+
+def test_the_build_compiles_as_many_files_at_once_as_it_is_told(tmp_path):
+    # (each compile lasts 0.2 s: far longer than starting the next three)
+    assert most_compiles_at_once(tmp_path / "three", "3", 0.2) == 3
+    assert most_compiles_at_once(tmp_path / "one", "1", 0.01) == 1
+
+
+def test_build_jobs_must_be_a_count(tmp_path):
+    for bad in ("two", "0", "-1"):
+        env = dict(os.environ, PYDIST_BUILD_JOBS=bad)
+        proc = subprocess.run([sys.executable, "setup.py", "build_ext", "--build-lib", str(tmp_path / "lib"),
+                               "--build-temp", str(tmp_path / "tmp")], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode != 0 and f"PYDIST_BUILD_JOBS={bad!r}" in proc.stderr, proc.stderr
