@@ -12,6 +12,7 @@ The AVX-512 build is read here on any x86-64 CPU, whether or not it can run it.
 """
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -68,8 +69,9 @@ FLAGS = ["-O3", "-std=c11", "-fvisibility=hidden", "-fPIC", "-D_GNU_SOURCE", "-I
 
 def compile_level(level, out_dir):
     obj = os.path.join(out_dir, f"conv_direct_{level}.o")
-    subprocess.run([os.environ.get("CC", "gcc"), *FLAGS, "-c", f"csrc/engine/conv_direct_{level}.c", "-o", obj],
-                   check=True, cwd=ROOT)
+    # CC as make and setuptools read it: a command with its own words ("ccache gcc")
+    compiler = shlex.split(os.environ.get("CC", "gcc"))
+    subprocess.run([*compiler, *FLAGS, "-c", f"csrc/engine/conv_direct_{level}.c", "-o", obj], check=True, cwd=ROOT)
     return obj
 
 
