@@ -6,15 +6,15 @@
 #     unit     tests/unit, world size 1, plain pytest (argument errors, dtype x op matrix, leaks, jobs
 #              under mpiexec: examples, a dying rank, the wrong launcher, the launcher's fault handling)
 #     mpi      tests/mpi under real mpiexec at world sizes 1, 2, 3 and 4 (tests/run_mpi.py)
+#     levels   the kernels' tests again at each instruction-set level below the CPU's widest (PYDIST_SIMD)
+#     docs     the documentation site builds with warnings as errors; its examples run (tests/docs)
 #   lane 2 (in the background; its output is printed when lane 1 is done):
 #     unit2    the unit tests that compile (the build without warnings, the kernels at every level) or
 #              run the benchmarks
-#     levels   the kernels' tests again at each instruction-set level below the CPU's widest (PYDIST_SIMD)
 #     pythons  the C API core tests on every other Python version pyproject.toml claims
 #     pip      pip install with no system MPI (MPICH 5 and OpenBLAS from PyPI), the manylinux wheel, and
 #              the core multi-rank tests on PyPI's MPICH 5 (the other stages run on Debian's MPICH 4)
 #     asan     the core tests on an AddressSanitizer build of the extension (and its narrower levels)
-#     docs     the documentation site builds with warnings as errors; its examples run (tests/docs)
 # Lane 2 compiles one file at a time (PYDIST_BUILD_JOBS=1): what it adds to lane 1's load is mostly
 # "another process busy on one core", which every test allows for. A failing stage ends its lane, and
 # the suite fails if either lane did. Each stage's time is printed as it ends and again at the end.
@@ -80,12 +80,12 @@ else
   # Lane 2 compiles one file at a time (PYDIST_BUILD_JOBS, setup.py), in a process group of its own
   # (set -m), so that a failure in lane 1 can end it with everything it started.
   set -m
-  ( set +m; PYDIST_BUILD_JOBS=1 run_lane unit2 levels pythons pip asan docs ) > "$LOGS/lane2.log" 2>&1 &
+  ( set +m; PYDIST_BUILD_JOBS=1 run_lane unit2 pythons pip asan ) > "$LOGS/lane2.log" 2>&1 &
   LANE2_PID=$!
   set +m
-  echo "(lane 2, in the background: unit2, levels, pythons, pip, asan, docs; its output follows lane 1's)"
+  echo "(lane 2, in the background: unit2, pythons, pip, asan; its output follows lane 1's)"
   lane1_rc=0
-  run_lane unit mpi 2>&1 | tee "$LOGS/lane1.log" || lane1_rc=$?
+  run_lane unit mpi levels docs 2>&1 | tee "$LOGS/lane1.log" || lane1_rc=$?
   if [ $lane1_rc -ne 0 ]; then
     echo "lane 1 failed; lane 2 is stopped (what it printed so far follows)"
     kill -TERM -- -"$LANE2_PID" 2>/dev/null || true
@@ -93,7 +93,7 @@ else
   lane2_rc=0
   wait "$LANE2_PID" || lane2_rc=$?
   LANE2_PID=""
-  echo "======== lane 2 (unit2, levels, pythons, pip, asan, docs), run beside lane 1:"
+  echo "======== lane 2 (unit2, pythons, pip, asan), run beside lane 1:"
   cat "$LOGS/lane2.log"
   [ $lane1_rc -eq 0 ] && [ $lane2_rc -eq 0 ] || exit 1
 fi

@@ -170,6 +170,11 @@ def path(name):
     old_small = dist._C.set_shm_small_bytes(SMALL_BYTES)
     group = None
     try:
+        if name in ("small-off", "mpi"):
+            # What these must move is the persistent cache's count of keys, which stops growing at the
+            # cache's cap: a session of its own starts it empty, whatever the files before filled.
+            new_session()
+            dist._C.set_shm_small_bytes(SMALL_BYTES)
         if name in ("small-off", "persistent-off"):
             dist._C.set_shm_small_bytes(0)
         if name == "persistent-off":
