@@ -25,10 +25,10 @@ cd "$(dirname "$0")/.."
 export PYDIST_REQUIRE_PEERS=1   # tests that compare with torch fail, rather than skip, without it
 export PATH="$PWD/.venv/bin:$PATH"
 source scripts/compiler.sh
-LOGS=$(mktemp -d)   # each stage's output, its time, and what each lane printed
+LOGS=$(mktemp -d)   # each stage's time, and what each lane printed
 start=$(date +%s)
-
-# ---------------------------------------------------------------------------------------------------
+LANE1=(unit mpi levels docs)
+LANE2=(unit2 pythons pip asan)
 
 declare -A TITLE=(
   [unit]="unit tests (world size 1)"
@@ -64,9 +64,10 @@ on_exit() {
   fi
   echo "stage times:"
   local s
-  for s in unit mpi unit2 levels pythons pip asan docs; do
+  for s in "${LANE1[@]}" "${LANE2[@]}"; do
     [ -f "$LOGS/$s.time" ] && echo "  $s: $(< "$LOGS/$s.time") s"
   done
+  rm -rf "$LOGS"
   return 0
 }
 trap on_exit EXIT
@@ -80,12 +81,12 @@ else
   # Lane 2 compiles one file at a time (PYDIST_BUILD_JOBS, setup.py), in a process group of its own
   # (set -m), so that a failure in lane 1 can end it with everything it started.
   set -m
-  ( set +m; PYDIST_BUILD_JOBS=1 run_lane unit2 pythons pip asan ) > "$LOGS/lane2.log" 2>&1 &
+  ( set +m; PYDIST_BUILD_JOBS=1 run_lane "${LANE2[@]}" ) > "$LOGS/lane2.log" 2>&1 &
   LANE2_PID=$!
   set +m
-  echo "(lane 2, in the background: unit2, pythons, pip, asan; its output follows lane 1's)"
+  echo "(lane 2, in the background: ${LANE2[*]}; its output follows lane 1's)"
   lane1_rc=0
-  run_lane unit mpi levels docs 2>&1 | tee "$LOGS/lane1.log" || lane1_rc=$?
+  run_lane "${LANE1[@]}" 2>&1 | tee "$LOGS/lane1.log" || lane1_rc=$?
   if [ $lane1_rc -ne 0 ]; then
     echo "lane 1 failed; lane 2 is stopped (what it printed so far follows)"
     kill -TERM -- -"$LANE2_PID" 2>/dev/null || true
@@ -93,7 +94,7 @@ else
   lane2_rc=0
   wait "$LANE2_PID" || lane2_rc=$?
   LANE2_PID=""
-  echo "======== lane 2 (unit2, pythons, pip, asan), run beside lane 1:"
+  echo "======== lane 2 (${LANE2[*]}), run beside lane 1:"
   cat "$LOGS/lane2.log"
   [ $lane1_rc -eq 0 ] && [ $lane2_rc -eq 0 ] || exit 1
 fi
