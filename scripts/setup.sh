@@ -53,3 +53,5 @@ fi
 if [ "${1:-}" = "--test" ]; then source scripts/compiler.sh; fi
 "${PIP[@]}" --no-build-isolation -e .
 .venv/bin/python -c "import pydist, numpy; print('setup: pydist', pydist.__version__, 'ready in .venv')"
+# The venvs of the other Pythons pyproject.toml claims, for make test's pythons stage (made once).
+if [ "${1:-}" = "--test" ]; then scripts/test_pythons.sh --venvs; fi

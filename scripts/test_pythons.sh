@@ -10,6 +10,8 @@
 #
 #   scripts/test_pythons.sh              every claimed version but .venv's
 #   scripts/test_pythons.sh 3.12 3.13    just these
+#   scripts/test_pythons.sh --venvs      only make the venvs that are missing (scripts/setup.sh --test
+#                                        does, so that make test's time is the tests', not pip's)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 unset PYDIST_REQUIRE_PEERS   # scripts/test.sh sets it; the torch comparisons are not run here
@@ -21,6 +23,8 @@ NO_TORCH="not (torch_tensor or torch_parameter or torch_bfloat16 or torch_non_co
 main=$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true)
 claimed=$(sed -n 's/^ *"Programming Language :: Python :: \(3\.[0-9][0-9]*\)",*$/\1/p' pyproject.toml)
 [ -n "$claimed" ] || { echo "test_pythons: no 'Programming Language :: Python :: 3.x' classifiers in pyproject.toml"; exit 1; }
+venvs_only=0
+if [ "${1:-}" = "--venvs" ]; then venvs_only=1; shift; fi
 versions=("$@")
 if [ ${#versions[@]} -eq 0 ]; then
   for v in $claimed; do
@@ -49,14 +53,16 @@ for v in "${versions[@]}"; do
     echo "== Python $v: NOT TESTED: no python$v on this machine (PATH, pyenv, /usr/bin)"
     continue
   fi
-  echo "== Python $v ($py)"
   venv=.venv-py$v
   if ! "$venv/bin/python" -c "import numpy, pytest, hypothesis, setuptools" >/dev/null 2>&1; then
+    echo "setup: making $venv ($py)"
     rm -rf "$venv"
     "$py" -m venv "$venv"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check -U "setuptools>=70" wheel "numpy>=1.23" \
       "pytest>=7" "hypothesis==6.170.15"
   fi
+  if [ $venvs_only -eq 1 ]; then continue; fi
+  echo "== Python $v ($py)"
   build_log=$("$venv/bin/python" setup.py build_ext --inplace 2>&1) || { echo "$build_log"; failed+=("$v: build"); continue; }
   if grep -q "warning:" <<<"$build_log"; then
     grep -B2 -A4 "warning:" <<<"$build_log"; failed+=("$v: compiler warnings")
