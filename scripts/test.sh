@@ -6,7 +6,6 @@
 #     unit     tests/unit, world size 1, plain pytest (argument errors, dtype x op matrix, leaks, jobs
 #              under mpiexec: examples, a dying rank, the wrong launcher, the launcher's fault handling)
 #     mpi      tests/mpi under real mpiexec at world sizes 1, 2, 3 and 4 (tests/run_mpi.py)
-#     levels   the kernels' tests again at each instruction-set level below the CPU's widest (PYDIST_SIMD)
 #     docs     the documentation site builds with warnings as errors; its examples run (tests/docs)
 #   lane 2 (in the background; its output is printed when lane 1 is done):
 #     unit2    the unit tests that compile (the build without warnings, the kernels at every level) or
@@ -15,6 +14,7 @@
 #     pip      pip install with no system MPI (MPICH 5 and OpenBLAS from PyPI), the manylinux wheel, and
 #              the core multi-rank tests on PyPI's MPICH 5 (the other stages run on Debian's MPICH 4)
 #     asan     the core tests on an AddressSanitizer build of the extension (and its narrower levels)
+#     levels   the kernels' tests again at each instruction-set level below the CPU's widest (PYDIST_SIMD)
 # Lane 2 compiles one file at a time (PYDIST_BUILD_JOBS=1): what it adds to lane 1's load is mostly
 # "another process busy on one core", which every test allows for. A failing stage ends its lane, and
 # the suite fails if either lane did. Each stage's time is printed as it ends and again at the end.
@@ -27,8 +27,8 @@ export PATH="$PWD/.venv/bin:$PATH"
 source scripts/compiler.sh
 LOGS=$(mktemp -d)   # each stage's time, and what each lane printed
 start=$(date +%s)
-LANE1=(unit mpi levels docs)
-LANE2=(unit2 pythons pip asan)
+LANE1=(unit mpi docs)
+LANE2=(unit2 pythons pip asan levels)
 
 declare -A TITLE=(
   [unit]="unit tests (world size 1)"
