@@ -465,6 +465,21 @@ class ProcessGroupPydist(tdist.ProcessGroup):
 
     _allgather_base = all_gather_single
 
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        # torch's functional all_gather_into_tensor (DTensor, tensor parallel, DCP) comes here, even for
+        # one tensor: without it torch's own fallback looks for a C++ backend and fails.
+        if len(outputs) != len(inputs):
+            raise ValueError(f"all_gather_into_tensor_coalesced(): {len(outputs)} outputs for {len(inputs)} inputs")
+        dst = [_Array(t, "all_gather_into_tensor", arg="output_tensor") for t in outputs]
+        src = [_Array(t, "all_gather_into_tensor", arg="input_tensor") for t in inputs]
+
+        def run():
+            for d, s in zip(dst, src):
+                pd.all_gather_into_tensor(d.array.reshape(-1), s.array.reshape(-1), group=self._group)
+        return self._issue("all_gather_into_tensor", opts, run, outputs, dst)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
     def gather(self, output_tensors, input_tensors, opts=None):
         root = self._global(opts.rootRank, "gather", "dst")
         (inp,) = input_tensors
@@ -499,6 +514,21 @@ class ProcessGroupPydist(tdist.ProcessGroup):
                                                             group=self._group), [output], [dst])
 
     _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        # torch's functional reduce_scatter_tensor (DTensor's Partial -> Shard) comes here.
+        if len(outputs) != len(inputs):
+            raise ValueError(f"reduce_scatter_tensor_coalesced(): {len(outputs)} outputs for {len(inputs)} inputs")
+        op = _op(opts.reduceOp if opts is not None else tdist.ReduceOp.SUM, "reduce_scatter_tensor")
+        dst = [_Array(t, "reduce_scatter_tensor", reduce=True, arg="output") for t in outputs]
+        src = [_Array(t, "reduce_scatter_tensor", reduce=True, arg="input") for t in inputs]
+
+        def run():
+            for d, s in zip(dst, src):
+                pd.reduce_scatter_tensor(d.array.reshape(-1), s.array.reshape(-1), op, group=self._group)
+        return self._issue("reduce_scatter_tensor", opts, run, outputs, dst)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         dst = _Array(output, "all_to_all_single", arg="output")

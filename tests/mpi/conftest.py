@@ -3,7 +3,8 @@
 tests/run_mpi.py starts the job. Here each rank:
 - initialises pydist once, with a timeout, so a test that leaves a peer waiting fails with
   DistTimeoutError instead of hanging the job;
-- keeps only the tests whose `world_size(min=, max=)` marker admits N (deselected, never skipped);
+- keeps only the tests whose `world_size(min=, max=)` or `world_size(sizes=(...))` marker admits N
+  (deselected, never skipped);
 - writes its own report, rank<r>.json, into $PYDIST_TEST_REPORT_DIR: mpiexec's exit status and
   interleaved output cannot say which rank failed, so the driver reads every rank's report; and,
   as each test starts, its name into rank<r>.current, so that the driver can say where a rank that
@@ -30,6 +31,8 @@ def _admits(item, size):
     mark = item.get_closest_marker("world_size")
     if mark is None:
         return True
+    if "sizes" in mark.kwargs:   # world_size(sizes=(2, 4)): only these
+        return size in mark.kwargs["sizes"]
     lo = mark.kwargs.get("min", 1)
     hi = mark.kwargs.get("max", None)
     return size >= lo and (hi is None or size <= hi)
