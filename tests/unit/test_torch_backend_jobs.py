@@ -5,6 +5,7 @@ whose init_process_group(backend="pydist") has nothing but mpiexec to go on (env
 import), trains, identical on every rank."""
 import os
 import re
+import socket
 import subprocess
 import sys
 import textwrap
@@ -115,3 +116,48 @@ def test_torch_groups_of_the_whole_world_on_every_path(variable):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert re.search(r"world size 2: 5 passed, 0 failed on 2/2 ranks", out), out
+
+
+def test_init_process_group_pydist_works_in_a_script_that_never_imports_pydist(tmp_path):
+    """torch loads the "torch.backends" entry point (_pydist_torch_entry.py) at `import torch`: the backend
+    is there, and env:// under mpiexec is filled in from MPI when init_process_group asks."""
+    proc = run(tmp_path, 2, """
+        import os, sys, torch, torch.distributed as dist
+        assert "pydist" not in sys.modules, "import torch imported pydist"
+        dist.init_process_group("pydist")
+        t = torch.arange(4.0) * (dist.get_rank() + 1)
+        dist.all_reduce(t)
+        with open(os.path.join(os.environ["JOB_OUT"], f"rank{dist.get_rank()}.txt"), "w") as f:
+            f.write(f"{dist.get_world_size()} {dist.get_backend()} {t.tolist()}")
+        dist.destroy_process_group()
+    """)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    for r in range(2):
+        assert (tmp_path / f"rank{r}.txt").read_text() == "2 pydist [0.0, 3.0, 6.0, 9.0]", out
+
+
+def test_import_torch_alone_starts_no_mpi_and_leaves_other_jobs_env_alone(tmp_path):
+    """`import torch` loads the entry point and nothing of pydist: no pydist module, no libmpi in the
+    process. Outside an MPI launcher env:// stays torch's: a gloo job of one with its own RANK,
+    WORLD_SIZE, MASTER_ADDR and MASTER_PORT runs as it would without pydist installed."""
+    script = tmp_path / "alone.py"
+    script.write_text(textwrap.dedent("""
+        import socket, sys, torch, torch.distributed as dist
+        assert "_pydist_torch_entry" in sys.modules, "torch did not load pydist's entry point"
+        assert not [m for m in sys.modules if m == "pydist" or m.startswith("pydist.")], "pydist was imported"
+        assert not [l for l in open("/proc/self/maps") if "libmpi" in l], "libmpi is loaded"
+        assert "pydist" in dist.Backend.backend_list
+        dist.init_process_group("gloo")
+        assert "pydist" not in sys.modules and dist.get_world_size() == 1
+        dist.destroy_process_group()
+        print("ok")
+    """))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "MPI_", "HYDRA", "PYDIST_"))}
+    env.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
