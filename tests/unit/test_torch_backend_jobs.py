@@ -3,6 +3,7 @@ with that rank's error and traceback (torch.distributed's excepthook captures st
 MPI_Abort never returns to let it print), never a hang or a segfault; and the tutorial-style example,
 whose init_process_group(backend="pydist") has nothing but mpiexec to go on (env:// filled in by the
 import), trains, identical on every rank."""
+import json
 import os
 import re
 import socket
@@ -161,3 +162,70 @@ def test_import_torch_alone_starts_no_mpi_and_leaves_other_jobs_env_alone(tmp_pa
     proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+
+DCP_JOB = """
+    import json, os, sys, torch, torch.distributed as dist, torch.nn as nn
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    dist.init_process_group("pydist")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+    mesh = init_device_mesh("cpu", (size,))
+    for layer in model[::2]:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(7)
+    X, Y = torch.randn(12, 16, generator=g), torch.randint(0, 4, (12,), generator=g)   # the global batch
+    mine = slice(rank * 12 // size, (rank + 1) * 12 // size)                          # 12: 2, 3 and 4 divide it
+
+    def step():
+        loss = nn.functional.cross_entropy(model(X[mine]), Y[mine])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+        return mean.item()
+
+    checkpoint = os.path.join(os.environ["JOB_OUT"], "ckpt")
+    losses = []
+    if sys.argv[1] == "save":
+        losses = [step() for _ in range(3)]
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=checkpoint)
+    else:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=checkpoint)
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    losses += [step() for _ in range(3)]
+    if rank == 0:
+        with open(os.path.join(os.environ["JOB_OUT"], f"{sys.argv[1]}-{size}.json"), "w") as f:
+            json.dump(losses, f)
+    dist.destroy_process_group()
+"""
+
+
+def test_a_dcp_checkpoint_of_fsdp2_saved_at_4_ranks_resumes_at_2_and_3_with_the_same_losses(tmp_path):
+    """torch.distributed.checkpoint over pydist: an FSDP2 model and its AdamW state, sharded over 4 ranks,
+    saved after 3 steps of a global batch; loaded at 2 and at 3 ranks (resharded by DCP), the next 3
+    steps' losses are those of the 4-rank run that went on without stopping (up to the summation order
+    of the ranks' shares: 1e-5)."""
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(DCP_JOB))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(MPIEXEC_TIMEOUT="200", UCX_ERROR_SIGNALS="", JOB_OUT=str(tmp_path))
+    for n, mode in ((4, "save"), (2, "load"), (3, "load")):
+        proc = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, str(script), mode], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=230)
+        assert proc.returncode == 0, f"{mode} at {n} ranks:\n" + proc.stdout[-3000:] + proc.stderr[-3000:]
+    unstopped = json.loads((tmp_path / "save-4.json").read_text())
+    assert len(unstopped) == 6 and unstopped[5] < unstopped[0], unstopped
+    for n in (2, 3):
+        resumed = json.loads((tmp_path / f"load-{n}.json").read_text())
+        assert len(resumed) == 3 and max(abs(a - b) for a, b in zip(resumed, unstopped[3:])) <= 1e-5, (n, resumed, unstopped)
