@@ -272,3 +272,13 @@ def test_compression_cluster_quick(tmp_path):
     assert (tmp_path / "compression.png").stat().st_size > 10000 and (tmp_path / "compression.json").exists()
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not re.search(r"^pdh\d", listed, re.M), listed
+
+
+def test_torch_stack_prints_its_table():
+    """benchmarks/torch_stack.py, one quick round at 2 ranks: FSDP2, DDP and TP rows, both backends' times."""
+    proc = subprocess.run([sys.executable, "benchmarks/torch_stack.py", "--ranks", "2", "--rounds", "1", "--steps", "1",
+                           "--batch", "8"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = re.findall(r"^ +2 +(fsdp2|ddp|tp) \| +([\d.]+) +([\d.]+) \| +([\d.]+)x$", proc.stdout, re.M)
+    assert [r[0] for r in rows] == ["fsdp2", "ddp", "tp"], proc.stdout
+    assert all(float(x) > 0 for r in rows for x in r[1:]), rows
