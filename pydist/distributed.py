@@ -1127,10 +1127,27 @@ def scatter_object_list(scatter_object_output_list, scatter_object_input_list=No
     return None
 
 
-if _env.read("PYDIST_DEBUG") == "detail":
+_calls_checked = False
+
+
+def _check_calls():
+    """PYDIST_DEBUG=DETAIL's check (pydist/debug.py) on every collective from now on: at import when it is
+    set, and from pydist.torch for torch's TORCH_DISTRIBUTED_DEBUG=DETAIL. The package's names too."""
+    global _calls_checked
+    if _calls_checked:
+        return
     from . import debug as _debug
-    for _name in _debug.CHECKED:
-        globals()[_name] = _debug.wrap(globals()[_name], _group_handle)
+    package = sys.modules[__name__.rpartition(".")[0]]
+    for name in _debug.CHECKED:
+        plain = globals()[name]
+        globals()[name] = _debug.wrap(plain, _group_handle)
+        if getattr(package, name, None) is plain:
+            setattr(package, name, globals()[name])
+    _calls_checked = True
+
+
+if _env.read("PYDIST_DEBUG") == "detail":
+    _check_calls()
 
 if _env.read("PYDIST_WAIT") == "mpi":
     _C.set_wait_mode(_C.WAIT_MPI)

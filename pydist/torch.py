@@ -405,7 +405,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         # (a few us less than the general path: it is what torch.distributed.all_reduce(t) costs on
         # top of pydist).
         if opts is not None and not opts.asyncOp and len(tensors) == 1 and self._group is None and \
-                (self._worker is None or not self._worker.pending):
+                (self._worker is None or not self._worker.pending) and not pd._calls_checked:
             t = tensors[0]
             if t.__class__ is torch.Tensor and t.dtype in _NUMPY_DTYPES and t.is_contiguous() and \
                     not t.requires_grad and t.is_cpu:
@@ -675,6 +675,12 @@ def _fill_env():
     os.environ.setdefault("LOCAL_RANK", os.environ.get("MPI_LOCALRANKID", "0"))
 
 
+# TORCH_DISTRIBUTED_DEBUG=DETAIL: torch wraps gloo's and NCCL's groups to compare every rank's call
+# before it runs; a Python ProcessGroup such as ours is never wrapped, so pydist's own check
+# (PYDIST_DEBUG=DETAIL, pydist/debug.py: the same fingerprint of operation, dtype, shape, root and op)
+# does it, and a mismatch is a ValueError on every rank of the group.
+if tdist.get_debug_level() == tdist.DebugLevel.DETAIL:
+    pd._check_calls()
 if getattr(tdist.monitored_barrier, "__module__", None) != __name__:   # not again on a reload
     tdist.monitored_barrier = tdist.distributed_c10d.monitored_barrier = monitored_barrier
 if BACKEND.upper() not in tdist.Backend._plugins:

@@ -18,11 +18,12 @@ from unit_helpers import MPIEXEC
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run(tmp_path, n, body, timeout=120):
+def run(tmp_path, n, body, timeout=120, env=None):
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(body))
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(MPIEXEC_TIMEOUT=str(timeout), UCX_ERROR_SIGNALS="", JOB_OUT=str(tmp_path))
+    extra, env = env or {}, {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                                               "MASTER_PORT")}
+    env.update(MPIEXEC_TIMEOUT=str(timeout), UCX_ERROR_SIGNALS="", JOB_OUT=str(tmp_path), **extra)
     return subprocess.run([MPIEXEC, "-n", str(n), sys.executable, str(script)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout + 30)
 
@@ -229,3 +230,30 @@ def test_a_dcp_checkpoint_of_fsdp2_saved_at_4_ranks_resumes_at_2_and_3_with_the_
     for n in (2, 3):
         resumed = json.loads((tmp_path / f"load-{n}.json").read_text())
         assert len(resumed) == 3 and max(abs(a - b) for a, b in zip(resumed, unstopped[3:])) <= 1e-5, (n, resumed, unstopped)
+
+
+@pytest.mark.parametrize("backend", ["pydist", "gloo"])
+def test_torch_distributed_debug_detail_catches_a_mismatched_collective(tmp_path, backend):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL: rank 0 all-reduces 4 floats, rank 1 five. gloo's wrapper and
+    pydist's own check (pydist/debug.py) both raise on every rank, naming what each rank passed, where
+    without it the call would mix up data or hang."""
+    proc = run(tmp_path, 2, f"""
+        import os, torch, torch.distributed as dist
+        dist.init_process_group("{backend}")
+        t = torch.ones(4 + dist.get_rank())
+        try:
+            dist.all_reduce(t)
+            outcome = "no error"
+        except Exception as e:
+            outcome = f"{{type(e).__name__}}: {{e}}"
+        with open(os.path.join(os.environ["JOB_OUT"], f"rank{{dist.get_rank()}}.txt"), "w") as f:
+            f.write(outcome)
+    """, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    out = proc.stdout + proc.stderr
+    outcomes = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
+    if backend == "gloo":
+        assert all("Detected mismatch between collectives on ranks" in o for o in outcomes), outcomes + [out]
+    else:
+        for o in outcomes:
+            assert o.startswith("ValueError: all_reduce(): PYDIST_DEBUG=DETAIL") and "rank 0: all_reduce(" in o \
+                and "(4,)" in o and "(5,)" in o, outcomes + [out]
