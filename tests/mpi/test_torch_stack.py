@@ -72,6 +72,22 @@ def test_functional_collectives_equal_gloo_on_the_world_a_new_group_and_a_mesh(g
     parallel_assert(not wrong, f"pydist differs from gloo in {wrong}")
 
 
+@pytest.mark.world_size(sizes=(4,))
+def test_functional_collectives_equal_gloo_on_each_dimension_of_a_2d_mesh(gloo):
+    names = ("dp", "tp")
+    ours = init_device_mesh("cpu", (2, 2), mesh_dim_names=names)
+    theirs = init_device_mesh("cpu", (2, 2), mesh_dim_names=names, backend_override={0: "gloo", 1: "gloo"})
+    x = ints((4, 3), seed=tdist.get_rank())
+    wrong = []
+    for dim in names:
+        r = ours.get_local_rank(dim)
+        for i, (a, b) in enumerate(zip(funcol_calls(x, (ours, names.index(dim)), r, 2),
+                                       funcol_calls(x, (theirs, names.index(dim)), r, 2))):
+            if not torch.equal(a, b):
+                wrong.append((dim, i))
+    parallel_assert(not wrong, f"pydist differs from gloo in {wrong}")
+
+
 PLACEMENTS = [Shard(0), Shard(1), Replicate(), Partial()]
 
 
