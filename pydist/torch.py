@@ -457,11 +457,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
                                                                      group=self._group), output_tensors, dst)
 
     def all_gather_single(self, output, input, opts=None):
-        dst, src = _Array(output, "all_gather_into_tensor", arg="output_tensor"), \
-            _Array(input, "all_gather_into_tensor", arg="input_tensor")
-        return self._issue("all_gather_into_tensor", opts,
-                           lambda: pd.all_gather_into_tensor(dst.array.reshape(-1), src.array.reshape(-1),
-                                                             group=self._group), [output], [dst])
+        return self.all_gather_single_coalesced([output], [input], opts)
 
     _allgather_base = all_gather_single
 
@@ -506,12 +502,7 @@ class ProcessGroupPydist(tdist.ProcessGroup):
                            output_tensors, [dst])
 
     def reduce_scatter_single(self, output, input, opts=None):
-        op = _op(opts.reduceOp, "reduce_scatter_tensor")
-        dst = _Array(output, "reduce_scatter_tensor", reduce=True, arg="output")
-        src = _Array(input, "reduce_scatter_tensor", reduce=True, arg="input")
-        return self._issue("reduce_scatter_tensor", opts,
-                           lambda: pd.reduce_scatter_tensor(dst.array.reshape(-1), src.array.reshape(-1), op,
-                                                            group=self._group), [output], [dst])
+        return self.reduce_scatter_single_coalesced([output], [input], opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
