@@ -16,7 +16,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "buildsys"))
-from pydist_backend import Found  # noqa: E402
+from pydist_backend import SYSTEM_LIBRARIES, Found, libmpi_file  # noqa: E402
 
 found = Found()
 
@@ -37,14 +37,20 @@ class BuildExt(build_ext):
         message = found.missing()
         if message:
             sys.exit(message)
-        libs = merge(found.mpi[0], found.blas[0], found.zlib[0])
+        # MPI's headers, not its library: the MPI_* calls bind at import to the library
+        # pydist/_libraries.py loads (this build's, recorded below, or another of MPICH's ABI: Intel MPI,
+        # another MPICH), so that one build runs on the cluster's own MPI, as mpi4py's wheels do.
+        mpi = dict(found.mpi[0], library_dirs=[],
+                   libraries=[lib for lib in found.mpi[0]["libraries"] if lib in SYSTEM_LIBRARIES])
+        libmpi = None if "mpich" in found.pypi else libmpi_file(found.mpi[0])
+        libs = merge(mpi, found.blas[0], found.zlib[0])
         for ext in self.extensions:
             for key, values in libs.items():
                 getattr(ext, key).extend(values)
         for name, (_, where) in (("MPI", found.mpi), ("BLAS", found.blas), ("zlib", found.zlib)):
             print(f"pydist: {name} from {where}", file=sys.stderr)
         config = ("# Written by setup.py when pydist._C was built: where its libraries came from.\n"
-                  f"MPI = {found.mpi[1]!r}\nBLAS = {found.blas[1]!r}\nZLIB = {found.zlib[1]!r}\n"
+                  f"MPI = {found.mpi[1]!r}\nLIBMPI = {libmpi!r}\nBLAS = {found.blas[1]!r}\nZLIB = {found.zlib[1]!r}\n"
                   "# PyPI packages whose libraries pydist/_libraries.py loads before pydist._C\n"
                   f"PYPI_LIBRARIES = {found.pypi!r}\n")
         # Beside the module: the source tree's for an in-place build, the build folder's for a wheel.

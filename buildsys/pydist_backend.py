@@ -81,6 +81,34 @@ def from_pkg_config(name):
     return flags if flags["libraries"] else None
 
 
+# The libraries an MPI's link line names that are the C library's own (pthread_create before glibc
+# 2.34); the rest (libmpi, and its hwloc, UCX, libfabric) pydist._C is not linked to: see libmpi_file.
+SYSTEM_LIBRARIES = ("pthread", "rt", "dl", "m")
+
+
+def libmpi_file(flags):
+    """The MPI library `flags` link to, as the path of its run-time name (the folder's libmpich.so.12,
+    not the libmpich.so that only -dev packages have), or None. pydist._C is linked to no MPI library:
+    pydist/_libraries.py loads this one (or another of MPICH's ABI, at the user's choice) before it."""
+    cc = shlex.split(os.environ.get("CC", "gcc"))[-1:] or ["gcc"]
+    for name in ("mpi", "mpich"):
+        if name not in flags["libraries"]:
+            continue
+        dirs = list(flags["library_dirs"])
+        default = _run(cc + [f"-print-file-name=lib{name}.so"])
+        if default and os.path.isabs(default):
+            dirs.append(os.path.dirname(os.path.normpath(default)))
+        for d in dirs:
+            f = Path(d) / f"lib{name}.so"
+            if not f.exists():
+                continue
+            dynamic = _run(["objdump", "-p", str(f)]) or ""
+            soname = next((line.split()[1] for line in dynamic.splitlines() if line.split()[:1] == ["SONAME"]), None)
+            runtime = f.parent / soname if soname else f.resolve()
+            return str(runtime if runtime.exists() else f.resolve())
+    return None
+
+
 def _installed(dist_name):
     try:
         return importlib.metadata.distribution(dist_name)

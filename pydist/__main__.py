@@ -19,9 +19,11 @@ from .distributed import _abort, _excepthook, _rank_prefix
 
 def version():
     from . import __version__, _build_config
+    from ._libraries import LIBMPI
     mpi = _C.mpi_info()["library_version"].strip().splitlines()[0]
     from .profile import simd_summary
     return (f"pydist {__version__}\n  built with MPI from {_build_config.MPI}\n  running on {mpi}\n"
+            f"    library {LIBMPI[0]}, {LIBMPI[1]} (PYDIST_LIBMPI=/path/to/libmpi.so.12 picks another)\n"
             f"  BLAS from {_build_config.BLAS}, running its {_C.blas_core()} kernels\n  zlib from {_build_config.ZLIB}\n"
             f"  vector kernels: {simd_summary()}")
 
