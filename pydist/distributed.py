@@ -34,7 +34,16 @@ def _load_C():
     its generic ones, five times slower."""
     def load():
         _libraries.load()
-        from . import _C
+        try:
+            from . import _C
+        except ImportError as e:   # "undefined symbol: MPI_...": an MPI older than the calls pydist makes
+            if "undefined symbol: " not in str(e) or _libraries.LIBMPI is None:
+                raise
+            symbol = str(e).split("undefined symbol: ", 1)[1].split()[0]
+            path, why, version = _libraries.LIBMPI[:3]
+            raise ImportError(f"pydist: the MPI library {path} ({version}; {why}) lacks {symbol}, which "
+                              f"pydist calls: it needs an MPI of MPICH's ABI that has it (MPICH 4 or later, "
+                              f"Intel MPI 2021 or later); point PYDIST_LIBMPI at one") from None
         return _C
 
     setting = {"OPENBLAS_NUM_THREADS": "1", "OPENBLAS_CORETYPE": _libraries.blas_coretype()}
@@ -189,13 +198,37 @@ def _seconds(timeout, fn):
 # Start-up and shut-down
 
 def _launcher_size():
-    """The job size the launcher announced in the environment, and who announced it."""
-    for var, who in (("OMPI_COMM_WORLD_SIZE", "Open MPI's mpiexec"), ("PMI_SIZE", "a PMI launcher (hydra)"),
-                     ("SLURM_NTASKS", "Slurm")):
+    """The job size the launcher announced in the environment, and who announced it. The first that
+    is set decides, 1 included: `mpiexec -n 1` inside a Slurm allocation of 2 tasks is alone by choice
+    (PMI_SIZE=1). Slurm's size is the srun step's (SLURM_STEP_NUM_TASKS), not the job's
+    (SLURM_NTASKS, which a batch script and everything it runs see too)."""
+    for var, who in (("OMPI_COMM_WORLD_SIZE", "Open MPI's mpiexec"), ("PMI_SIZE", "a PMI launcher (hydra, srun --mpi=pmi2)"),
+                     ("SLURM_STEP_NUM_TASKS", "Slurm's srun")):
         value = os.environ.get(var, "")
-        if value.isascii() and value.isdigit() and int(value) > 1:   # (isdigit alone takes "²", which int refuses)
+        if value.isascii() and value.isdigit():   # (isdigit alone takes "²", which int refuses)
             return int(value), var, who
     return 1, None, None
+
+
+_SLURM_FIX = ("run it as `srun --mpi=pmi2 ...`, or `export SLURM_MPI_TYPE=pmi2` before srun (a site can make "
+              "it the default: MpiDefault=pmi2 in slurm.conf)")
+
+
+def _srun_without_pmi(fn):
+    """Why MPI_Init would leave this srun task alone, or None. MPICH finds the other tasks only through
+    a PMI connection, which srun gives only when asked (--mpi=pmi2): under Slurm's default (--mpi=none)
+    each task is a world of 1 and trains alone; under --mpi=pmix an MPICH built without PMIx does the
+    same (MPICH 4) or aborts (MPICH 5). Said before MPI_Init, on every task, since MPI cannot say it."""
+    tasks, var, _ = _launcher_size()
+    if var != "SLURM_STEP_NUM_TASKS" or tasks <= 1 or "PMI_FD" in os.environ or "PMI_PORT" in os.environ:
+        return None
+    pmix = "PMIX_RANK" in os.environ
+    if pmix and _libraries.speaks_pmix():
+        return None
+    task = os.environ.get("SLURM_PROCID", "?")
+    return (f"{fn}(): this is task {task} of the {tasks} that srun started (SLURM_STEP_NUM_TASKS={tasks}), but srun "
+            f"gave it no PMI connection that MPICH can use (srun --mpi={'pmix' if pmix else 'none'}), so each "
+            f"task would run alone as rank 0 of 1. {_SLURM_FIX[0].upper()}{_SLURM_FIX[1:]}")
 
 
 # A process made from a rank never uses the rank's MPI (DESIGN.md, "Semantics every path keeps"). A
@@ -374,6 +407,9 @@ def init_process_group(backend="mpi", init_method=None, timeout=None, world_size
     reason = _child_reason(fn)
     if reason is not None:
         raise DistError(reason)
+    reason = None if _C.is_initialized() else _srun_without_pmi(fn)
+    if reason is not None:
+        raise DistError(reason)
     if _C.is_initialized():
         raise ValueError(f"{fn}(): the default process group is already initialized; "
                          "call destroy_process_group() before initializing it again")
@@ -385,10 +421,12 @@ def init_process_group(backend="mpi", init_method=None, timeout=None, world_size
     announced, var, who = _launcher_size()
     if size == 1 and announced > 1:
         _C.destroy()
+        fix = (_SLURM_FIX if var == "SLURM_STEP_NUM_TASKS" else
+               f"launch it with the launcher of the MPI library it runs on ({_libraries.LIBMPI[0]}): "
+               f"{_libraries.mpiexec()} -n {announced} python ..., or point PYDIST_LIBMPI at the launcher's library")
         raise DistError(
             f"{fn}(): this process was started as one of {announced} ({var}={announced}, set by {who}), "
-            f"but MPI sees a world of 1: pydist is built against MPICH and was launched by another MPI's "
-            f"launcher. Launch it with MPICH's: {_libraries.mpiexec()} -n {announced} python ...")
+            f"but MPI sees a world of 1: its MPI library and its launcher do not speak to each other; {fix}")
     if world_size != -1 and world_size != size:
         _C.destroy()
         raise ValueError(f"{fn}(): `world_size` = {world_size} does not match MPI's world size {size} "

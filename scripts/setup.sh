@@ -3,7 +3,7 @@
 #
 #   scripts/setup.sh          MPICH, OpenBLAS, Fashion-MNIST and the package (what `make train` needs)
 #   scripts/setup.sh --test   also the test and benchmark peers: pytest, hypothesis, torch (CPU), mpi4py,
-#                             and Sphinx for the documentation site
+#                             Sphinx for the documentation site, and Slurm with MUNGE (scripts/slurm.sh)
 #
 # Safe to run again: it installs only what is missing. Needs root (or sudo) for apt-get.
 set -euo pipefail
@@ -15,15 +15,43 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(mpich libmpich-dev pkg-config libopenblas-dev zlib1g-dev dataset-fashion-mnist)
 # The test suite's builds go through ccache (scripts/compiler.sh).
 if [ "${1:-}" = "--test" ]; then APT_PACKAGES+=(ccache); fi
-missing=()
-for pkg in "${APT_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-done
+# A real single-node Slurm for the tests under srun/sbatch/salloc (scripts/slurm.sh). Without
+# --no-install-recommends apt adds slurm-wlm-plugins and with it 31 packages (hdf5, influxdb, rrd,
+# ipmi, rocm-smi, ...) that nothing here uses. libpmix2 and libpmix-dev: Slurm's --mpi=pmix plugin
+# dlopens libpmix.so (the -dev package's link), for the test that pydist refuses --mpi=pmix with an
+# MPICH that cannot speak PMIx.
+SLURM_PACKAGES=()
+if [ "${1:-}" = "--test" ]; then SLURM_PACKAGES=(slurmd slurmctld slurm-client munge libpmix2 libpmix-dev); fi
+# not_installed PKG...: those of PKG that dpkg does not have installed.
+not_installed() {
+  local pkg
+  for pkg in "$@"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || echo "$pkg"
+  done
+}
+mapfile -t missing < <(not_installed "${APT_PACKAGES[@]}")
+mapfile -t missing_slurm < <(not_installed "${SLURM_PACKAGES[@]}")
+SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+if [ ${#missing[@]} -gt 0 ] || [ ${#missing_slurm[@]} -gt 0 ]; then $SUDO apt-get update -qq; fi
 if [ ${#missing[@]} -gt 0 ]; then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   echo "setup: installing ${missing[*]} with apt-get"
-  $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+if [ ${#missing_slurm[@]} -gt 0 ]; then
+  echo "setup: installing ${missing_slurm[*]} with apt-get"
+  # munge's postinst starts the system munged through invoke-rc.d (socket /run/munge/munge.socket.2,
+  # the key it makes in /etc/munge) unless a policy-rc.d forbids it (Docker images' does); slurmd's
+  # and slurmctld's start nothing without /etc/slurm/slurm.conf. scripts/slurm.sh runs a munged of its
+  # own, so a system one does not conflict, but one this install started is stopped again (munged
+  # --stop: the one bound to the system socket; never another by its name): the machine is left with
+  # no daemon it did not have.
+  munge_was_up=0
+  [ -S /run/munge/munge.socket.2 ] && munge_was_up=1
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing_slurm[@]}" >/dev/null
+  if [ "$munge_was_up" = 0 ] && [ -S /run/munge/munge.socket.2 ]; then
+    echo "setup: the munge package started the system munged; stopping it (scripts/slurm.sh runs its own)"
+    $SUDO munged --stop >/dev/null 2>&1 || true
+  fi
 fi
 
 PYTHON=${PYTHON:-python3}
@@ -55,3 +83,6 @@ if [ "${1:-}" = "--test" ]; then source scripts/compiler.sh; fi
 .venv/bin/python -c "import pydist, numpy; print('setup: pydist', pydist.__version__, 'ready in .venv')"
 # The venvs of the other Pythons pyproject.toml claims, for make test's pythons stage (made once).
 if [ "${1:-}" = "--test" ]; then scripts/test_pythons.sh --venvs; fi
+# The other MPI libraries of MPICH's ABI the libraries stage runs the same build on (PyPI's MPICH 5,
+# Intel MPI from PyPI), each under a prefix of its own (made once).
+if [ "${1:-}" = "--test" ]; then scripts/test_libraries.sh --install; fi

@@ -13,8 +13,7 @@ INIT = "import pydist as dist; dist.init_process_group()"
 
 
 @pytest.mark.parametrize("var, size, who", [("OMPI_COMM_WORLD_SIZE", 2, "Open MPI"),
-                                            ("OMPI_COMM_WORLD_SIZE", 4, "Open MPI"),
-                                            ("SLURM_NTASKS", 3, "Slurm")])
+                                            ("OMPI_COMM_WORLD_SIZE", 4, "Open MPI")])
 def test_wrong_launcher_is_an_error_naming_mpiexec_mpich(var, size, who):
     proc = run(INIT, **{var: str(size)})
     assert proc.returncode != 0, proc.stdout + proc.stderr
@@ -22,6 +21,29 @@ def test_wrong_launcher_is_an_error_naming_mpiexec_mpich(var, size, who):
     assert "pydist.DistError" in err, err
     assert dist._libraries.mpiexec() in err and f"-n {size}" in err, err
     assert f"{var}={size}" in err and who in err, err
+
+
+# srun without a PMI connection for MPICH (Slurm's default --mpi=none, or --mpi=pmix for an MPICH
+# without PMIx): refused before MPI_Init, on every task, naming the fix. (tests/unit/test_slurm.py runs
+# the same under a real srun.)
+@pytest.mark.parametrize("extra, plugin", [({}, "none"), ({"PMIX_RANK": "1", "PMIX_NAMESPACE": "slurm.pmix.1.0"}, "pmix")])
+def test_srun_without_pmi_is_an_error_naming_mpi_pmi2(extra, plugin):
+    proc = run(INIT, SLURM_STEP_NUM_TASKS="3", SLURM_NTASKS="3", SLURM_PROCID="1", **extra)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    err = proc.stderr
+    assert "pydist.DistError" in err and "task 1 of the 3 that srun started" in err, err
+    assert f"srun --mpi={plugin}" in err and "srun --mpi=pmi2" in err and "SLURM_MPI_TYPE=pmi2" in err, err
+
+
+# Alone by choice inside a Slurm job: a script a batch script runs directly (the job's SLURM_NTASKS,
+# no step), `mpiexec -n 1` inside an allocation of 2 (PMI_SIZE=1 decides), a one-task srun step.
+@pytest.mark.parametrize("env", [{"SLURM_NTASKS": "2", "SLURM_JOB_ID": "7"},
+                                 {"SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "PMI_SIZE": "1", "PMI_RANK": "0"},
+                                 {"SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "1", "SLURM_PROCID": "0"}])
+def test_alone_by_choice_inside_slurm_is_fine(env):
+    proc = run(INIT + "; print(dist.get_rank(), dist.get_world_size())", **env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["0", "1"]
 
 
 def test_wrong_launcher_error_is_catchable_and_leaves_nothing_initialised():
