@@ -242,6 +242,11 @@ int main(int argc, char **argv) {
                                : "MPI_Init",
                huge_pages && max_bytes >= HUGEPAGE_MIN_BYTES ? "madvise" : "no");
         printf("# result <op> <bytes> <iters> <us per call, slowest rank>\n");
+        // which MPI library ran (the driver checks that every program of a run used the same one)
+        char version[MPI_MAX_LIBRARY_VERSION_STRING];
+        int length = 0;
+        MPI_Get_library_version(version, &length);
+        printf("# library %s\n", strtok(version, "\n") ? version : "?");
         fflush(stdout);
     }
     for (int s = 0; s < nitems; s++) {

@@ -141,7 +141,9 @@ def worker(program, plan):
     if rank == 0:
         wait = "MPI_Wait" if os.environ.get("PYDIST_WAIT", "").lower() == "mpi" else "poll"
         print(f"# {program} worker: ranks={ranks} dtype=float32" + (f" wait={wait}" if program != "mpi4py" else ""))
-        print("# result <op> <bytes> <iters> <us per call, slowest rank>", flush=True)
+        print("# result <op> <bytes> <iters> <us per call, slowest rank>")
+        version = dist._C.mpi_info()["library_version"] if program != "mpi4py" else MPI.Get_library_version()
+        print(f"# library {version.strip().splitlines()[0]}", flush=True)
     for op, nbytes, iters in plan:
         count = nbytes // 4
         call = calls(in_buf[:count], out_buf[:count], count // ranks)[op]
@@ -171,6 +173,9 @@ def compile_baseline():
                  f"{proc.stdout}{proc.stderr}")
 
 
+LIBRARY = {}   # {"name": the MPI library every job ran on}, from the jobs' "# library" lines
+
+
 def run_job(program, ranks, plan, timeout, raw_flags=()):
     """Run one mpiexec job over the plan [(op, bytes, iters)]. Returns {(op, bytes): us per call}."""
     items = [f"{op}:{b}:{i}" for op, b, i in plan]
@@ -182,6 +187,11 @@ def run_job(program, ranks, plan, timeout, raw_flags=()):
     returncode, output = run(cmd, timeout, "collectives_sweep")
     results = {}
     for line in output.splitlines():
+        if line.startswith("# library "):   # every program must run on the same MPI library
+            library = " ".join(line[len("# library "):].split())
+            if LIBRARY.setdefault("name", library) != library:
+                sys.exit(f"collectives_sweep: {program} ran on {library!r}, the others on {LIBRARY['name']!r}: "
+                         f"not a baseline (is mpi4py or the C program linked to another MPI?)")
         fields = line.split()
         if len(fields) == 5 and fields[0] == "result":
             results[(fields[1], int(fields[2]))] = float(fields[4])
@@ -215,7 +225,7 @@ def print_table(op, ranks, items, med, programs):
     if "mpi4py" in cols:
         extra.append(f"{'mpi4py/py':>9}")
     head += " | " + " ".join(extra)
-    print(f"\n{op}, {ranks} ranks (busbw in GB/s; mpi4py/py > 1 means pydist is faster)")
+    print(f"\n{op}, {ranks} ranks, on {LIBRARY.get('name', '?')} (busbw in GB/s; mpi4py/py > 1 means pydist is faster)")
     print(head)
     print("-" * len(head))
     for b in items:
@@ -298,6 +308,13 @@ def sweep(args, ranks, sizes, programs):
               file=sys.stderr, flush=True)
     stat = min if args.stat == "min" else statistics.median
     med = {p: {c: stat(r[c] for r in runs[p]) for c in cells_of[p]} for p in programs}
+    if args.json:   # for drivers (benchmarks/mpi_libraries.py): one record per program and cell
+        import json
+        with open(args.json, "a") as f:
+            for p in programs:
+                for (op, b), us in med[p].items():
+                    f.write(json.dumps({"library": LIBRARY.get("name"), "ranks": ranks, "program": p,
+                                        "op": op, "bytes": b, "us": us}) + "\n")
     for op in args.ops:
         print_table(op, ranks, items_of[op], med, programs)
     print()
@@ -326,6 +343,7 @@ def main():
     ap.add_argument("--raw-flags", default="",
                     help="options for collectives_raw, e.g. '-i -t' to make it call MPI as pydist does")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per mpiexec job (default 300)")
+    ap.add_argument("--json", help="also append each figure to this file, one JSON object a line")
     ap.add_argument("--quick", action="store_true", help="4 B, 4 KiB and 1 MiB, 2 ranks, 1 repeat, short cells")
     ap.add_argument("--worker", nargs=2, metavar=("PROGRAM", "PLAN"), help=argparse.SUPPRESS)  # under mpiexec
     args = ap.parse_args()

@@ -7,6 +7,8 @@
 #              under mpiexec: examples, a dying rank, the wrong launcher, the launcher's fault handling)
 #     mpi      tests/mpi under real mpiexec at world sizes 1, 2, 3 and 4 (tests/run_mpi.py)
 #     docs     the documentation site builds with warnings as errors; its examples run (tests/docs)
+#     libraries  the same build on PyPI's MPICH 5 and Intel MPI (impi-rt), each under its own mpiexec:
+#              the core multi-rank tests at 2 ranks (scripts/test_libraries.sh)
 #   lane 2 (in the background; its output is printed when lane 1 is done):
 #     unit2    the unit tests that compile (the build without warnings, the kernels at every level) or
 #              run the benchmarks
@@ -27,7 +29,7 @@ export PATH="$PWD/.venv/bin:$PATH"
 source scripts/compiler.sh
 LOGS=$(mktemp -d)   # each stage's time, and what each lane printed
 start=$(date +%s)
-LANE1=(unit mpi docs)
+LANE1=(unit mpi docs libraries)
 LANE2=(unit2 pythons pip asan levels)
 
 declare -A TITLE=(
@@ -39,6 +41,7 @@ declare -A TITLE=(
   [pip]="pip install with no system MPI, the wheel, MPICH 5 (scripts/test_pip_install.sh)"
   [asan]="AddressSanitizer build: core tests"
   [docs]="the documentation site: built with warnings as errors, every example run"
+  [libraries]="one build on each MPI library of MPICH's ABI: MPICH 5, Intel MPI (scripts/test_libraries.sh)"
 )
 
 # run_stage NAME: the stage (scripts/test_stages.sh) in a bash of its own, with its time in $LOGS/NAME.time:

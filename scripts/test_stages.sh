@@ -47,6 +47,10 @@ stage_pip() {
   scripts/test_pip_install.sh
 }
 
+stage_libraries() {
+  scripts/test_libraries.sh
+}
+
 stage_pythons() {
   scripts/test_pythons.sh
 }
