@@ -227,8 +227,8 @@ def _srun_without_pmi(fn):
         return None
     task = os.environ.get("SLURM_PROCID", "?")
     return (f"{fn}(): this is task {task} of the {tasks} that srun started (SLURM_STEP_NUM_TASKS={tasks}), but srun "
-            f"gave it no PMI connection that MPICH can use (srun --mpi={'pmix' if pmix else 'none'}), so each "
-            f"task would run alone as rank 0 of 1. {_SLURM_FIX[0].upper()}{_SLURM_FIX[1:]}")
+            f"gave it no PMI connection that MPICH can use (srun --mpi={'pmix' if pmix else 'none'}), so MPICH "
+            f"would run each task alone as rank 0 of 1, or abort. {_SLURM_FIX[0].upper()}{_SLURM_FIX[1:]}")
 
 
 # A process made from a rank never uses the rank's MPI (DESIGN.md, "Semantics every path keeps"). A

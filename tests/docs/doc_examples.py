@@ -14,6 +14,12 @@ for by a MyST comment, which readers do not see, on the line just above the outp
 ``% numbers within 0.03`` (or ``5%``, of the number shown) lets each number printed differ that much.
 The rest of the line must match as before, and a tolerance below 1 keeps integers (ranks, steps) exact.
 
+An example run under Slurm (docs/guides/cluster.md) says so on its first line instead:
+``# run: srun --mpi=pmi2 -n 2 python hello.py`` (or ``salloc ...``), and a batch script, a ``bash``
+block, names itself among its opening comments: ``# run: sbatch --wait job.sh``; what it prints is
+read from the file its ``#SBATCH --output=`` names. tests/docs/test_docs.py runs these on a real
+single-node Slurm (scripts/slurm.sh), with ``python`` the interpreter under test.
+
 Docstring examples marked ``Example (``mpiexec -n N``)::`` run as doctests on every rank of an N-rank
 job (tests/docs/run_docstrings.py).
 """
@@ -23,6 +29,7 @@ import re
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS = os.path.join(ROOT, "docs")
 RUN = re.compile(r"^#\s*run:\s*mpiexec\s+-n\s+(\d+)\b.*?(\(exits non-zero\))?\s*$")
+SLURM_RUN = re.compile(r"^#\s*run:\s*((?:srun|salloc|sbatch)\b.*?)\s*(\(exits non-zero\))?\s*$")
 FENCE = re.compile(r"^(`{3,}|:{3,})\s*(\{[\w-]+\})?\s*([^\s`]*)\s*(.*)$")
 
 
@@ -36,6 +43,7 @@ class Example:
         self.page, self.line, self.ranks, self.code, self.expected = page, line, ranks, code, expected
         self.fails = fails
         self.tolerance = tolerance   # None (exact), or (value, relative) from a `% numbers within` comment
+        self.slurm = None            # the Slurm command line (srun, salloc, sbatch) it runs under, if any
 
     @property
     def name(self):
@@ -94,13 +102,18 @@ def examples():
             if kind == "literalinclude":
                 with open(os.path.normpath(os.path.join(os.path.dirname(page), arg.split()[0]))) as f:
                     code = f.read()
-            elif kind == "python":
+            elif kind in ("python", "bash"):
                 code = "\n".join(b for b in body if not b.startswith(":"))   # directive options
             else:
                 continue
-            first = next((c for c in code.split("\n") if c.strip()), "")
-            m = RUN.match(first)
-            if not m:
+            if kind == "bash":   # a batch script: its marker among its opening comments
+                lines = code.split("\n")
+                opening = lines[:next((i for i, c in enumerate(lines) if not c.startswith("#")), len(lines))]
+                first = next((c for c in opening if SLURM_RUN.match(c)), "")
+            else:
+                first = next((c for c in code.split("\n") if c.strip()), "")
+            m, slurm = RUN.match(first), SLURM_RUN.match(first)
+            if not m and not slurm:
                 continue
             expected, tolerance = None, None
             for line2, kind2, _, body2 in bs[k + 1:]:
@@ -110,10 +123,12 @@ def examples():
                     expected = [b for b in body2 if b.strip() and not b.startswith(":")]
                     tolerance = tolerance_above(page_lines, line2)
                     break
-            ex = Example(page, line, int(m.group(1)), code, expected, fails=m.group(2) is not None,
-                         tolerance=tolerance)
-            named = re.search(r"\bpython\s+(\w+\.py)\b", first)
-            ex.script = named.group(1) if named else "example.py"   # the name the page runs it under
+            ex = Example(page, line, int(m.group(1)) if m else 0, code, expected,
+                         fails=(m or slurm).group(2) is not None, tolerance=tolerance)
+            named = re.findall(r"\b(\w+\.(?:py|sh))\b", first)
+            ex.script = named[-1] if named else "example.py"   # the name the page runs it under
+            if slurm:
+                ex.slurm = slurm.group(1)
             found.append(ex)
     return found
 

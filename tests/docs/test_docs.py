@@ -3,6 +3,8 @@ undocumented public name, a docstring that does not parse), and every multi-rank
 runs under mpiexec at the rank count it states and prints what the page shows (doc_examples.py).
 The single-process ``>>>`` sessions run as doctests in the same pytest call (scripts/test.sh)."""
 import os
+import re
+import shlex
 import subprocess
 import sys
 
@@ -46,12 +48,48 @@ def within(example):
     return f" (numbers within {value * 100:g}%)" if relative else f" (numbers within {value:g})"
 
 
+SLURM = os.path.join(doc_examples.ROOT, "scripts", "slurm.sh")
+
+
+@pytest.fixture(scope="session")
+def slurm_conf():
+    """A real single-node Slurm for the examples that run under srun, salloc or sbatch (scripts/slurm.sh;
+    scripts/setup.sh --test installs Slurm), up for the session."""
+    proc = subprocess.run([SLURM, "up"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"scripts/slurm.sh up failed:\n{proc.stdout}{proc.stderr}"
+    try:
+        yield os.path.join(proc.stdout.strip().splitlines()[-1], "slurm.conf")
+    finally:
+        subprocess.run([SLURM, "down"], capture_output=True, text=True, timeout=120)
+
+
+def run_under_slurm(example, tmp_path, conf):
+    """The example's Slurm command line as the page shows it, `python` being this interpreter (first on
+    PATH; srun passes the environment on). A batch script's output is the file it names."""
+    env = dict(example_env(), SLURM_CONF=conf)
+    for var in [k for k in env if k.startswith(("SLURM_", "PMI_", "PMIX_"))]:
+        if var != "SLURM_CONF":
+            del env[var]
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    proc = subprocess.run(shlex.split(example.slurm), cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT + 30)
+    output = re.search(r"^#SBATCH\s+--output=(\S+)", example.code, re.M)
+    if example.slurm.startswith("sbatch"):
+        assert output, f"{example.name}: a batch script on a page names its output (#SBATCH --output=...)"
+        path = tmp_path / output.group(1)
+        proc.stdout = path.read_text() if path.exists() else ""
+    return proc
+
+
 @pytest.mark.parametrize("example", EXAMPLES, ids=[e.name for e in EXAMPLES])
-def test_example(example, tmp_path):
+def test_example(example, tmp_path, request):
     script = tmp_path / example.script
     script.write_text(example.code)
-    proc = subprocess.run([MPIEXEC, "-n", str(example.ranks), sys.executable, str(script)], cwd=tmp_path,
-                          env=example_env(), capture_output=True, text=True, timeout=TIMEOUT + 30)
+    if example.slurm:
+        proc = run_under_slurm(example, tmp_path, request.getfixturevalue("slurm_conf"))
+    else:
+        proc = subprocess.run([MPIEXEC, "-n", str(example.ranks), sys.executable, str(script)], cwd=tmp_path,
+                              env=example_env(), capture_output=True, text=True, timeout=TIMEOUT + 30)
     if example.fails:   # a failure shown on purpose: its lines are among what it printed anywhere
         printed = [line for line in (proc.stdout + proc.stderr).split("\n") if line.strip()]
         assert proc.returncode != 0, f"{example.name} was shown failing, but exited 0:\n{proc.stdout}"

@@ -58,6 +58,7 @@ COLLECTIVES = textwrap.dedent("""
     assert np.array_equal(got, data((r - 1) % n))
     dist.barrier()
     print(f"rank {r} of {n}: collectives ok (SLURM_PROCID={os.environ.get('SLURM_PROCID')})", flush=True)
+    print("library:", dist._C.mpi_info()["library_version"].strip().splitlines()[0], flush=True)
     dist.destroy_process_group()
 """)
 ALONE = ("import pydist as dist; dist.init_process_group(); "
@@ -91,8 +92,24 @@ def test_srun_mpi_pmi2_runs_the_collectives(slurm, tmp_path, tasks):
     proc = job(["srun", "--mpi=pmi2", "-n", str(tasks), PY, "collectives.py"], slurm, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # srun's task number is the rank
-    assert sorted(proc.stdout.split("\n")[:-1]) == [
+    assert sorted(x for x in proc.stdout.split("\n") if x.startswith("rank")) == [
         f"rank {r} of {tasks}: collectives ok (SLURM_PROCID={r})" for r in range(tasks)], proc.stdout
+
+
+# The other libraries of MPICH's ABI that make test installs (scripts/test_libraries.sh): under srun,
+# Slurm's PMI-2 server speaks to each, so PYDIST_LIBMPI alone picks the library.
+LIBRARIES = {"mpich5": "MPICH Version: *5\\.", "impi": "Intel\\(R\\) MPI Library"}
+
+
+@pytest.mark.parametrize("name", sorted(LIBRARIES))
+def test_srun_mpi_pmi2_on_another_library(slurm, tmp_path, name):
+    lib = os.path.join(ROOT, f".mpi-{name}", "lib", "libmpi.so.12")
+    assert os.path.isfile(lib), f"{lib} is missing: scripts/test_libraries.sh --install (setup.sh --test) installs it"
+    (tmp_path / "collectives.py").write_text(COLLECTIVES)
+    proc = job(["srun", "--mpi=pmi2", "-n", "2", PY, "collectives.py"], dict(slurm, PYDIST_LIBMPI=lib), tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("collectives ok") == 2, proc.stdout
+    assert len(re.findall(f"^library: {LIBRARIES[name]}", proc.stdout, re.M)) == 2, proc.stdout
 
 
 def test_slurm_mpi_type_in_the_environment_does_the_same(slurm, tmp_path):
