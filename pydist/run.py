@@ -275,6 +275,10 @@ def watch(folder, command):
     # The watcher never starts MPI: the launcher's connection (PMI_FD, inherited) is the child's to claim
     env = {k: v for k, v in os.environ.items() if k != "PYDIST_MPI_OWNER"}
     env.update(PYDIST_RUN_ATTEMPT_DIR=folder, PYDIST_RUN_STARTED=repr(started))
+    from . import _libraries
+    if _libraries.LIBMPI is not None and _libraries.LIBMPI[1].startswith("the launcher's own"):
+        # hydra started this watcher, not the rank: the rank takes the library the watcher took as its own
+        env.setdefault("PYDIST_LIBMPI", _libraries.LIBMPI[0])
     survive = os.environ.get("PYDIST_SURVIVE") == "1"
     child = subprocess.Popen(command, close_fds=False, stderr=subprocess.PIPE, env=env,
                              preexec_fn=_ignore_usr1_and_die_with_parent if survive else _die_with_parent)

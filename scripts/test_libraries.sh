@@ -15,6 +15,7 @@
 #   scripts/test_libraries.sh --install  only install the libraries that are missing (setup.sh --test)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$PWD
 PY=.venv/bin/python
 # impi-rt 2021.16.2: the newest whose own dependencies pip finds here (2021.17 and later need a
 # `libfabric` package that this machine's PyPI mirror lacks).
@@ -45,6 +46,15 @@ for name in mpich5 impi; do
   for line in "running on ${EXPECT[$name]}" "library $prefix/lib/libmpi.so.12, the launcher's own"; do
     [ "$(echo "$out" | grep -cE "$line")" = 2 ] || { echo "FAIL: not on both ranks: $line"; exit 1; }
   done
+  echo "-- $name: the elastic launcher with that mpiexec (python -m pydist.run --mpiexec ...): each rank,"
+  echo "   started by pydist.run's watcher rather than by hydra, takes the library its watcher took"
+  work=$(mktemp -d)
+  printf '%s\n' "import pydist as dist, pydist._libraries as libraries" "dist.init_process_group()" \
+    "print('rank', dist.get_rank(), 'on', libraries.LIBMPI[0], flush=True)" "dist.destroy_process_group()" > "$work/which.py"
+  out=$(cd "$work" && env -u PYDIST_LIBMPI MPIEXEC_TIMEOUT=120 PYTHONPATH="$ROOT" "$ROOT/$PY" -m pydist.run -n 2 \
+        --mpiexec "$prefix/bin/mpiexec" --run-dir "$work/run" -- which.py 2>&1)
+  rm -rf "$work"
+  [ "$(echo "$out" | grep -c "^rank [01] on $prefix/lib/libmpi.so.12$")" = 2 ] || { echo "FAIL:"; echo "$out"; exit 1; }
   echo "-- $name: core multi-rank tests at 2 ranks, PYDIST_LIBMPI=$prefix/lib/libmpi.so.12"
   PYDIST_LIBMPI=$prefix/lib/libmpi.so.12 $PY tests/run_mpi.py -n 2 -- "${CORE[@]}" -k "$NO_TORCH"
 done
