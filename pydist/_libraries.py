@@ -132,7 +132,19 @@ def libmpi_choice():
             if os.path.isfile(os.path.join(prefix, "lib", name)):
                 return os.path.join(prefix, "lib", name), f"found in {prefix}/lib" + (
                     f" (the build's {built} is gone)" if built else "")
+    for name in _NAMES:   # the first name the system's loader finds (ldconfig's cache, LD_LIBRARY_PATH)
+        if _loadable(name):
+            return name, "the system loader's" + (f" (the build's {built} is gone)" if built else "")
     return _NAMES[0], "the system loader's"
+
+
+def _loadable(name):
+    import ctypes
+    try:
+        ctypes.CDLL(name, os.RTLD_LOCAL | os.RTLD_LAZY)
+        return True
+    except OSError:
+        return False
 
 
 # What import loaded: (path, why, the version's first line, the whole version), for --version and errors.

@@ -19,7 +19,8 @@ def test_collectives_sweep_quick():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     for op in OPS:
-        table = out.split(f"\n{op}, 2 ranks (busbw")[1].split("\n\n")[0]
+        # the title names the MPI library every program ran on (one, checked by the sweep)
+        table = re.split(rf"\n{op}, 2 ranks, on MPICH Version: *\d[^\n]*\(busbw", out)[1].split("\n\n")[0]
         rows = [line.split() for line in table.splitlines() if re.match(r"\s+\d+ (B|KiB|MiB) \|", line)]
         # 3 sizes, each with a positive time for C, pydist and mpi4py
         assert len(rows) == 3, table
@@ -27,6 +28,19 @@ def test_collectives_sweep_quick():
             times = [float(x) for x in row[3:6]]
             assert all(t > 0 for t in times), row
         assert f"{op}, 2 ranks: pydist - C at" in out and "time mpi4py/pydist" in out, out
+
+
+def test_mpi_libraries_prints_one_row_per_library():
+    # the build's library and the two make test installs (scripts/test_libraries.sh --install)
+    proc = subprocess.run([sys.executable, "benchmarks/mpi_libraries.py", "--repeats", "1"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if re.match(r"(MPICH|Intel)", line)]
+    assert [r.split("|")[0].strip()[:13] for r in rows] == ["MPICH Version", "MPICH Version", "Intel(R) MPI "], proc.stdout
+    assert "4.0.2" in rows[0] and "5.0.2" in rows[1], proc.stdout
+    for row in rows:
+        figures = [float(x) for x in " ".join(row.split("|")[1:]).split()]
+        assert len(figures) == 6 and all(f > 0 for f in figures), row
 
 
 def test_collectives_sweep_rejects_bad_sizes():

@@ -125,3 +125,14 @@ def test_the_build_records_the_librarys_run_time_name(tmp_path):
     flags = {"library_dirs": [str(lib)], "libraries": ["mpich", "pthread"]}
     assert pydist_backend.libmpi_file(flags) == str(lib / "libmpich.so.12")
     assert pydist_backend.libmpi_file({"library_dirs": [str(lib)], "libraries": ["pthread"]}) is None
+
+
+def test_where_the_builds_library_is_gone_the_search_finds_one():
+    # a wheel on another machine: the recorded file is missing there. The environment's lib/ first
+    # (none in this venv), then the system loader's names: Debian has libmpich.so.12, not libmpi.so.12.
+    script = ("from pydist import _libraries, _build_config\n"
+              "_build_config.LIBMPI = '/gone/libmpich.so.12'\n"
+              "print(*_libraries.libmpi_choice(), sep='|')\n")
+    proc = run(script)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "libmpich.so.12|the system loader's (the build's /gone/libmpich.so.12 is gone)", proc.stdout
