@@ -102,10 +102,18 @@ def libmpi_file(flags):
             f = Path(d) / f"lib{name}.so"
             if not f.exists():
                 continue
-            dynamic = _run(["objdump", "-p", str(f)]) or ""
+            dynamic = _run(["objdump", "-p", str(f)]) or ""   # (binutils: not everywhere gcc is)
             soname = next((line.split()[1] for line in dynamic.splitlines() if line.split()[:1] == ["SONAME"]), None)
-            runtime = f.parent / soname if soname else f.resolve()
-            return str(runtime if runtime.exists() else f.resolve())
+            # beside the link, or beside the file it leads to (Debian unstable's -L.../mpich/lib holds
+            # only a libmpich.so link to ../../libmpich.so)
+            folders = list(dict.fromkeys([f.parent, f.resolve().parent]))
+            for folder in folders if soname else ():
+                if (folder / soname).exists():
+                    return str(folder / soname)
+            # no objdump: a link with one version number that leads to the same file
+            same = sorted(g for folder in folders for g in folder.glob(f"lib{name}.so.*")
+                          if g.name[len(f"lib{name}.so."):].isdigit() and g.resolve() == f.resolve())
+            return str(same[0] if same else f.resolve())
     return None
 
 

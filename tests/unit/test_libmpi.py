@@ -124,7 +124,24 @@ def test_the_build_records_the_librarys_run_time_name(tmp_path):
     os.symlink("libmpich.so.12", lib / "libmpich.so")
     flags = {"library_dirs": [str(lib)], "libraries": ["mpich", "pthread"]}
     assert pydist_backend.libmpi_file(flags) == str(lib / "libmpich.so.12")
+    # where binutils is missing (gcc without the objdump name, as in Debian unstable's minimal root)
+    real_run = pydist_backend._run
+    pydist_backend._run = lambda cmd: None if cmd[0] == "objdump" else real_run(cmd)
+    try:
+        assert pydist_backend.libmpi_file(flags) == str(lib / "libmpich.so.12")
+    finally:
+        pydist_backend._run = real_run
     assert pydist_backend.libmpi_file({"library_dirs": [str(lib)], "libraries": ["pthread"]}) is None
+    # Debian unstable's pkg-config names a folder holding only a link to the -dev link one level up
+    (lib / "mpich").mkdir()
+    os.symlink("../libmpich.so", lib / "mpich" / "libmpich.so")
+    for objdump in (True, False):
+        pydist_backend._run = real_run if objdump else (lambda cmd: None if cmd[0] == "objdump" else real_run(cmd))
+        try:
+            flags = {"library_dirs": [str(lib / "mpich")], "libraries": ["mpich"]}
+            assert pydist_backend.libmpi_file(flags) == str(lib / "libmpich.so.12"), objdump
+        finally:
+            pydist_backend._run = real_run
 
 
 def test_where_the_builds_library_is_gone_the_search_finds_one():
