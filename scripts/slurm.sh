@@ -277,10 +277,13 @@ cmd_up() {
 
   # Until the node is idle: it starts UNKNOWN and turns IDLE when slurmd registers (a second or so).
   export SLURM_CONF="$STATE/slurm.conf"
-  local st=""
+  local st="" d
   while :; do
-    daemon_pid slurmctld >/dev/null || up_failed "slurmctld exited"
-    daemon_pid slurmd >/dev/null || up_failed "slurmd exited"
+    # A daemon writes its pid file after it forks, which a busy machine can delay past the first
+    # look: only a pid file whose process is gone means the daemon exited.
+    for d in slurmctld slurmd; do
+      [ ! -s "$STATE/$d.pid" ] || daemon_pid "$d" >/dev/null || up_failed "$d exited"
+    done
     st=$(timeout 5 sinfo -h -n "$node" -o %T 2>/dev/null || true)
     [ "$st" = idle ] && break
     [ "$(now_ms)" -lt "$end" ] || up_failed "node $node is not idle after ${UP_DEADLINE} s (state: ${st:-no answer from slurmctld})"
