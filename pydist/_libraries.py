@@ -159,8 +159,8 @@ def _version_string(lib):
 
 
 def _refuse_other_abis(lib, path, why):
-    """ImportError unless `lib` is of MPICH's ABI (what pydist._C was compiled for: integer handles,
-    MPICH's constants). MPI_Get_library_version may be called before MPI_Init."""
+    """Its version string, or ImportError unless `lib` is of MPICH's ABI (what pydist._C was compiled
+    for: integer handles, MPICH's constants). MPI_Get_library_version may be called before MPI_Init."""
     import ctypes
     if not hasattr(lib, "MPI_Get_library_version"):
         raise ImportError(f"pydist: {path} ({why}) is no MPI library: it has no MPI_Get_library_version. Point "
@@ -182,7 +182,7 @@ def _refuse_other_abis(lib, path, why):
         raise ImportError(f"pydist: {path} ({first}; {why}) is of {kind}, not MPICH's: pydist runs on a library "
                           f"of MPICH's ABI (libmpi.so.12: MPICH, Intel MPI, MVAPICH, Cray MPICH). Point "
                           f"PYDIST_LIBMPI at one, or unset it")
-    return first
+    return version
 
 
 def speaks_pmix():
@@ -234,9 +234,10 @@ def load():
         raise ImportError(f"pydist: cannot load the MPI library {path} ({why}): {e}. Install MPICH "
                           f"(apt-get install -y mpich, or pip install mpich), or point PYDIST_LIBMPI at "
                           f"a libmpi.so.12") from None
-    first = _refuse_other_abis(lib, path, why)
+    version = _refuse_other_abis(lib, path, why)
     _load_impi_libfabric(lib, path)
-    LIBMPI = (_file_of(lib.MPI_Init) or path, why, first, _version_string(lib))
+    LIBMPI = (_file_of(lib.MPI_Init) or path, why, version.strip().splitlines()[0] if version.strip() else "(no version)",
+              version)
     for name in _pypi_libraries():
         if name != "mpich":
             ctypes.CDLL(str(_installed_file(name, _LIBRARY[name])))
@@ -252,8 +253,6 @@ def _mpich_tool(name):
         tool = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(LIBMPI[0]))), "bin", name)
         if os.path.isfile(tool) and os.access(tool, os.X_OK):
             return tool
-        if LIBMPI[1] == "the build's (PyPI's mpich)":
-            return str(_installed_file("mpich", f"bin/{name}"))
     return f"{name}.mpich" if shutil.which(f"{name}.mpich") or not shutil.which(name) else name
 
 
