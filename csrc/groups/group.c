@@ -25,6 +25,9 @@ typedef struct {
     int *group_ranks;    // [world size]: the group rank of each world rank, -1 if not a member
     char broken[256];    // non-empty: a collective timed out and the group must not be used again
     void *shm;           // the shared-memory channel (shared_memory.c), made with the group; NULL: none
+    unsigned long caller;  // the thread inside a collective call on the group (calls > 0)
+    int calls;             // how deep that thread is (a signal handler's collective may nest)
+    const char *calling;   // the outermost call's name, for the error another thread gets
 } GroupSlot;
 
 static GroupSlot groups[PD_MAX_GROUPS];
@@ -139,6 +142,7 @@ void pd_group_slot_free(int slot) {
     g->comm = MPI_COMM_NULL;
     g->in_use = 0;
     g->broken[0] = 0;
+    g->calls = 0;
     g->generation++;
 }
 
@@ -245,6 +249,33 @@ PdOp pd_op(const char *what, long group, int peer) {
 int pd_op_current(const PdOp *op) {
     return op->group >= 0 && op->group < PD_MAX_GROUPS && groups[op->group].in_use &&
            groups[op->group].generation == op->generation;
+}
+
+int pd_group_call_begin(long handle, const char *fn, PdGroupCall *call) {
+    GroupSlot *g = &groups[handle];
+    unsigned long me = PyThread_get_thread_ident();
+    if (g->calls > 0 && g->caller != me) {
+        PyErr_Format(pd_DistError, "%s(): another thread of this process is inside %s() on the same group. MPI "
+                     "matches a group's collectives in the order each process calls them, and two threads in "
+                     "collective calls on one group at once have no order (some rank would pair the wrong "
+                     "calls), so this call was refused before sending anything. Give each thread its own "
+                     "group (new_group), or hold a lock around each call until it returns, taken in the "
+                     "same order on every rank", fn, g->calling);
+        return -1;
+    }
+    if (g->calls++ == 0) {
+        g->caller = me;
+        g->calling = fn;
+    }
+    *call = (PdGroupCall){handle, g->generation};
+    return 0;
+}
+
+void pd_group_call_end(const PdGroupCall *call) {
+    GroupSlot *g = &groups[call->group];
+    if (g->generation == call->generation && g->calls > 0) {   // (a group destroyed meanwhile starts afresh)
+        g->calls--;
+    }
 }
 
 void pd_group_break(long handle, const char *why) {

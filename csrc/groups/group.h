@@ -35,6 +35,18 @@ MPI_Comm pd_group_world_comm(void);
 int pd_group_live(long handle);
 // The slot's generation: bumped whenever it is freed, so that a stale PdOp can tell.
 unsigned pd_group_generation(long handle);
+// A collective call on a group, from entry to return (ops/route.c). MPI matches a communicator's
+// collectives in the order each process issues them and leaves ordering threads to the user (MPI 4.1,
+// 11.6.2): two threads inside collective calls on one group at once have no order, and some rank would
+// pair the wrong calls. So the second thread's call raises DistError before it sends anything (0, or
+// -1 raised). The same thread may enter again (a signal handler's collective). With the GIL, the test
+// and the set are one step; without it they would need a compare-and-swap.
+typedef struct {
+    long group;
+    unsigned generation;
+} PdGroupCall;
+int pd_group_call_begin(long handle, const char *fn, PdGroupCall *call);
+void pd_group_call_end(const PdGroupCall *call);
 // Mark a group broken (its members no longer agree on what comes next): every later call refuses.
 void pd_group_break(long handle, const char *why);
 // The group's slot for shared_memory.c's channel (freed with the group by the shm path's release).

@@ -237,7 +237,7 @@ static const struct {
     {"MPI", mpi_takes, mpi_run},
 };
 
-PyObject *pd_route(PdRoute *r) {
+static PyObject *route_on(PdRoute *r) {
     for (size_t i = 0; i < sizeof PATHS / sizeof PATHS[0]; i++) {
         int fallback = 0;
         if (!PATHS[i].takes(r)) {
@@ -250,4 +250,15 @@ PyObject *pd_route(PdRoute *r) {
     }
     PyErr_Format(PyExc_SystemError, "%s(): no path took the call", r->fn);   // (MPI takes every call)
     return NULL;
+}
+
+// One thread at a time inside a collective call on a group (pd_group_call_begin says why).
+PyObject *pd_route(PdRoute *r) {
+    PdGroupCall call;
+    if (pd_group_call_begin(r->group, r->fn, &call) < 0) {
+        return NULL;
+    }
+    PyObject *ret = route_on(r);
+    pd_group_call_end(&call);
+    return ret;
 }

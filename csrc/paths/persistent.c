@@ -103,7 +103,6 @@ typedef struct {
     Key *head, *tail;
     int keys;
     size_t bytes;   // staging of every entry made
-    int waits;      // threads inside a call on this cache with the GIL released
 } Cache;
 
 static Cache caches[PD_MAX_GROUPS];
@@ -311,16 +310,14 @@ static int other_thread_tests(const void *p) {
 
 // Complete the earlier call still active on `e` (this rank started it; every rank has): wait for it
 // the pydist way, then deliver its result to its own array and Work.
-static int entry_reclaim(Cache *c, PdPersistEntry *e, const PdOp *op) {
+static int entry_reclaim(PdPersistEntry *e, const PdOp *op) {
     int rc = 0;
     e->pinned++;   // whatever other threads do meanwhile (another wait finishing it, the group
                    // destroyed), the entry stays allocated until this call is done with it
     while (e->active && e->in_cache && rc == 0) {
         if (e->waiting || (e->work != NULL && e->work->waiting)) {
-            c->waits++;
             rc = pd_yield_while(other_thread_tests, e, pd_session_timeout(), op->what,
                                 "another thread was waiting for its cached request");
-            c->waits--;
             continue;
         }
         PdWorkObject *w = (PdWorkObject *)Py_XNewRef(e->work);
@@ -329,9 +326,7 @@ static int entry_reclaim(Cache *c, PdPersistEntry *e, const PdOp *op) {
         if (w != NULL) {
             w->waiting = 1;   // its wait() in another thread polls until we are done
         }
-        c->waits++;
         rc = pd_op_wait(&req, MPI_STATUS_IGNORE, op, pd_session_timeout(), 1);
-        c->waits--;
         e->waiting = 0;
         if (w != NULL) {
             w->waiting = 0;
@@ -479,14 +474,14 @@ static void persist_progress(void) {
 
 // A blocking call, or a Work's wait for a deferred call: complete the entry's active call and start
 // the deferred ones before `until` (NULL: all of them), waiting for each in turn. 0, or -1 raised.
-static int entry_drain(Cache *c, PdPersistEntry *e, const PdOp *op, PdWorkObject *until) {
+static int entry_drain(PdPersistEntry *e, const PdOp *op, PdWorkObject *until) {
     for (;;) {
         if (until != NULL && e->work == until) {
             return 0;   // started already (by the progress, meanwhile)
         }
         if (e->active) {
             e->pinned++;
-            int rc = entry_reclaim(c, e, op);
+            int rc = entry_reclaim(e, op);
             e->pinned--;
             if (rc < 0) {
                 return -1;
@@ -506,10 +501,6 @@ PyObject *pd_persist_run(const PdOp *op, MPI_Comm comm, const PdPersistKey *k, c
                          PyObject *keep, PyObject *list) {
     pd_call_path = "persistent";
     Cache *c = &caches[op->group];
-    if (c->waits > 0) {
-        return PyErr_Format(pd_DistError, "%s(): another thread is inside a collective on this group; "
-                            "collectives on one group must not be called from two threads at once", op->what);
-    }
     PdPersistEntry *e = acquire(c, k, comm);
     if (e == NULL) {
         return NULL;
@@ -554,7 +545,7 @@ PyObject *pd_persist_run(const PdOp *op, MPI_Comm comm, const PdPersistKey *k, c
         }
         return (PyObject *)w;
     }
-    if ((e->active || e->deferred != NULL) && entry_drain(c, e, op, NULL) < 0) {
+    if ((e->active || e->deferred != NULL) && entry_drain(e, op, NULL) < 0) {
         return NULL;
     }
     if (!e->in_cache) {   // its group was destroyed while this call waited (another thread)
@@ -566,9 +557,7 @@ PyObject *pd_persist_run(const PdOp *op, MPI_Comm comm, const PdPersistKey *k, c
     }
     MPI_Request req = e->req;
     e->waiting = 1;
-    c->waits++;
     int rc = pd_op_wait(&req, MPI_STATUS_IGNORE, op, pd_session_timeout(), 1);
-    c->waits--;
     e->waiting = 0;
     if (rc < 0) {
         // Given up (timeout, Ctrl-C, a departed rank): MPI may still complete it into the staging,
@@ -612,7 +601,7 @@ static int persist_test(PdWorkObject *w) {
 static int persist_wait(PdWorkObject *w, double timeout, int timeout_breaks) {
     PdPersistEntry *e = w->state;
     if (e->work != w) {   // deferred: the calls before it complete first (the entry is not freed meanwhile)
-        if (entry_drain(&caches[w->op.group], e, &w->op, w) < 0) {
+        if (entry_drain(e, &w->op, w) < 0) {
             return -1;
         }
         if (e->work != w) {

@@ -425,6 +425,21 @@ static int channel_new(long group, const char *fn) {
     return rc < 0 ? -1 : 0;
 }
 
+typedef struct {
+    long group;
+    unsigned generation;
+} ChannelOf;
+
+// Whether another thread is inside the group's channel (and the group is still the one we looked at).
+static int channel_busy(const void *p) {
+    const ChannelOf *of = p;
+    if (pd_group_generation(of->group) != of->generation) {
+        return 0;
+    }
+    GroupChannel *g = *pd_group_shm(of->group);
+    return g != NULL && g->busy;
+}
+
 // The group's channel, made with the group. NULL with *fallback = 1: use MPI; NULL otherwise: raised.
 static GroupChannel *channel_of(long group, const char *fn, int *fallback) {
     GroupChannel *g = *pd_group_shm(group);
@@ -445,9 +460,19 @@ static GroupChannel *channel_of(long group, const char *fn, int *fallback) {
         return NULL;
     }
     if (g->busy) {
-        PyErr_Format(pd_DistError, "%s(): another thread is in a shared-memory collective on this group; "
-                     "collectives on one group must not be called from two threads at once", fn);
-        return NULL;
+        // Another thread waits inside the channel: for one of the group's Works (legal while this call
+        // is issued; a second thread's collective call was refused in ops/route.c). This call queues
+        // behind it, and looks again: the group may have gone meanwhile.
+        ChannelOf of = {group, pd_group_generation(group)};
+        if (pd_yield_while(channel_busy, &of, pd_session_timeout(), fn,
+                           "another thread of this rank was waiting in the group's shared-memory channel") < 0) {
+            return NULL;
+        }
+        if (pd_group_generation(group) != of.generation) {
+            PyErr_Format(PyExc_ValueError, "%s(): `group` was destroyed while this call waited", fn);
+            return NULL;
+        }
+        return channel_of(group, fn, fallback);
     }
     return g;
 }
@@ -1049,18 +1074,28 @@ static void shm_progress(void) {
 // ---------------------------------------------------------------------------------------------------
 // The pending operation of an async call through the slots, and the path
 
+// Whether the Work is still in the slots and another thread is inside its channel. (A channel freed
+// meanwhile has abandoned its Works first: w->pending is then no longer small_pending.)
+static int work_channel_busy(const void *p) {
+    const PdWorkObject *w = p;
+    return w->pending == &small_pending && ((const GroupChannel *)w->state)->busy;
+}
+
 // Complete the group's calls in order up to this one (they may wait: a Work's wait is blocking); a
 // large all-reduce then goes on as MPI's request (large_data), under the same deadline.
 static int small_wait(PdWorkObject *w, double timeout, int timeout_breaks) {
     GroupChannel *g = w->state;
     double start = MPI_Wtime();
     while (w->pending == &small_pending) {
-        if (g->busy) {
-            PyErr_Format(pd_DistError, "wait(): another thread is in a shared-memory collective on the group of "
-                         "%s; collectives on one group must not be called from two threads at once", w->op.what);
-            return -1;
-        }
         double left = timeout < 0 ? -1.0 : timeout - (MPI_Wtime() - start);
+        if (g->busy) {   // another thread waits in the channel (a call, or another Work): after it
+            if (pd_yield_while(work_channel_busy, w, timeout < 0 || left > 0 ? left : 0.0, w->op.what,
+                               "another thread of this rank was waiting in the group's shared-memory channel") < 0) {
+                return -1;
+            }
+            g = w->state;   // (NULL, and w->pending moved on, if the group went meanwhile)
+            continue;
+        }
         if (complete_oldest(g, timeout < 0 || left > 0 ? left : 0.0, timeout_breaks) < 0) {
             return -1;
         }

@@ -1,0 +1,100 @@
+"""Threads against one process's C state, at 2 and more ranks (issue 45, part 2).
+
+Several threads may issue collectives on different groups at once, and point-to-point calls on any
+group, as MPI_THREAD_MULTIPLE allows: tests/threads_stress.py's bounded run (8 threads, 4 groups,
+thousands of calls on every path, blocking and async, each result against NumPy; with the small
+collectives' slots and with the persistent cache). Two threads inside collectives on one group at
+once have no order MPI could match across ranks: the second is refused with DistError before it sends
+anything, while point-to-point calls on that group and collectives on others go on.
+"""
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import pydist as dist
+from helpers import parallel_assert
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import threads_stress  # noqa: E402  (tests/threads_stress.py)
+
+@pytest.mark.world_size(sizes=(2, 3))
+@pytest.mark.parametrize("slots", [True, False], ids=["slots", "persistent"])
+def test_eight_threads_on_four_groups_match_numpy(slots):
+    """The schedule's 3000 calls (about 7 in 8 on each rank's groups), every result bitwise against
+    NumPy, every call on the timeline, and each path taken."""
+    box = [tempfile.mkdtemp(prefix="pydist-stress-") if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, 0)
+    try:
+        summary = threads_stress.run(seed=11 + slots, calls=3000, slots=slots, record=box[0])
+    finally:
+        dist.barrier()
+        if dist.get_rank() == 0:
+            shutil.rmtree(box[0], ignore_errors=True)
+    message = ""
+    if dist.get_rank() == 0:
+        paths = summary["paths"]
+        want = {"ring", "MPI"} | ({"small shm"} if slots else {"persistent", "shm"})
+        message = "" if want <= set(paths) else f"paths taken {paths}, want each of {sorted(want)}"
+    parallel_assert(not message, message)
+
+
+def inside_call(thread):
+    """Whether `thread` is in pydist's all_reduce (its Python frame, waiting in C)."""
+    frame = sys._current_frames().get(thread.ident)
+    return frame is not None and frame.f_code.co_name == "all_reduce"
+
+
+@pytest.mark.world_size(min=2)
+def test_two_threads_in_collectives_on_one_group_the_second_is_refused():
+    """Rank 0: thread A waits in all_reduce on g (rank 1 is not there yet). Meanwhile on rank 0,
+    all_reduce and barrier on g are refused, naming the call A is in; a collective on another group
+    and a send on g go through. Then rank 1 joins A's call, and g still works."""
+    g, h = dist.new_group([0, 1]), dist.new_group([0, 1])
+    rank = dist.get_rank()
+    errors = []
+    if rank == 0:
+        x = np.array([1.0, 2.0])
+        a = threading.Thread(target=lambda: dist.all_reduce(x, group=g))
+        a.start()
+        deadline = time.monotonic() + 30
+        while not inside_call(a) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)   # past the few instructions from the frame to the wait
+        for name, call in (("all_reduce", lambda: dist.all_reduce(np.ones(2), group=g)),
+                           ("barrier", lambda: dist.barrier(g, async_op=True))):
+            try:
+                call()
+                errors.append(f"{name} on g from a second thread was not refused")
+            except dist.DistError as e:
+                if "another thread" not in str(e) or "inside all_reduce()" not in str(e):
+                    errors.append(f"{name}: unclear message: {e}")
+        z = np.array([5.0])
+        dist.all_reduce(z, group=h)                              # another group: goes on
+        dist.isend(np.array([7.0]), 1, group=g, tag=3).wait()     # point-to-point on g: goes on
+        a.join(60)
+        if a.is_alive() or z[0] != 10.0 or list(x) != [2.0, 4.0]:
+            errors.append(f"alive={a.is_alive()} z={z} x={x}")
+    elif rank == 1:
+        z = np.array([5.0])
+        dist.all_reduce(z, group=h)
+        got = np.zeros(1)
+        dist.irecv(got, 0, group=g, tag=3).wait()
+        x = np.array([1.0, 2.0])
+        dist.all_reduce(x, group=g)
+        if got[0] != 7.0 or z[0] != 10.0 or list(x) != [2.0, 4.0]:
+            errors.append(f"got={got} z={z} x={x}")
+    if rank < 2:
+        y = np.array([float(rank)])
+        dist.all_reduce(y, group=g)   # the refused calls left nothing behind on g
+        if y[0] != 1.0:
+            errors.append(f"g afterwards: {y}")
+    parallel_assert(not errors, "; ".join(errors))
+    dist.destroy_process_group(g)
+    dist.destroy_process_group(h)
+
