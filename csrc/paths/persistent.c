@@ -709,6 +709,16 @@ void pd_persist_read_env(void) {
     // the next one without the cache).
     size_t n = pd_env_bytes("PYDIST_PERSISTENT_BYTES", DEFAULT_PERSIST_BYTES);
     pd_persist_bytes = n > INT_MAX ? INT_MAX : (Py_ssize_t)n;
+    // Only MPICH's own persistent collectives are known right when restarted. Intel MPI 2021.16's give
+    // the peers' old or unwritten data from the second start on (all_gather, all_reduce: 3 of
+    // tests/mpi/test_persistent.py's tests, and tests/threads_stress.py, which found it), so on any other
+    // library every call takes the nonblocking path.
+    char version[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
+    int len = 0;
+    if (MPI_Get_library_version(version, &len) != MPI_SUCCESS || strncmp(version, "MPICH Version:", 14) != 0) {
+        pd_persist_bytes = 0;
+        pd_persist_allgather_ok = 0;
+    }
 }
 
 // _C.persistent_stats(group) -> (keys, entries, active entries, staging bytes), for tests.
