@@ -34,10 +34,7 @@ install() {
 for name in mpich5 impi; do install "$name"; done
 if [ "${1:-}" = "--install" ]; then exit 0; fi
 
-NO_TORCH="not (torch_tensor or torch_parameter or torch_bfloat16 or torch_non_contiguous or torch_float16 or ml_dtypes)"
-CORE=(tests/mpi/test_all_reduce.py tests/mpi/test_collectives.py tests/mpi/test_broadcast_barrier.py
-      tests/mpi/test_p2p.py tests/mpi/test_async.py tests/mpi/test_groups.py tests/mpi/test_errors_mpi.py
-      tests/mpi/test_objects_batch.py tests/mpi/test_shm_small.py tests/mpi/test_engine_dp.py)
+source scripts/core_tests.sh   # CORE_MPI, NO_TORCH
 for name in mpich5 impi; do
   prefix=$PWD/.mpi-$name
   echo "-- $name: the launcher's own library, nothing set ($prefix/bin/mpiexec -n 2 ... -m pydist --version)"
@@ -56,5 +53,5 @@ for name in mpich5 impi; do
   rm -rf "$work"
   [ "$(echo "$out" | grep -c "^rank [01] on $prefix/lib/libmpi.so.12$")" = 2 ] || { echo "FAIL:"; echo "$out"; exit 1; }
   echo "-- $name: core multi-rank tests at 2 ranks, PYDIST_LIBMPI=$prefix/lib/libmpi.so.12"
-  PYDIST_LIBMPI=$prefix/lib/libmpi.so.12 $PY tests/run_mpi.py -n 2 -- "${CORE[@]}" -k "$NO_TORCH"
+  PYDIST_LIBMPI=$prefix/lib/libmpi.so.12 $PY tests/run_mpi.py -n 2 -- "${CORE_MPI[@]}" -k "$NO_TORCH"
 done

@@ -111,12 +111,9 @@ export PATH="$WORK/w/bin:$PATH"
 "$WORK/w/bin/python" -P -m pydist --version | tee "$WORK/version.txt"
 grep -q "running on MPICH Version: *5" "$WORK/version.txt" || { echo "FAIL: the wheel does not run on MPICH 5"; exit 1; }
 "$WORK/w/bin/python" -P -c "import pydist; assert pydist.__file__.startswith('$WORK/w/'), pydist.__file__"
-NO_TORCH="not (torch_tensor or torch_parameter or torch_bfloat16 or torch_non_contiguous or torch_float16 or ml_dtypes)"
+source scripts/core_tests.sh   # CORE_MPI, NO_TORCH
 echo "-- core tests on MPICH 5: tests/mpi at 2 and 3 ranks"
-"$WORK/w/bin/python" tests/run_mpi.py -n 2 3 -- \
-  tests/mpi/test_all_reduce.py tests/mpi/test_collectives.py tests/mpi/test_broadcast_barrier.py \
-  tests/mpi/test_p2p.py tests/mpi/test_async.py tests/mpi/test_groups.py tests/mpi/test_errors_mpi.py \
-  tests/mpi/test_objects_batch.py tests/mpi/test_shm_small.py tests/mpi/test_engine_dp.py -k "$NO_TORCH"
+"$WORK/w/bin/python" tests/run_mpi.py -n 2 3 -- "${CORE_MPI[@]}" -k "$NO_TORCH"
 echo "-- core tests on MPICH 5: a timeout, a missing rank, dead ranks (exception, exit, SIGKILL), Ctrl-C;"
 echo "   the process around them (launchers, PyPI's OpenBLAS loaded with one thread, the environment left alone)"
 "$WORK/w/bin/python" -P -m pytest -q -p no:cacheprovider tests/unit/test_faults.py tests/unit/test_launcher.py \

@@ -39,7 +39,13 @@ def test_eight_threads_on_four_groups_match_numpy(slots):
     message = ""
     if dist.get_rank() == 0:
         paths = summary["paths"]
-        want = {"ring", "MPI"} | ({"small shm"} if slots else {"persistent", "shm"})
+        # The shared-memory paths where MPI puts the ranks on one node (MPICH 5 on Debian unstable
+        # splits every rank into a node of its own: MPI's paths carry everything there).
+        one_node = dist._C.shm_info()["node_size"] == dist.get_world_size()
+        # The persistent cache on MPICH only (csrc/paths/persistent.c: Intel MPI's restarts are wrong).
+        cache = dist._C.mpi_info()["library_version"].startswith("MPICH Version:")
+        want = {"ring", "MPI"} | ({"small shm"} if slots and one_node else set()) | \
+            ({"persistent"} if not slots and cache else set()) | ({"shm"} if not slots and one_node else set())
         message = "" if want <= set(paths) else f"paths taken {paths}, want each of {sorted(want)}"
     parallel_assert(not message, message)
 
