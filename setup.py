@@ -44,9 +44,13 @@ class BuildExt(build_ext):
                    libraries=[lib for lib in found.mpi[0]["libraries"] if lib in SYSTEM_LIBRARIES])
         libmpi = None if "mpich" in found.pypi else libmpi_file(found.mpi[0])
         libs = merge(mpi, found.blas[0], found.zlib[0])
+        # The libraries' headers are system headers (-isystem): their own warnings are not this build's.
+        # (Debian unstable's OpenBLAS redefines a macro Python 3.12+'s pyconfig.h has defined.)
+        headers = libs.pop("include_dirs")
         for ext in self.extensions:
             for key, values in libs.items():
                 getattr(ext, key).extend(values)
+            ext.extra_compile_args[:0] = [arg for d in headers for arg in ("-isystem", d)]
         for name, (_, where) in (("MPI", found.mpi), ("BLAS", found.blas), ("zlib", found.zlib)):
             print(f"pydist: {name} from {where}", file=sys.stderr)
         config = ("# Written by setup.py when pydist._C was built: where its libraries came from.\n"

@@ -12,7 +12,9 @@
 #   lane 2 (in the background; its output is printed when lane 1 is done):
 #     unit2    the unit tests that compile (the build without warnings, the kernels at every level) or
 #              run the benchmarks
-#     pythons  the C API core tests on every other Python version pyproject.toml claims
+#     pythons  the C API core tests on every other Python version pyproject.toml claims (3.12, 3.13)
+#     py314    CPython 3.14 on Debian unstable with its MPICH 5, in a cached root (scripts/sid_root.sh):
+#              the build, the C API core, and the core multi-rank tests at 2 and 3 ranks
 #     pip      pip install with no system MPI (MPICH 5 and OpenBLAS from PyPI), the manylinux wheel, and
 #              the core multi-rank tests on PyPI's MPICH 5 (the other stages run on Debian's MPICH 4)
 #     asan     the core tests on an AddressSanitizer build of the extension (and its narrower levels)
@@ -30,7 +32,7 @@ source scripts/compiler.sh
 LOGS=$(mktemp -d)   # each stage's time, and what each lane printed
 start=$(date +%s)
 LANE1=(unit mpi docs libraries)
-LANE2=(unit2 pythons pip asan levels)
+LANE2=(unit2 pythons py314 pip asan levels)
 
 declare -A TITLE=(
   [unit]="unit tests (world size 1)"
@@ -38,6 +40,7 @@ declare -A TITLE=(
   [mpi]="multi-rank tests under mpiexec (1, 2, 3, 4 ranks)"
   [levels]="the kernels' tests at every instruction-set level below the CPU's widest"
   [pythons]="the C API core on the other Pythons pyproject.toml claims (scripts/test_pythons.sh)"
+  [py314]="CPython 3.14 and MPICH 5 on Debian unstable: the C API core, the multi-rank core (scripts/sid_root.sh)"
   [pip]="pip install with no system MPI, the wheel, MPICH 5 (scripts/test_pip_install.sh)"
   [asan]="AddressSanitizer build: core tests"
   [docs]="the documentation site: built with warnings as errors, every example run"
