@@ -3,7 +3,8 @@
 Where each comes from, and in which order they are looked for, is buildsys/pydist_backend.py's
 business: an explicit ``MPICC``, then the environment's MPI, then PyPI's ``mpich``. The build prints
 what it took, and writes it to pydist/_build_config.py (``python -m pydist --version`` shows it).
-``PYDIST_ASAN=1`` builds with AddressSanitizer (the test suite does this once).
+``PYDIST_ASAN=1`` builds with AddressSanitizer (the test suite does this once), ``PYDIST_TSAN=1`` with
+ThreadSanitizer (scripts/tsan.sh, a one-off run of the thread stress).
 """
 import glob
 import os
@@ -123,6 +124,11 @@ def extension():
         # against 30 s).
         compile_args += ["-fsanitize=address", "-fno-omit-frame-pointer", "-g", "-O1"]
         link_args += ["-fsanitize=address"]
+    if os.environ.get("PYDIST_TSAN") == "1":
+        # -O1 and -g for the same reasons; the interpreter, MPI and NumPy stay uninstrumented, so
+        # libtsan is preloaded at run time (scripts/tsan.sh).
+        compile_args += ["-fsanitize=thread", "-fno-omit-frame-pointer", "-g", "-O1"]
+        link_args += ["-fsanitize=thread"]
     return Extension(
         "pydist._C",
         sources=sorted(glob.glob("csrc/**/*.c", recursive=True)),
