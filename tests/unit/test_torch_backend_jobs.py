@@ -56,6 +56,8 @@ def test_a_rank_that_stops_answering_times_out_ddp_on_the_others(tmp_path):
         import datetime, time, torch, torch.distributed as dist, torch.nn as nn
         import pydist.torch
         dist.init_process_group(backend="pydist", timeout=datetime.timedelta(seconds=3))
+        dist.barrier()   # (both ranks past start-up before DDP's first collective: on a loaded machine
+                         # one rank's imports alone can outlast the 3 s)
         model = nn.parallel.DistributedDataParallel(nn.Linear(4, 2))
         for step in range(4):
             loss = model(torch.randn(3, 4)).sum()
