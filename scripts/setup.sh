@@ -87,5 +87,5 @@ if [ "${1:-}" = "--test" ]; then scripts/test_pythons.sh --venvs; fi
 # Intel MPI from PyPI), each under a prefix of its own (made once).
 if [ "${1:-}" = "--test" ]; then scripts/test_libraries.sh --install; fi
 # Python 3.14 with MPICH 5 in a Debian unstable root, for the py314 stage (made once, cached under
-# /var/cache/pydist; about 2 minutes and 1.4 GB).
+# /var/cache/pydist; a few minutes and 1.4 GB).
 if [ "${1:-}" = "--test" ]; then scripts/sid_root.sh up; fi
