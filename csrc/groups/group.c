@@ -251,7 +251,7 @@ int pd_op_current(const PdOp *op) {
            groups[op->group].generation == op->generation;
 }
 
-int pd_group_call_begin(long handle, const char *fn, PdGroupCall *call) {
+int pd_group_call_begin(long handle, const char *fn, PdOp *call) {
     GroupSlot *g = &groups[handle];
     unsigned long me = PyThread_get_thread_ident();
     if (g->calls > 0 && g->caller != me) {
@@ -267,14 +267,13 @@ int pd_group_call_begin(long handle, const char *fn, PdGroupCall *call) {
         g->caller = me;
         g->calling = fn;
     }
-    *call = (PdGroupCall){handle, g->generation};
+    *call = pd_op(fn, handle, PD_PEER_ALL);
     return 0;
 }
 
-void pd_group_call_end(const PdGroupCall *call) {
-    GroupSlot *g = &groups[call->group];
-    if (g->generation == call->generation && g->calls > 0) {   // (a group destroyed meanwhile starts afresh)
-        g->calls--;
+void pd_group_call_end(const PdOp *call) {
+    if (pd_op_current(call) && groups[call->group].calls > 0) {   // (a group destroyed meanwhile starts afresh)
+        groups[call->group].calls--;
     }
 }
 

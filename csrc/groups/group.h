@@ -40,13 +40,11 @@ unsigned pd_group_generation(long handle);
 // 11.6.2): two threads inside collective calls on one group at once have no order, and some rank would
 // pair the wrong calls. So the second thread's call raises DistError before it sends anything (0, or
 // -1 raised). The same thread may enter again (a signal handler's collective). With the GIL, the test
-// and the set are one step; without it they would need a compare-and-swap.
-typedef struct {
-    long group;
-    unsigned generation;
-} PdGroupCall;
-int pd_group_call_begin(long handle, const char *fn, PdGroupCall *call);
-void pd_group_call_end(const PdGroupCall *call);
+// and the set are one step; without it they would need a compare-and-swap. *call is the call as an
+// operation on the group (PdOp, below), so that its end can tell a group destroyed meanwhile.
+typedef struct PdOp PdOp;
+int pd_group_call_begin(long handle, const char *fn, PdOp *call);
+void pd_group_call_end(const PdOp *call);
 // Mark a group broken (its members no longer agree on what comes next): every later call refuses.
 void pd_group_break(long handle, const char *why);
 // The group's slot for shared_memory.c's channel (freed with the group by the shm path's release).
@@ -64,13 +62,13 @@ int pd_group_slot_unused(void);
 // complete. peer: PD_PEER_ALL for a collective, else the point-to-point peer's group rank or
 // MPI_ANY_SOURCE.
 #define PD_PEER_ALL (-1000)
-typedef struct {
+struct PdOp {
     const char *what;
     long group;
     unsigned generation;  // the group slot's generation when the operation started
     int peer;
     int survivable;       // group ranks below this may leave without ending the operation (0: none)
-} PdOp;
+};
 PdOp pd_op(const char *what, long group, int peer);
 // Whether op's group is still the one it started on (not destroyed, its slot not taken again).
 int pd_op_current(const PdOp *op);

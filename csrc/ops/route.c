@@ -254,7 +254,7 @@ static PyObject *route_on(PdRoute *r) {
 
 // One thread at a time inside a collective call on a group (pd_group_call_begin says why).
 PyObject *pd_route(PdRoute *r) {
-    PdGroupCall call;
+    PdOp call;
     if (pd_group_call_begin(r->group, r->fn, &call) < 0) {
         return NULL;
     }

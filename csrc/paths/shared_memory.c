@@ -425,18 +425,13 @@ static int channel_new(long group, const char *fn) {
     return rc < 0 ? -1 : 0;
 }
 
-typedef struct {
-    long group;
-    unsigned generation;
-} ChannelOf;
-
 // Whether another thread is inside the group's channel (and the group is still the one we looked at).
 static int channel_busy(const void *p) {
-    const ChannelOf *of = p;
-    if (pd_group_generation(of->group) != of->generation) {
+    const PdOp *op = p;
+    if (!pd_op_current(op)) {
         return 0;
     }
-    GroupChannel *g = *pd_group_shm(of->group);
+    GroupChannel *g = *pd_group_shm(op->group);
     return g != NULL && g->busy;
 }
 
@@ -463,12 +458,12 @@ static GroupChannel *channel_of(long group, const char *fn, int *fallback) {
         // Another thread waits inside the channel: for one of the group's Works (legal while this call
         // is issued; a second thread's collective call was refused in ops/route.c). This call queues
         // behind it, and looks again: the group may have gone meanwhile.
-        ChannelOf of = {group, pd_group_generation(group)};
-        if (pd_yield_while(channel_busy, &of, pd_session_timeout(), fn,
+        PdOp op = pd_op(fn, group, PD_PEER_ALL);
+        if (pd_yield_while(channel_busy, &op, pd_session_timeout(), fn,
                            "another thread of this rank was waiting in the group's shared-memory channel") < 0) {
             return NULL;
         }
-        if (pd_group_generation(group) != of.generation) {
+        if (!pd_op_current(&op)) {
             PyErr_Format(PyExc_ValueError, "%s(): `group` was destroyed while this call waited", fn);
             return NULL;
         }
