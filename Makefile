@@ -1,6 +1,6 @@
 # Every target installs what it needs first (scripts/setup.sh is idempotent), so on a fresh machine
 # `make train` or `make test` is the only command to type.
-.PHONY: setup setup-test train check test bench docs clean
+.PHONY: setup setup-test train check test bench docs wheel clean
 
 setup:
 	scripts/setup.sh
@@ -31,6 +31,11 @@ docs: setup-test
 # pydist beside raw MPI in C and mpi4py: five collectives, 4 B .. 64 MiB, at 2 and 4 ranks.
 bench: setup-test
 	.venv/bin/python benchmarks/collectives_sweep.py
+
+# Release wheels in dist/: one per supported CPython (3.11-3.14), manylinux_2_28 (glibc 2.28: RHEL/Rocky 8
+# and newer), MPICH 5 and OpenBLAS from PyPI as dependencies; each installed and run at 2 ranks.
+wheel: setup-test
+	scripts/build_wheels.sh
 
 clean:
 	rm -rf build pydist/*.so .venv docs/_build

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "engine/blas.h"
+#include "core/glibc_floor.h"
 #include "core/simd.h"
 
 int compress_parse(const char *text, CompressSpec *spec, char *err, size_t errlen) {

@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "core/files.h"
+#include "core/glibc_floor.h"
 #include "zlib_calls.h"
 
 static int write_all(int fd, const void *buf, size_t len) {
@@ -202,7 +203,7 @@ int checkpoint_load(const char *path, CheckpointHeader *h, float *params, float 
     }
     int rc = -1;
     struct stat st;
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+    if (pd_fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
         snprintf(err, errlen, "%s is not a regular file, so not a pydist checkpoint", path);
     } else if (read_all(fd, h, CHECKPOINT_V2_HEADER) < 0) {
         snprintf(err, errlen, "%s is too short to be a pydist checkpoint", path);

@@ -27,6 +27,7 @@
 #include "paths/shm_segment.h"
 
 #include "core/errors.h"
+#include "core/glibc_floor.h"
 #include "shm_segment.h"
 
 #include <dirent.h>
@@ -82,7 +83,7 @@ static void sweep_leftovers(void) {
         if (sscanf(e->d_name, "pydist-%d-%u%n", &pid, &n, &used) != 2 || e->d_name[used] != 0 || pid <= 0) {
             continue;
         }
-        if (fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != geteuid()) {
+        if (pd_fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != geteuid()) {
             continue;
         }
         if (kill(pid, 0) == 0 || errno != ESRCH) {
@@ -90,7 +91,7 @@ static void sweep_leftovers(void) {
         }
         char name[sizeof e->d_name + 1];
         snprintf(name, sizeof name, "/%s", e->d_name);
-        shm_unlink(name);
+        pd_shm_unlink(name);
     }
     closedir(dir);
 }
@@ -113,14 +114,14 @@ static int create(Msg *m, int named, int commit) {
     } else {
         m->kind = KIND_NAMED;
         snprintf(m->name, sizeof m->name, "/pydist-%d-%u", m->pid, names_made++);
-        fd = shm_open(m->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+        fd = pd_shm_open(m->name, O_CREAT | O_EXCL | O_RDWR, 0600);
         if (fd < 0) {
             m->name[0] = 0;   // not ours: nothing to unlink
         }
     }
     struct stat st;
     errno = 0;
-    if (fd < 0 || fstat(fd, &st) != 0 || ftruncate(fd, (off_t)m->bytes) != 0 ||
+    if (fd < 0 || pd_fstat(fd, &st) != 0 || ftruncate(fd, (off_t)m->bytes) != 0 ||
         (commit && (errno = posix_fallocate(fd, 0, (off_t)m->bytes)) != 0)) {
         m->err = errno ? errno : EIO;
         return fd;
@@ -134,7 +135,7 @@ static int create(Msg *m, int named, int commit) {
 // The other ranks: open what rank 0 made. -1 with *outcome set when it cannot be opened.
 static int open_made(const Msg *m, int *outcome) {
     if (m->kind == KIND_NAMED) {
-        int fd = shm_open(m->name, O_RDWR, 0600);
+        int fd = pd_shm_open(m->name, O_RDWR, 0600);
         *outcome = fd < 0 ? FAILED : MAPPED;
         return fd;
     }
@@ -142,7 +143,7 @@ static int open_made(const Msg *m, int *outcome) {
     struct stat st;
     snprintf(path, sizeof path, "/proc/%d/fd/%d", m->pid, m->fd);
     int fd = test_fallback("proc") ? -1 : open(path, O_RDWR | O_CLOEXEC);
-    if (fd >= 0 && (fstat(fd, &st) != 0 || (unsigned long long)st.st_dev != m->dev ||
+    if (fd >= 0 && (pd_fstat(fd, &st) != 0 || (unsigned long long)st.st_dev != m->dev ||
                     (unsigned long long)st.st_ino != m->ino)) {
         close(fd);   // not rank 0's file: /proc shows another pid namespace's process
         fd = -1;
@@ -245,7 +246,7 @@ static int attempt(MPI_Comm comm, int rank, int named, size_t *bytes, int commit
     }
 done:
     if (name[0]) {
-        shm_unlink(name);   // every rank has opened it (or failed to, or given up): nobody may find it any more
+        pd_shm_unlink(name);   // every rank has opened it (or failed to, or given up): nobody may find it any more
     }
     if (result != 1) {
         if (*base) munmap(*base, *bytes);
