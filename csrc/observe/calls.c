@@ -145,11 +145,21 @@ void pd_call_begin(PdCall *c, const char *name, long group, int collective, int 
     c->t0 = pd_tl_begin();
 }
 
+const char pd_call_refused[] = "refused";
+
 void pd_call_end(PdCall *c, PyObject *ret, long long bytes) {
     if (c->skip) {
         return;
     }
     pd_stall_note_return();
+    if (pd_call_path == pd_call_refused) {
+        // Nothing took a number since (the GIL is held from pd_call_begin to the refusal).
+        GroupCalls *g = entry(c->group);
+        if (g != NULL && c->board_seq != 0 && g->seq == c->board_seq) {
+            g->seq--;
+        }
+        return;
+    }
     if (c->t0 == 0 || ret == NULL) {
         return;   // a failed call is not a span: its error says what happened
     }

@@ -25,6 +25,9 @@ typedef struct PdCall {
                                // board compares across ranks (stall.c)
 } PdCall;
 extern PD_THREAD_LOCAL const char *pd_call_path;
+// pd_call_path for a collective refused before anything was sent (another thread is inside a collective
+// on its group): pd_call_end gives its number back, so that the next call's matches the other ranks'.
+extern const char pd_call_refused[];
 // collective: 1 for a collective (numbered), 0 for point-to-point (peer: the global peer rank).
 void pd_call_begin(PdCall *c, const char *name, long group, int collective, int peer);
 // `ret` is what the function returns (NULL: it failed; a Work in flight: pd_call_defer takes the call, and

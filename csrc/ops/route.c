@@ -256,6 +256,7 @@ static PyObject *route_on(PdRoute *r) {
 PyObject *pd_route(PdRoute *r) {
     PdOp call;
     if (pd_group_call_begin(r->group, r->fn, &call) < 0) {
+        pd_call_path = pd_call_refused;
         return NULL;
     }
     PyObject *ret = route_on(r);

@@ -7,6 +7,7 @@ collectives' slots and with the persistent cache). Two threads inside collective
 once have no order MPI could match across ranks: the second is refused with DistError before it sends
 anything, while point-to-point calls on that group and collectives on others go on.
 """
+import json
 import os
 import shutil
 import sys
@@ -60,9 +61,40 @@ def inside_call(thread):
 def test_two_threads_in_collectives_on_one_group_the_second_is_refused():
     """Rank 0: thread A waits in all_reduce on g (rank 1 is not there yet). Meanwhile on rank 0,
     all_reduce and barrier on g are refused, naming the call A is in; a collective on another group
-    and a send on g go through. Then rank 1 joins A's call, and g still works."""
+    and a send on g go through. Then rank 1 joins A's call, and g still works; and the refused calls
+    took no number: on the timeline, every group's collectives are numbered alike on every rank."""
     g, h = dist.new_group([0, 1]), dist.new_group([0, 1])
     rank = dist.get_rank()
+    box = [tempfile.mkdtemp(prefix="pydist-refused-") if rank == 0 else None]
+    dist.broadcast_object_list(box, 0)
+    trace = os.path.join(box[0], "trace.json")
+    try:
+        with dist.timeline(trace):
+            errors = refused_calls(g, h, rank)
+        if rank == 0:
+            errors += numbered_alike(trace)
+    finally:
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(box[0], ignore_errors=True)
+    parallel_assert(not errors, "; ".join(errors))
+    dist.destroy_process_group(g)
+    dist.destroy_process_group(h)
+
+
+def numbered_alike(trace):
+    """Each group's collectives carry the numbers 1, 2, ... on each rank of the merged trace."""
+    with open(trace) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "comm" and e["ph"] in "Xb"]
+    numbers = {}
+    for e in events:
+        if e["args"]["seq"] > 0:
+            numbers.setdefault((e["args"]["group"], e["pid"]), []).append(e["args"]["seq"])
+    return [f"group {gid} on rank {r}: collectives numbered {sorted(seqs)}"
+            for (gid, r), seqs in numbers.items() if sorted(seqs) != list(range(1, len(seqs) + 1))]
+
+
+def refused_calls(g, h, rank):
     errors = []
     if rank == 0:
         x = np.array([1.0, 2.0])
@@ -100,7 +132,5 @@ def test_two_threads_in_collectives_on_one_group_the_second_is_refused():
         dist.all_reduce(y, group=g)   # the refused calls left nothing behind on g
         if y[0] != 1.0:
             errors.append(f"g afterwards: {y}")
-    parallel_assert(not errors, "; ".join(errors))
-    dist.destroy_process_group(g)
-    dist.destroy_process_group(h)
+    return errors
 
