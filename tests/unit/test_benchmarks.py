@@ -28,6 +28,24 @@ def test_collectives_sweep_quick():
             times = [float(x) for x in row[3:6]]
             assert all(t > 0 for t in times), row
         assert f"{op}, 2 ranks: pydist - C at" in out and "time mpi4py/pydist" in out, out
+        # the best program at each size, among raw C, mpi4py and pydist's paths, and pydist over it
+        names = ("C", "pydist", "mpi4py", "ring", "shm", "noslot", "pyMPI")
+        for row in rows:
+            assert row[-2] in names and float(row[-1]) >= 1.0, row
+        assert re.search(rf"{op}, 2 ranks: .*pydist/best of all: max \d+\.\d+ at", out), out
+
+
+def test_mixed_sequence_prints_every_cell_and_the_worst():
+    proc = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-P", "benchmarks/mixed_sequence.py", "--sizes", "64",
+                           "--repeats", "1", "--seconds", "0.002"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if line.split() and line.split()[0] in OPS]
+    # each collective: alone, then after each of the five as pydist's call and as mpi4py's
+    assert [r[0] for r in rows] == list(OPS) and all(len(r) == 13 for r in rows), proc.stdout
+    assert all(float(x) > 0 for r in rows for x in r[1:2] + r[3:]), proc.stdout
+    assert re.search(r"worst cell: \d+\.\d+x, \w+ of 64 B after (pydist|mpi4py) \w+", proc.stdout), proc.stdout
+    assert "reference, mpi4py alone:" in proc.stdout, proc.stdout
 
 
 def test_mpi_libraries_prints_one_row_per_library():
