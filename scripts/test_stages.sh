@@ -66,9 +66,7 @@ stage_py314() {
   scripts/sid_root.sh up
   PY314_SRC=$(mktemp -d)
   trap 'rm -rf "$PY314_SRC"' EXIT
-  git ls-files -z -co --exclude-standard | while IFS= read -r -d '' f; do
-    if [ -e "$f" ] || [ -L "$f" ]; then printf '%s\0' "$f"; fi   # (a tracked file deleted here is not copied)
-  done | tar --null -cf - -T - | tar xf - -C "$PY314_SRC"
+  scripts/copy_checkout.sh "$PY314_SRC"
   echo "-- the root, and the checkout copied: $((SECONDS - start)) s"
   # (Fashion-MNIST from this machine, for the engine's tests that train on it)
   scripts/sid_root.sh run --bind "$PY314_SRC:/src" --ro-bind /usr/share/datasets:/usr/share/datasets -- \

@@ -10,8 +10,8 @@
  *
  * glibc 2.38+ with _GNU_SOURCE (Python.h defines it) or C23 (GCC 15's default) renames sscanf and
  * strtol to __isoc23_* (GLIBC_2.38), which differ only in taking a "0b" prefix; a file that calls them
- * includes this header, which binds them back to the old symbols every glibc has. Include it after
- * <stdio.h> and <stdlib.h>.
+ * includes this header, which binds them back to the old symbols every glibc has. (A file that calls
+ * them without it fails the wheel's check: scripts/build_wheels.sh.)
  */
 #ifndef PYDIST_CORE_GLIBC_FLOOR_H
 #define PYDIST_CORE_GLIBC_FLOOR_H
@@ -65,7 +65,6 @@ static inline int pd_shm_unlink(const char *name) {
     }
     return unlink(path);
 }
-
 
 #if defined(__GLIBC__) && defined(__x86_64__) && (__GLIBC_USE(C2X_STRTOL) || __GLIBC_USE(C23_STRTOL))
 __asm__(".symver __isoc23_sscanf, sscanf@GLIBC_2.2.5");
