@@ -46,8 +46,11 @@ for name in mpich5 impi; do
   echo "-- $name: the elastic launcher with that mpiexec (python -m pydist.run --mpiexec ...): each rank,"
   echo "   started by pydist.run's watcher rather than by hydra, takes the library its watcher took"
   work=$(mktemp -d)
-  printf '%s\n' "import pydist as dist, pydist._libraries as libraries" "dist.init_process_group()" \
-    "print('rank', dist.get_rank(), 'on', libraries.LIBMPI[0], flush=True)" "dist.destroy_process_group()" > "$work/which.py"
+  # one write of the whole line: print's pieces are separate writes when unbuffered (PYTHONUNBUFFERED),
+  # and the two ranks' lines then interleave ("rankrank 1 on ...")
+  printf '%s\n' "import sys, pydist as dist, pydist._libraries as libraries" "dist.init_process_group()" \
+    "sys.stdout.write(f'rank {dist.get_rank()} on {libraries.LIBMPI[0]}\\n'); sys.stdout.flush()" \
+    "dist.destroy_process_group()" > "$work/which.py"
   out=$(cd "$work" && env -u PYDIST_LIBMPI MPIEXEC_TIMEOUT=120 PYTHONPATH="$ROOT" "$ROOT/$PY" -m pydist.run -n 2 \
         --mpiexec "$prefix/bin/mpiexec" --run-dir "$work/run" -- which.py 2>&1)
   rm -rf "$work"
