@@ -2,7 +2,8 @@
 # A simulated cluster on one machine: N "hosts" that are Linux network namespaces, each with its own
 # address on a bridged link that tc can shape, and MPICH's launcher told to start ranks inside them.
 #
-#   scripts/cluster.sh up N [--rate RATE]      hosts pdh1..pdhN (10.77.0.1..N) on bridge pdbr0 (10.77.0.254)
+#   scripts/cluster.sh up N [--rate RATE]      hosts pdh1..pdhN (10.77.0.1..N) on bridge pdbr0 (10.77.0.254),
+#                                              which lives with mpiexec in a switch namespace, pdsw
 #   scripts/cluster.sh rate RATE|none          re-shape every link of the running cluster
 #   scripts/cluster.sh run -n R [--ppn K] [--timeout S] -- CMD ARGS...
 #                                              mpiexec.mpich across the hosts (round robin, or K per host)
@@ -18,11 +19,18 @@
 # at most, like a machine with a RATE network card on a switch.
 #
 # Layout: host i is namespace pdh<i>; its interface eth0 (10.77.0.i/24) is one end of a veth pair
-# whose other end, pdv<i>, is a port of the bridge pdbr0 in the root namespace. The state lives in
-# /run/pydist-cluster (hostfile, the launcher wrapper, the finalize guard, the rate); /etc/netns/pdh<i>/
-# holds the hosts and resolv.conf files that `ip netns exec` mounts over /etc's inside host i.
+# whose other end, pdv<i>, is a port of the bridge pdbr0 in the namespace pdsw, the switch. mpiexec
+# runs in the switch too (`ip netns exec pdsw`), where the bridge's address is its own. Nothing is
+# added to or taken from the root namespace's interfaces: an MPI job starting there while a cluster
+# comes up or goes down would otherwise see an interface vanish as UCX opens it, and fail in
+# MPI_Init ("init_worker No such device"; stop 54's CI, a test beside the cluster tests). The state
+# lives in /run/pydist-cluster (hostfile, the launcher wrapper, the finalize guard, the rate);
+# /etc/netns/pdh<i>/ holds the hosts and resolv.conf files that `ip netns exec` mounts over /etc's
+# inside host i.
 #
 # What `run` passes to mpiexec, and why (each was needed; see README "Several hosts"):
+#   ip netns exec pdsw
+#         mpiexec in the switch namespace: the hosts reach it at the bridge's address.
 #   -launcher ssh -launcher-exec $STATE/launch
 #         hydra calls the wrapper exactly as it would call ssh: `launch -x HOST "/usr/bin/hydra_pmi_proxy"
 #         --control-port vm:PORT ...` (MPICH 4.0.2). The wrapper runs the command, as the remote shell
@@ -52,12 +60,12 @@
 #
 # `mpiexec` prints the same as one line for another program to start jobs with (python -m pydist.run,
 # whose --mpiexec takes it and adds -hosts, -n, the program and its environment to each job it starts):
-#   env MPIEXEC_TIMEOUT=S UCX_ERROR_SIGNALS= UCX_NET_DEVICES=eth0 mpiexec.mpich -launcher ssh
-#       -launcher-exec $STATE/launch -iface pdbr0 -genv LD_PRELOAD $STATE/finalize_guard.so
+#   env MPIEXEC_TIMEOUT=S UCX_ERROR_SIGNALS= UCX_NET_DEVICES=eth0 ip netns exec pdsw mpiexec.mpich
+#       -launcher ssh -launcher-exec $STATE/launch -iface pdbr0 -genv LD_PRELOAD $STATE/finalize_guard.so
 # MPIEXEC_TIMEOUT then bounds each job that program starts (pydist.run: each attempt and each host probe).
 # Without `run`'s outer `timeout`: a program that gives up on a job kills mpiexec itself, not a wrapper.
 #
-# `link HOST down` sets the bridge's end of HOST's cable (pdv<i>) down; HOST's eth0 then has no carrier
+# `link HOST down` sets the bridge's end of HOST's cable (pdv<i>, in pdsw) down; HOST's eth0 then has no carrier
 # and every packet to or from it is lost, as when a machine drops off the network; its processes go on.
 # Seen with MPICH 4.0.2's hydra: mpiexec never learns that a host has dropped off. A job started on it
 # waits until MPIEXEC_TIMEOUT (the host's proxy cannot connect back, "No route to host", and exits
@@ -68,7 +76,8 @@ set -euo pipefail
 
 STATE=/run/pydist-cluster
 PREFIX=pdh          # namespace (host) names: pdh1, pdh2, ...
-VETH=pdv            # bridge-side veth ends: pdv1, pdv2, ...
+SWITCH=pdsw         # the namespace of the bridge, its ports and mpiexec
+VETH=pdv            # bridge-side veth ends: pdv1, pdv2, ... (in $SWITCH)
 BRIDGE=pdbr0
 NET=10.77.0
 BRIDGE_ADDR=$NET.254
@@ -127,37 +136,42 @@ cmd_up() {
   done
   [ "$rate" = none ] || rate_bits "$rate" >/dev/null
   need_root up; need_tools
-  if [ -e "$STATE" ] || ip link show "$BRIDGE" >/dev/null 2>&1 || ip netns list | grep -q "^$PREFIX[0-9]"; then
+  if [ -e "$STATE" ] || ip link show "$BRIDGE" >/dev/null 2>&1 || ip netns list | grep -qE "^($PREFIX[0-9]|$SWITCH\b)"; then
     die "a cluster is already up (or left over); run: $0 down"
   fi
-  # What the kernel must offer, tried once on a scratch namespace before anything is kept.
+  # What the kernel must offer, tried once inside a scratch namespace before anything is kept.
   local probe=pdprobe$$
   ip netns add "$probe" 2>/dev/null || die "cannot create a network namespace (ip netns add failed: no CONFIG_NET_NS, or no permission)"
-  if ! ip link add "${VETH}probe" type veth peer name eth0 netns "$probe" 2>/dev/null; then
+  if ! ip -n "$probe" link add "${VETH}probe" type veth peer name eth0 2>/dev/null; then
     ip netns del "$probe"; die "cannot create a veth pair (kernel without CONFIG_VETH?)"
   fi
-  if ! tc qdisc replace dev "${VETH}probe" root tbf rate 1gbit burst 65536 latency 50ms 2>/dev/null; then
+  if ! tc -n "$probe" qdisc replace dev "${VETH}probe" root tbf rate 1gbit burst 65536 latency 50ms 2>/dev/null; then
     ip netns del "$probe"; die "cannot add a tbf qdisc (kernel without CONFIG_NET_SCH_TBF?)"
   fi
-  ip netns del "$probe"   # takes the veth pair with it
-  ip link add "$BRIDGE" type bridge 2>/dev/null || die "cannot create a bridge (kernel without CONFIG_BRIDGE?)"
+  if ! ip -n "$probe" link add "$BRIDGE" type bridge 2>/dev/null; then
+    ip netns del "$probe"; die "cannot create a bridge (kernel without CONFIG_BRIDGE?)"
+  fi
+  ip netns del "$probe"   # takes its links with it
 
   trap 'echo "cluster.sh: up failed; removing what it made" >&2; cmd_down >/dev/null 2>&1' ERR
   mkdir -p "$STATE"
-  ip addr add "$BRIDGE_ADDR/24" dev "$BRIDGE"
-  ip link set "$BRIDGE" up
+  ip netns add "$SWITCH"
+  ip -n "$SWITCH" link set lo up
+  ip -n "$SWITCH" link add "$BRIDGE" type bridge
+  ip -n "$SWITCH" addr add "$BRIDGE_ADDR/24" dev "$BRIDGE"
+  ip -n "$SWITCH" link set "$BRIDGE" up
   local i here
   here=$(hostname)
   for ((i = 1; i <= n; i++)); do
     ip netns add "$PREFIX$i"
-    ip link add "$VETH$i" type veth peer name eth0 netns "$PREFIX$i"
-    ip link set "$VETH$i" master "$BRIDGE" up
+    ip -n "$SWITCH" link add "$VETH$i" type veth peer name eth0 netns "$PREFIX$i"
+    ip -n "$SWITCH" link set "$VETH$i" master "$BRIDGE" up
     ip -n "$PREFIX$i" addr add "$NET.$i/24" dev eth0
     ip -n "$PREFIX$i" link set lo up
     ip -n "$PREFIX$i" link set eth0 up
     ip -n "$PREFIX$i" route add default via "$BRIDGE_ADDR"
     shape eth0 "$PREFIX$i" "$rate"
-    shape "$VETH$i" "" "$rate"
+    shape "$VETH$i" "$SWITCH" "$rate"
   done
   # Names inside the hosts: every host, and this machine as the bridge's address.
   for ((i = 1; i <= n; i++)); do
@@ -205,7 +219,7 @@ cmd_rate() {
   n=$(hosts_up); [ "$n" -ge 1 ] || die "no cluster is up; run: $0 up N"
   for ((i = 1; i <= n; i++)); do
     shape eth0 "$PREFIX$i" "$rate"
-    shape "$VETH$i" "" "$rate"
+    shape "$VETH$i" "$SWITCH" "$rate"
   done
   echo "$rate" > "$STATE/rate"
   echo "cluster rate: $rate"
@@ -220,7 +234,7 @@ cmd_status() {
     local stats
     stats=$(ip -n "$PREFIX$i" -s link show eth0 2>/dev/null | awk 'f == 1 { rx = $1 } f == 2 { tx = $1 } { f = 0 } /RX:/ { f = 1 } /TX:/ { f = 2 } END { printf "rx %s B, tx %s B", rx, tx }')
     # a cable unplugged by `link HOST down` (the bridge's end of it is down)
-    ip link show "$VETH$i" 2>/dev/null | grep -q "state DOWN" && stats+=", link down"
+    ip -n "$SWITCH" link show "$VETH$i" 2>/dev/null | grep -q "state DOWN" && stats+=", link down"
     printf '  %s  %s.%d  %s\n' "$PREFIX$i" "$NET" "$i" "$stats"
   done
 }
@@ -231,7 +245,7 @@ mpiexec_line() {
   local tmo=$1
   MPIEXEC_ENV=("MPIEXEC_TIMEOUT=$tmo" "UCX_ERROR_SIGNALS=${UCX_ERROR_SIGNALS-}"
                "UCX_NET_DEVICES=${UCX_NET_DEVICES:-eth0}")
-  MPIEXEC=(mpiexec.mpich -launcher ssh -launcher-exec "$STATE/launch" -iface "$BRIDGE")
+  MPIEXEC=(ip netns exec "$SWITCH" mpiexec.mpich -launcher ssh -launcher-exec "$STATE/launch" -iface "$BRIDGE")
   if [ -f "$STATE/finalize_guard.so" ] && [ "${PYDIST_CLUSTER_FINALIZE_GUARD:-5}" != 0 ]; then
     MPIEXEC+=(-genv LD_PRELOAD "${LD_PRELOAD:+$LD_PRELOAD }$STATE/finalize_guard.so")
   fi
@@ -260,7 +274,7 @@ cmd_link() {
   n=$(hosts_up); [ "$n" -ge 1 ] || die "no cluster is up; run: $0 up N"
   [[ $host =~ ^$PREFIX([0-9]+)$ ]] && [ "${BASH_REMATCH[1]}" -ge 1 ] && [ "${BASH_REMATCH[1]}" -le "$n" ] ||
     die "link: '$host' is not a host of this cluster ($PREFIX""1..$PREFIX$n)"
-  ip link set "$VETH${BASH_REMATCH[1]}" "$state"
+  ip -n "$SWITCH" link set "$VETH${BASH_REMATCH[1]}" "$state"
   echo "cluster link: $host $state"
 }
 
@@ -298,13 +312,14 @@ cmd_down() {
   local ns i
   # Whatever still runs in our hosts (a job killed mid-way leaves its ranks and proxies there) holds
   # the namespace, and with it the veth, alive after `ip netns del`: end those processes first.
-  for ns in $(ip netns list 2>/dev/null | awk '{ print $1 }' | grep -E "^$PREFIX[0-9]+$" || true); do
+  for ns in $(ip netns list 2>/dev/null | awk '{ print $1 }' | grep -E "^($PREFIX[0-9]+|$SWITCH)$" || true); do
     local pids
     pids=$(ip netns pids "$ns" 2>/dev/null || true)
     [ -n "$pids" ] && kill -9 $pids 2>/dev/null || true
     ip netns del "$ns" 2>/dev/null || true
     rm -rf "/etc/netns/$ns"
   done
+  # the bridge and its ports in the root namespace, as an older cluster.sh made them
   for i in $(ip -o link show 2>/dev/null | awk -F': ' '{ print $2 }' | sed 's/@.*//' | grep -E "^$VETH[0-9]+$" || true); do
     ip link del "$i" 2>/dev/null || true
   done

@@ -95,7 +95,7 @@ def leftovers():
     """Our namespaces and links that still exist."""
     ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    return (re.findall(r"^pdh\d+", ns, re.M) + re.findall(r"^\d+: (pdv\d+|pdbr0)\b", links, re.M)
+    return (re.findall(r"^(?:pdh\d+|pdsw)\b", ns, re.M) + re.findall(r"^\d+: (pdv\d+|pdbr0)\b", links, re.M)
             + [p for p in ("/run/pydist-cluster",) if os.path.exists(p)]
             + [p for p in (f"/etc/netns/pdh{i}" for i in range(1, HOSTS + 1)) if os.path.exists(p)])
 
@@ -143,6 +143,17 @@ def probe(tmp_path, n, mib=0.0, ppn=None):
     rows = sorted((int(r), h, int(ns), int(nr), float(dt)) for r, h, ns, nr, dt in found)
     assert [row[0] for row in rows] == list(range(n)), proc.stdout
     return rows
+
+
+def test_the_root_namespace_keeps_its_interfaces(hosts):
+    """The bridge and its ports live in the switch namespace (pdsw): an MPI job starting on this machine
+    while a cluster comes up or goes down must not see an interface vanish as UCX opens it (MPI_Init
+    failed with "init_worker No such device" beside the cluster tests in stop 54's CI)."""
+    root = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, timeout=10).stdout
+    assert not re.findall(r"^\d+: (pd\w+)", root, re.M), root
+    switch = subprocess.run(["ip", "-n", "pdsw", "-o", "link"], capture_output=True, text=True, timeout=10).stdout
+    ports = set(re.findall(r"^\d+: (pdv\d+|pdbr0)\b", switch, re.M))
+    assert ports == {"pdbr0", *(f"pdv{i}" for i in range(1, hosts + 1))}, switch
 
 
 def test_up_twice_refuses_and_status_lists_the_hosts(hosts):
