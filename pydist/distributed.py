@@ -21,6 +21,7 @@ import numpy  # noqa: F401  (before _C, so that NumPy's own BLAS starts with the
 
 from . import _env
 from . import _libraries
+from . import _path_table
 
 
 def _load_C():
@@ -416,6 +417,7 @@ def init_process_group(backend="mpi", init_method=None, timeout=None, world_size
     if not _atexit_registered:   # before init: MPI may have started even if init then fails
         atexit.register(_C.finalize)
         _atexit_registered = True
+    _C.set_path_table(_path_table.rows_for_init())   # init gives every rank world rank 0's
     _tell_the_launcher_init_began(seconds)
     my_rank, size, _level = _C.init(seconds)
     announced, var, who = _launcher_size()

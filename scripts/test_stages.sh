@@ -151,7 +151,7 @@ stage_asan() {
   # rest of tests/mpi at 3 ranks doubled the stage for calls the 2-rank run already made.
   LD_PRELOAD=$ASAN_LIB PYTHONPATH=$PWD/build/asan $PY tests/run_mpi.py -n 3 --durations 3 -- \
     tests/mpi/test_shm.py tests/mpi/test_shm_small.py tests/mpi/test_ring.py tests/mpi/test_persistent.py \
-    tests/mpi/test_all_reduce.py tests/mpi/test_minmax.py tests/mpi/test_collectives.py
+    tests/mpi/test_all_reduce.py tests/mpi/test_minmax.py tests/mpi/test_collectives.py tests/mpi/test_path_table.py
   # Each narrower level's builds of the kernels, under ASan too.
   local level
   for level in $(lower_levels); do

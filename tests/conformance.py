@@ -28,8 +28,11 @@ sums on integer values, products on small ones, MIN/MAX with NaN if any input is
 is the same by definition (hashes compared across ranks by the driver, NaN payloads included).
 
 Paths (a path is a job's environment, read at init): auto, small_off (PYDIST_SHM_SMALL_BYTES=0),
-shm_off (PYDIST_SHM_BYTES=0), persistent_off (PYDIST_PERSISTENT_BYTES=0); every job runs with
-PYDIST_SHM_STAGE=4096, so that the shared-memory all-reduce reaches its multi-chunk path at small sizes.
+shm_off (PYDIST_SHM_BYTES=0), persistent_off (PYDIST_PERSISTENT_BYTES=0), and three path tables that
+force one path at every size (PYDIST_TUNE=force:...: forced_mpi, forced_ring with the 2-rank pair
+exchange, forced_shm); every job runs with PYDIST_SHM_STAGE=4096, so that the shared-memory all-reduce
+reaches its multi-chunk path at small sizes, and with no cached path table (PYDIST_TUNE=off) but the
+forced ones.
 
 Each rank appends one JSON line per program to its own file (rank<r>.jsonl): the driver, not pydist,
 compares the ranks, and a job that dies or hangs still says which program it was in; the driver then
@@ -72,12 +75,18 @@ THRESHOLDS = [STAGE_BYTES, PERSISTENT_BYTES, PAIR_BCAST_BYTES, SMALL_BYTES]
 PRIMES = [2, 3, 5, 7, 13, 31, 61, 127, 257, 1021, 4093]
 MAX_PROGRAM_BYTES = 24 << 20  # per rank: keeps 4 ranks x 4 paths within a small machine
 
-JOB_ENV = {"PYDIST_SHM_STAGE": str(STAGE_BYTES)}
+JOB_ENV = {"PYDIST_SHM_STAGE": str(STAGE_BYTES), "PYDIST_TUNE": "off"}
 PATHS = {
     "auto": {},
     "small_off": {"PYDIST_SHM_SMALL_BYTES": "0"},
     "shm_off": {"PYDIST_SHM_BYTES": "0"},
     "persistent_off": {"PYDIST_PERSISTENT_BYTES": "0"},
+    # path tables that force one path at every size (pydist/_path_table.py): the data of every call
+    # past the header round by MPI; all_reduce by the ring and the others by the 2-rank pair exchange;
+    # all_reduce by the shared-memory all-reduce, even where the slots would have carried it
+    "forced_mpi": {"PYDIST_TUNE": "force:mpi"},
+    "forced_ring": {"PYDIST_TUNE": "force:ring,pair"},
+    "forced_shm": {"PYDIST_TUNE": "force:shm"},
 }
 
 DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",

@@ -20,6 +20,7 @@
 #include "paths/private_comm.h"
 #include "paths/ring_path.h"
 #include "paths/shared_memory.h"
+#include "paths/tuned.h"
 #include "progress/progress.h"
 #include "progress/wait.h"
 #include "progress/work.h"
@@ -58,6 +59,9 @@ static PyMethodDef module_methods[] = {
     {"shm_info", pd_shm_info, METH_NOARGS, "shm_info() -> dict: the shared segment, or why there is none"},
     FAST("set_shm_small_bytes", pd_set_shm_small_bytes,
          "set_shm_small_bytes(n) -> old: small collectives in shared memory up to n bytes per rank (0: off)"),
+    {"set_path_table", pd_set_path_table, METH_O,
+     "set_path_table(rows | None): the path table, rows (ranks, op, path, upto); init shares world rank 0's"},
+    {"path_table", pd_path_table, METH_NOARGS, "path_table() -> [(ranks, op, path, upto)]: the table in use"},
     FAST("reduce", pd_reduce, "reduce(tensor, dst, op, group, async_op) -> None | Work"),
     FAST("all_gather_into_tensor", pd_all_gather_into_tensor,
          "all_gather_into_tensor(output, input, group, async_op) -> None | Work"),
@@ -78,6 +82,8 @@ static PyMethodDef module_methods[] = {
      "parent_rank() -> None, or in a process forked from a rank, the rank whose MPI it inherited"},
     {"parked", pd_parked_count, METH_NOARGS, "parked() -> number of requests parked until MPI completes them"},
     {"timeline_clock", pd_timeline_clock, METH_NOARGS, "timeline_clock() -> int: CLOCK_MONOTONIC, ns"},
+    {"last_call_path", pd_last_call_path, METH_NOARGS,
+     "last_call_path() -> str | None: the path that carried this thread's last call (the timeline's name)"},
     FAST("timeline_start", pd_timeline_start, "timeline_start(origin_ns, rank, max_events): record the timeline"),
     FAST("timeline_write", pd_timeline_write, "timeline_write(path, label, extra_json) -> (events, dropped)"),
     FAST("timeline_event", pd_timeline_event, "timeline_event(cat, name, t0_ns, t1_ns, args): a span from Python"),

@@ -174,6 +174,17 @@ void pd_call_end(PdCall *c, PyObject *ret, long long bytes) {
 // ---------------------------------------------------------------------------------------------------
 // _C.timeline_*: pydist/timeline.py's controls
 
+// _C.last_call_path() -> str | None: the path that carried this thread's last call, as the timeline names
+// it (python -m pydist.tune asks which path pydist's built-in choice took).
+PyObject *pd_last_call_path(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    if (pd_call_path == NULL || pd_call_path == pd_call_refused) {
+        Py_RETURN_NONE;
+    }
+    return PyUnicode_FromString(pd_call_path);
+}
+
 // _C.timeline_clock() -> int: this rank's CLOCK_MONOTONIC in nanoseconds.
 PyObject *pd_timeline_clock(PyObject *self, PyObject *unused) {
     (void)self;

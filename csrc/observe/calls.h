@@ -42,6 +42,7 @@ extern int (*pd_call_defer)(PyObject *ret, const PdCall *c, long long bytes, con
 uint64_t pd_call_group_id(long group);
 // The session, as each group is made on its members (collectively): give it its id.
 void pd_call_group_made(long group);
+PyObject *pd_last_call_path(PyObject *self, PyObject *unused);
 PyObject *pd_timeline_clock(PyObject *self, PyObject *unused);
 PyObject *pd_timeline_start(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_timeline_write(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

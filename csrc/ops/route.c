@@ -20,6 +20,7 @@
 #include "groups/group.h"
 #include "observe/calls.h"
 #include "paths/ring_path.h"
+#include "paths/tuned.h"
 #include "progress/op.h"
 #include "progress/wait.h"
 
@@ -173,18 +174,33 @@ static PyObject *ring_run(PdRoute *r, int *fallback) {
     return pd_ring_all_reduce(r->tensor, r->buf, r->op, r->mop, r->group, r->async_op);
 }
 
-// Asked for by name; or automatic, from PD_SHM_AUTO_BYTES up, for a size the small collectives do not take.
+// The path table's choice for an automatic all-reduce on a group whose headers go through the slots.
+static int tuned_all_reduce(const PdRoute *r) {
+    return r->algorithm == PD_ROUTE_AUTO && headers_in_slots(r->group)
+               ? pd_tuned_path(pd_group_size(r->group), PD_TUNE_ALL_REDUCE, (size_t)r->buf->nbytes)
+               : PD_TUNED_NONE;
+}
+
+// Asked for by name; or automatic, for a size the small collectives do not take: from PD_SHM_AUTO_BYTES up,
+// or where the path table names the ring or shm.
 static int shm_takes(const PdRoute *r) {
-    return r->tensor != NULL &&
-           (r->algorithm == PD_ROUTE_SHM || (r->algorithm == PD_ROUTE_AUTO && pd_shm_auto(r->group, r->buf->nbytes) &&
-                                             !pd_shm_small_wanted(r->group, (size_t)r->buf->nbytes)));
+    if (r->tensor == NULL) {
+        return 0;
+    }
+    if (r->algorithm == PD_ROUTE_SHM) {
+        return 1;
+    }
+    int tuned = tuned_all_reduce(r);
+    return r->algorithm == PD_ROUTE_AUTO && !pd_shm_small_takes(r->group, &r->small) &&
+           (pd_shm_auto(r->group, r->buf->nbytes) || tuned == PD_TUNED_RING || tuned == PD_TUNED_SHM);
 }
 
 // Decided after every rank's header has matched (shared_memory.c): not taken, alike everywhere, goes on.
 static PyObject *shm_run(PdRoute *r, int *fallback) {
     PyObject *ret = NULL;
     int forced = r->algorithm == PD_ROUTE_SHM || r->buf->nbytes >= PD_SHM_AUTO_COPY_BYTES;
-    *fallback = !pd_shm_all_reduce(r->tensor, r->buf, r->op, r->mop, r->group, r->async_op, forced, &ret);
+    *fallback = !pd_shm_all_reduce(r->tensor, r->buf, r->op, r->mop, r->group, r->async_op, forced,
+                                   r->algorithm == PD_ROUTE_AUTO, &ret);
     return ret;
 }
 

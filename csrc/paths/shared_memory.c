@@ -40,6 +40,7 @@
 #include "paths/private_comm.h"
 #include "paths/ring_path.h"
 #include "paths/shm_segment.h"
+#include "paths/tuned.h"
 #include "progress/op.h"
 #include "progress/wait.h"
 #include "progress/work.h"
@@ -606,6 +607,10 @@ int pd_shm_small_wanted(long group, size_t contribution) {
 int pd_shm_small_takes(long group, const SmallCall *c) {
     int size = pd_group_size(group);
     size_t bytes = shm_small_contribution(c, size);
+    int tuned = pd_tuned_path(size, pd_tuned_op_of_kind(c->kind), bytes);
+    if (tuned != PD_TUNED_NONE) {
+        return tuned == PD_TUNED_SLOTS && pd_shm_small_wanted(group, bytes);
+    }
     if ((c->kind & ~SMALL_HEADER_ONLY) == SMALL_BCAST && size == 2 && bytes > PAIR_BCAST_BYTES) {
         return 0;
     }
@@ -666,7 +671,25 @@ enum {
     LARGE_IN_SEGMENT = 2,   // the array is in this rank's region of the session segment (zero copy)
     LARGE_COPY_OK = 4,      // algorithm="shm", or past PD_SHM_AUTO_COPY_BYTES: copying through shm pays
     LARGE_EVEN = 8,         // an all-to-all whose blocks are equal and in order (pd_mpi_call_even)
+    // The path table's choice for this rank's call (tuned.h), one bit at most: taken where every rank
+    // chose it (in the AND), else the built-in choice
+    LARGE_TUNED_PAIR = 16,
+    LARGE_TUNED_MPI = 32,
+    LARGE_TUNED_RING = 64,
+    LARGE_TUNED_SHM = 128,
+    LARGE_TUNED = LARGE_TUNED_PAIR | LARGE_TUNED_MPI | LARGE_TUNED_RING | LARGE_TUNED_SHM,
 };
+
+// The flag for the table's path for a call of `kind` with `bytes` of input on a group of `size` (0: none).
+static uint32_t tuned_flag(int kind, int size, size_t bytes) {
+    switch (pd_tuned_path(size, pd_tuned_op_of_kind(kind), bytes)) {
+    case PD_TUNED_PAIR: return LARGE_TUNED_PAIR;
+    case PD_TUNED_MPI: return LARGE_TUNED_MPI;
+    case PD_TUNED_RING: return LARGE_TUNED_RING;
+    case PD_TUNED_SHM: return LARGE_TUNED_SHM;
+    default: return 0;
+    }
+}
 
 static int in_this_segment(const void *data, size_t nbytes) {
     if (session == NULL || nbytes == 0) {
@@ -698,12 +721,13 @@ static void set_avg(PdWorkObject *w, const Elsewhere *x, int size) {
 static void large_data(GroupChannel *g, Pending *e) {
     PdWorkObject *w = e->work;
     long group = g->group;
-    uint32_t and_ = g->small.flags_and, or_ = g->small.flags_or;
+    uint32_t and_ = g->small.flags_and, or_ = g->small.flags_or, tuned = and_ & LARGE_TUNED;
     int size = g->small.size, rc;
     int all_reduce = (e->call.kind & ~SMALL_HEADER_ONLY) == SMALL_ALLREDUCE;
     w->pending = NULL;
     w->state = NULL;
-    if (all_reduce && !(or_ & LARGE_ASYNC) && ((and_ & LARGE_IN_SEGMENT) || (or_ & LARGE_COPY_OK))) {
+    if (all_reduce && !(or_ & LARGE_ASYNC) &&
+        ((and_ & LARGE_IN_SEGMENT) || (tuned ? tuned == LARGE_TUNED_SHM : (or_ & LARGE_COPY_OK) != 0))) {
         pd_call_path = "shm";   // only ever a blocking call's, completed on its own thread
         if (run(g, group, e->what, e->elsewhere->mpi.recv, e->call.count, e->call.dtype, e->call.op, 1, 1) < 0) {
             pd_work_fail(w);
@@ -715,12 +739,15 @@ static void large_data(GroupChannel *g, Pending *e) {
     calls_declined += all_reduce;
     MPI_Comm *comm = pd_group_private_comm(group);
     const Elsewhere *x = e->elsewhere;
-    if (all_reduce && size == 2 && comm != NULL && !(or_ & LARGE_ASYNC)) {
-        // Two ranks, each in this call and blocking: our ring, which each rank's own wait moves along.
+    if (all_reduce && (tuned ? tuned == LARGE_TUNED_RING : size == 2) && comm != NULL && !(or_ & LARGE_ASYNC)) {
+        // Two ranks (or the path table's ring at any size), each in this call and blocking: our ring,
+        // which each rank's own wait moves along; the same result on every rank, as each block is reduced
+        // once and sent on.
         // MPICH reduces with our ops (canonical NaN, dtypes.c) by recursive doubling, each rank reducing
         // the whole buffer; the ring reduces half on each (its reduce-scatter and all-gather are what
         // MPICH's own ops get), and a pair reduces alike in either order. An async call keeps MPI's, which
         // any MPI call moves along, as a program may expect of a nonblocking collective.
+        pd_call_path = w->call.t0 == 0 ? "shm header + ring" : pd_call_path;
         if (pd_ring_start_on(w, x->mpi.recv, x->mpi.rcount, x->mpi.type, x->mpi.op, *comm,
                              pd_group_ring_tag(g->small.completed - 1)) < 0) {
             pd_work_fail(w);
@@ -742,7 +769,7 @@ static void large_data(GroupChannel *g, Pending *e) {
     // Two ranks: a broadcast, all-gather or all-to-all as one point-to-point exchange (request.c), by
     // every rank alike (its kind matched). Tagged by the round, as a ring: the private communicator's
     // point-to-point never meets another call's.
-    rc = size == 2 && comm != NULL ? pd_mpi_call_start_pair(&mpi, pd_group_rank(group), *comm,
+    rc = size == 2 && comm != NULL && tuned != LARGE_TUNED_MPI ? pd_mpi_call_start_pair(&mpi, pd_group_rank(group), *comm,
                                                             pd_group_ring_tag(g->small.completed - 1), &w->req,
                                                             &mpi.name)
                                    : -1;
@@ -978,7 +1005,7 @@ static PyObject *header_run(const char *fn, long group, int async_op, SmallCall 
 }
 
 int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, MPI_Op mop, long group, int async_op, int forced,
-                      PyObject **ret) {
+                      int tuned, PyObject **ret) {
     int fallback;
     *ret = NULL;
     GroupChannel *g = channel_of(group, "all_reduce", &fallback);
@@ -1009,7 +1036,8 @@ int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, MPI_Op mop, long gr
     // The header goes through the small collectives' slots, in order with them: a rank on the other
     // side of a threshold sees the mismatch, and the data's path is chosen from every rank's flags.
     uint32_t flags = (async_op ? LARGE_ASYNC : 0) | (in_this_segment(buf->data, (size_t)buf->nbytes) ? LARGE_IN_SEGMENT : 0) |
-                     (forced || buf->nbytes >= PD_SHM_AUTO_COPY_BYTES ? LARGE_COPY_OK : 0);
+                     (forced || buf->nbytes >= PD_SHM_AUTO_COPY_BYTES ? LARGE_COPY_OK : 0) |
+                     (tuned ? tuned_flag(SMALL_ALLREDUCE, pd_group_size(group), (size_t)buf->nbytes) : 0);
     SmallCall call = {SMALL_ALLREDUCE | SMALL_HEADER_ONLY, dtype_code(buf), (int)op, -1, (int64_t)buf->count,
                       (size_t)PyArray_ITEMSIZE(buf->arr), NULL, NULL, flags, NULL, NULL};
     PdMpiCall mpi = {PD_MPI_ALLREDUCE, "MPI_Iallreduce_c", MPI_IN_PLACE, 0, NULL, NULL, buf->data, buf->count,
@@ -1020,7 +1048,8 @@ int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, MPI_Op mop, long gr
     }
     PyList_SET_ITEM(list, 0, Py_NewRef(tensor));
     // large_data makes it "shm" when the data takes shared memory
-    pd_call_path = pd_group_size(group) == 2 && !async_op ? "shm header + ring" : "shm header + MPI";
+    uint32_t tuned_ring = flags & LARGE_TUNED ? flags & LARGE_TUNED_RING : pd_group_size(group) == 2;
+    pd_call_path = tuned_ring && !async_op ? "shm header + ring" : "shm header + MPI";
     *ret = header_run("all_reduce", group, async_op, &call, &mpi, (PyObject *)buf->arr, list,
                       op == PD_OP_AVG ? buf : NULL, &fallback);
     Py_DECREF(list);
@@ -1031,8 +1060,12 @@ PyObject *pd_shm_header_run(const char *fn, long group, int async_op, const Smal
                             PyObject *keep, PyObject *list, const PdBuf *avg, int *fallback) {
     SmallCall call = *header;
     PdMpiCall even;
+    int size = pd_group_size(group);
     call.flags = LARGE_ASYNC;   // MPI's path for the data, whatever it is
-    call.flags |= pd_mpi_call_even(mpi, pd_group_size(group), &even) ? LARGE_EVEN : 0;
+    call.flags |= pd_mpi_call_even(mpi, size, &even) ? LARGE_EVEN : 0;
+    if (call.count != SMALL_UNEVEN) {
+        call.flags |= tuned_flag(call.kind, size, shm_small_contribution(&call, size));
+    }
     if ((call.src == NULL && call.dst == NULL) ||
         !pd_shm_small_takes(group, &call)) {
         call.kind |= SMALL_HEADER_ONLY;
@@ -1040,9 +1073,9 @@ PyObject *pd_shm_header_run(const char *fn, long group, int async_op, const Smal
         call.dst = NULL;
     }
     // large_data may say otherwise, for a call still on this thread when its headers match
-    pd_call_path = !(call.kind & SMALL_HEADER_ONLY)                        ? "small shm"
-                   : pd_group_size(group) == 2 && pd_mpi_call_pairs(mpi) ? "shm header + pair"
-                                                                          : "shm header + MPI";
+    pd_call_path = !(call.kind & SMALL_HEADER_ONLY) ? "small shm"
+                   : size == 2 && pd_mpi_call_pairs(mpi) && !(call.flags & LARGE_TUNED_MPI) ? "shm header + pair"
+                                                                                            : "shm header + MPI";
     return header_run(fn, group, async_op, &call, mpi, keep, list, avg, fallback);
 }
 

@@ -24,10 +24,11 @@ int pd_shm_auto(long group, Py_ssize_t nbytes);
 // NULL with an exception), or 0 when the caller must use MPI's all-reduce: the group cannot use shared
 // memory (spans nodes, or its segment could not be made), or, when not forced (the automatic choice),
 // not every rank's array is in the segment (then MPICH's all-reduce is faster than copying through
-// ours; measured in README; at 2 ranks, all blocking, our ring instead). Every rank decides alike (from
-// the headers all ranks published).
+// ours; measured in README; at 2 ranks, all blocking, our ring instead). With `tuned` (an automatic call)
+// the path table's choice (tuned.h) decides where every rank's call makes the same one. Every rank
+// decides alike (from the headers all ranks published).
 int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, MPI_Op mop, long group, int async_op, int forced,
-                      PyObject **ret);
+                      int tuned, PyObject **ret);
 // At init (collective over the world) and at destroy/finalize (local).
 int pd_shm_session_start(MPI_Comm world, double timeout);
 void pd_shm_session_stop(void);

@@ -25,6 +25,7 @@
 #include "paths/persistent.h"
 #include "paths/private_comm.h"
 #include "paths/shared_memory.h"
+#include "paths/tuned.h"
 #include "progress/op.h"
 #include "progress/progress.h"
 #include "progress/wait.h"
@@ -349,6 +350,14 @@ PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     pd_stall_read_env();   // before the segment: its board is written only when the inspector is on
     if (pd_shm_session_start(pd_group_world_comm(), timeout) < 0) {
         release_slot(0);
+        return NULL;
+    }
+    // Every rank takes world rank 0's path table (tuned.h), under init's deadline.
+    if (pd_tuned_share(pd_group_world_comm(), timeout) < 0) {
+        snprintf(init_failure, sizeof init_failure, "an earlier init_process_group did not complete "
+                 "(another rank never called it, or it was interrupted)");
+        release_slot(0);
+        pd_shm_session_stop();
         return NULL;
     }
     pd_wait_set_cores(pd_shm_node_ranks());

@@ -19,6 +19,7 @@ import signal
 import pytest
 
 os.environ.setdefault("UCX_ERROR_SIGNALS", "")
+os.environ.setdefault("PYDIST_TUNE", "off")   # jobs take the built-in paths, whatever this machine has measured
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
