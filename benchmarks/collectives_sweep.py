@@ -23,7 +23,9 @@ What is timed, float32, SIZE being the whole buffer as nccl-tests counts it (R r
 Each table ends with the best program at each size and pydist's time over the best one's (py/best):
 the best of raw C, mpi4py and every pydist path measured, which the default programs include:
 no-slots and plain-mpi are pydist with PYDIST_SHM_SMALL_BYTES=0 (and PYDIST_PERSISTENT_BYTES=0),
-every collective; ring and shm are all_reduce's algorithm= choices.
+every collective; ring and shm are all_reduce's algorithm= choices. pydist takes this machine's path
+table when `python -m pydist.tune` has measured one; `--programs ... untuned` adds pydist without it
+(PYDIST_TUNE=off), the before and after in one run.
 
 The all_reduce table has a fourth column, ring: pydist's own ring (all_reduce(algorithm="ring")), and
 its summary says from which size up the ring is at least as fast as MPI's all-reduce (pydist's MPI
@@ -60,14 +62,15 @@ BINARY = os.path.join(HERE, ".build", os.path.dirname(MPICC or "/none").strip(os
                       "collectives_raw")
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
-PROGRAMS = ("c", "pydist", "mpi4py", "ring", "shm", "shm-alloc", "no-slots", "plain-mpi")
+PROGRAMS = ("c", "pydist", "untuned", "mpi4py", "ring", "shm", "shm-alloc", "no-slots", "plain-mpi")
 DEFAULT_PROGRAMS = ("c", "pydist", "mpi4py", "ring", "shm", "no-slots", "plain-mpi")
 # pydist's other paths, as pydist's automatic choice with a setting that takes one path away (read at
 # init): no-slots, no shared-memory slots for the small collectives (so no header round either: MPI's
 # nonblocking call, or a small one's persistent request); plain-mpi, MPI's nonblocking call for all.
-PATH_SETTINGS = {"no-slots": {"PYDIST_SHM_SMALL_BYTES": "0"},
+PATH_SETTINGS = {"untuned": {"PYDIST_TUNE": "off"},
+                 "no-slots": {"PYDIST_SHM_SMALL_BYTES": "0"},
                  "plain-mpi": {"PYDIST_SHM_SMALL_BYTES": "0", "PYDIST_PERSISTENT_BYTES": "0"}}
-PYDIST_PROGRAMS = ("pydist", "ring", "shm", "shm-alloc", "no-slots", "plain-mpi")
+PYDIST_PROGRAMS = ("pydist", "untuned", "ring", "shm", "shm-alloc", "no-slots", "plain-mpi")
 BEST_GOAL = 1.05       # issue 46: pydist's time <= 1.05x the best of every program at each size
 RING_OPS = ("all_reduce",)                      # what the ring and shm programs run
 ALL_REDUCE_ONLY = ("ring", "shm", "shm-alloc")
@@ -228,7 +231,7 @@ def human(nbytes):
 
 def print_table(op, ranks, items, med, programs):
     factor = bus_factor(op, ranks)
-    names = {"c": "C", "pydist": "pydist", "mpi4py": "mpi4py", "ring": "ring", "shm": "shm", "shm-alloc": "alloc",
+    names = {"c": "C", "pydist": "pydist", "untuned": "untuned", "mpi4py": "mpi4py", "ring": "ring", "shm": "shm", "shm-alloc": "alloc",
              "no-slots": "noslot", "plain-mpi": "pyMPI"}
     cols = [p for p in PROGRAMS if p in programs and (p not in ALL_REDUCE_ONLY or op in RING_OPS)]
     head = f"{'size':>8} | " + " ".join(f"{names[p] + ' us':>10}" for p in cols) + " | " + \

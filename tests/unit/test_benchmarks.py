@@ -315,3 +315,21 @@ def test_torch_stack_prints_its_table():
     rows = re.findall(r"^ +2 +(fsdp2|ddp|tp) \| +([\d.]+) +([\d.]+) \| +([\d.]+)x$", proc.stdout, re.M)
     assert [r[0] for r in rows] == ["fsdp2", "ddp", "tp"], proc.stdout
     assert all(float(x) > 0 for r in rows for x in r[1:]), rows
+
+
+def test_path_table_quick(tmp_path):
+    """benchmarks/path_table.py under mpiexec: every collective by the built-in choice, the table's and
+    mpi4py's in one job, a row per size with both ratios, and the worst line; refused without a table."""
+    env = dict(os.environ, UCX_ERROR_SIGNALS="", MPIEXEC_TIMEOUT="120", PYDIST_TUNE="force:ring,pair")
+    cmd = [MPIEXEC, "-n", "2", sys.executable, "benchmarks/path_table.py", "--quick"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = re.findall(r"^\s+(8 B|64 KiB|1 MiB)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$",
+                      proc.stdout, re.M)
+    assert len(rows) == 15, proc.stdout
+    for _, built, table, mpi4py, vs_built, vs_mpi4py in rows:
+        assert abs(float(vs_built) - float(table) / float(built)) < 0.01 + 0.01 * float(vs_built), rows
+        assert abs(float(vs_mpi4py) - float(table) / float(mpi4py)) < 0.01 + 0.01 * float(vs_mpi4py), rows
+    assert re.search(r"^worst table/built-in: [\d.]+ at \w+ \d+ (B|KiB|MiB); worst table/mpi4py: ", proc.stdout, re.M)
+    proc = subprocess.run(cmd, cwd=ROOT, env=dict(env, PYDIST_TUNE="off"), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 2 and "run `python -m pydist.tune` first" in proc.stderr, proc.stderr

@@ -1,0 +1,294 @@
+"""python -m pydist.tune: measure which path is fastest for each collective at each size on this machine,
+and cache the table that init_process_group then uses (pydist/_path_table.py, csrc/paths/tuned.c).
+
+    python -m pydist.tune                  # measure at 2 .. this machine's cores ranks, write the cache
+    python -m pydist.tune --ranks 2 4      # those group sizes only
+    python -m pydist.tune --show           # the cached table (or --table FILE), with its measurements
+    python -m pydist.tune --clear          # remove this machine's cached table
+
+Run it directly, not under mpiexec: it starts one `mpiexec -n R` job per group size R. Each job tries, for
+all_reduce, broadcast, all_gather, all_to_all and reduce_scatter at every power of two from 8 B to
+64 MiB of input per rank, every path the collective has on a group of R ranks within one node: the
+shared-memory slots (up to their size), the 2-rank pair exchange, MPI's nonblocking collective, and for
+all_reduce pydist's ring and its shared-memory all-reduce; and pydist's built-in choice, which a path
+replaces only where it was at least 5% faster (safe defaults stay where the difference is noise). Every path but the slots runs after the
+header round, which stays whatever the table says, so a rank whose call differs still gets ValueError
+with every other. The paths take turns within each repeat (--repeats, median), each timing a batch of
+calls (2 to 64, back to back) after a barrier as the slowest rank saw it. A size whose winner differs
+from both its neighbours' takes theirs: a path's time changes smoothly with the size, and one cell
+alone is most often the VM's noise (a 32 MiB all-reduce has measured 6 and 12 ms minutes apart), so a
+row spans two sizes at least. About 5-10 s at 2 ranks.
+
+The table is cached per host, CPU, MPI library and pydist version ($XDG_CACHE_HOME/pydist, or
+PYDIST_TUNE_DIR): another library, a new CPU or a new pydist is another file, measured afresh. World rank
+0's table is every rank's; PYDIST_TUNE=off runs without one, PYDIST_TUNE=FILE with that one.
+"""
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from . import _path_table
+
+SIZES = [1 << k for k in range(3, 27)]   # 8 B .. 64 MiB
+# the timeline's name of each path a row may name (_C.last_call_path)
+NAMED = {"small shm": "slots", "shm header + pair": "pair", "shm header + MPI": "mpi", "shm header + ring": "ring",
+         "shm": "shm"}
+GAIN = 1.05     # a path replaces the built-in choice only where it was at least this much faster
+
+
+def fmt_bytes(n):
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
+
+
+# ---------------------------------------------------------------------------------------------------
+# One group size, under mpiexec
+
+def calls_for(op, nbytes, ranks):
+    """The call of `op` with `nbytes` of input per rank, on float32 arrays, and its reference check."""
+    import numpy as np
+    import pydist as dist
+    rank = dist.get_rank()
+    n = max(1, nbytes // 4)
+    if op in ("all_to_all", "reduce_scatter"):
+        n = max(ranks, n // ranks * ranks)
+    x = np.full(n, rank + 1, np.float32)
+    if op == "all_reduce":
+        return lambda: dist.all_reduce(x)
+    if op == "broadcast":
+        return lambda: dist.broadcast(x, 0)
+    if op == "all_gather":
+        out = np.empty(n * ranks, np.float32)
+        return lambda: dist.all_gather_into_tensor(out, x)
+    if op == "all_to_all":
+        out = np.empty(n, np.float32)
+        return lambda: dist.all_to_all_single(out, x)
+    out = np.empty(n // ranks, np.float32)
+    return lambda: dist.reduce_scatter_tensor(out, x)
+
+
+def measure(part, sizes, repeats):
+    import numpy as np
+    import pydist as dist
+    dist.init_process_group()
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    info = dist._C.shm_info()
+    one_node = ranks > 1 and bool(info["segment"]) and info["node_size"] == ranks and info["small_bytes"] > 0
+    slots = info["small_bytes"] if one_node else 0
+    cells = []   # (op, nbytes, path, batch)
+    if one_node:
+        dist._C.set_path_table(None)
+        for op in _path_table.OPS:
+            for nbytes in sizes:
+                batch = max(2, min(64, (2 << 20) // nbytes))   # back to back, as the sweep times them
+                calls_for(op, nbytes, ranks)()
+                # the path the built-in choice takes is measured once, as the built-in choice
+                same = NAMED.get(dist._C.last_call_path())
+                for path in [_path_table.BUILT_IN, *_path_table.paths_of(op, ranks)]:
+                    if path != same and (path != "slots" or nbytes <= slots):
+                        cells.append((op, nbytes, path, batch))
+    began = time.perf_counter()
+    times = np.zeros((len(cells), repeats))
+    for i, (op, nbytes, _, _) in enumerate(cells):
+        if i == 0 or cells[i - 1][:2] != (op, nbytes):
+            group = [j for j in range(i, len(cells)) if cells[j][:2] == (op, nbytes)]
+            call = calls_for(op, nbytes, ranks)
+            for rep in range(-1, repeats):   # -1: warm-up, not kept
+                for j in group:
+                    path, batch = cells[j][2], cells[j][3]
+                    dist._C.set_path_table(None if path == _path_table.BUILT_IN else [
+                        (ranks, _path_table.OPS.index(op), _path_table.PATHS.index(path) + 1, 1 << 62)])
+                    dist.barrier()
+                    t = time.perf_counter()
+                    for _ in range(batch):
+                        call()
+                    if rep >= 0:
+                        times[j, rep] = (time.perf_counter() - t) / batch
+                dist._C.set_path_table(None)
+    if len(cells):
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)   # each cell as its slowest rank saw it
+    seconds = time.perf_counter() - began
+    if rank == 0:
+        medians = {}
+        for (op, nbytes, path, _), row in zip(cells, times):
+            medians.setdefault(op, {}).setdefault(str(nbytes), {})[path] = round(float(np.median(row)) * 1e6, 2)
+        with open(part, "w") as f:
+            json.dump({"ranks": ranks, "one_node": one_node, "slots": slots, "seconds": round(seconds, 1),
+                       "times": medians}, f)
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------------
+# From the medians to rows
+
+def winner(cell):
+    """The fastest path of a cell {path: us}; the built-in choice unless one beats it by GAIN."""
+    best = min(cell, key=cell.get)
+    built = cell.get(_path_table.BUILT_IN)
+    return best if built is None or cell[best] * GAIN <= built else _path_table.BUILT_IN
+
+
+def winners(times):
+    """{op: [(nbytes, path)]} in increasing size, the winner at each size, islands smoothed."""
+    out = {}
+    for op, by_size in times.items():
+        sizes = sorted(by_size, key=int)
+        best = [winner(by_size[s]) for s in sizes]
+        for i in range(1, len(sizes) - 1):
+            around = best[i - 1]
+            if best[i] != around and best[i + 1] == around and around in by_size[sizes[i]]:
+                best[i] = around
+        out[op] = [(int(s), p) for s, p in zip(sizes, best)]
+    return out
+
+
+def rows_of(win):
+    """[[upto, path]]: each run of one path as a row up to its last size."""
+    rows = []
+    for nbytes, path in win:
+        if rows and rows[-1][1] == path:
+            rows[-1][0] = nbytes
+        else:
+            rows.append([nbytes, path])
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------
+# The driver
+
+def cores():
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 2
+
+
+def tune(args):
+    from . import _libraries
+    ident = _path_table.identity()
+    out_path = args.table or _path_table.cache_path(ident)
+    ranks_list = args.ranks or list(range(2, max(2, cores()) + 1))
+    sizes = [s for s in SIZES if s <= args.max_bytes]
+    mpiexec = _libraries.mpiexec()
+    tables, times, seconds = {}, {}, {}
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="pydist-tune-") as tmp:
+        for ranks in ranks_list:
+            part = os.path.join(tmp, f"{ranks}.json")
+            env = dict(os.environ, PYDIST_TUNE="off", UCX_ERROR_SIGNALS="")
+            cmd = [mpiexec, "-n", str(ranks), sys.executable, "-m", "pydist.tune", "--measure", part,
+                   "--repeats", str(args.repeats), "--max-bytes", str(args.max_bytes)]
+            print(f"tune: {ranks} ranks ...", flush=True)
+            try:
+                proc = subprocess.run(cmd, env=env, timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                sys.exit(f"tune: the {ranks}-rank job did not finish in {args.timeout} s; nothing written")
+            if proc.returncode != 0 or not os.path.exists(part):
+                sys.exit(f"tune: the {ranks}-rank job failed (exit {proc.returncode}); nothing written")
+            with open(part) as f:
+                got = json.load(f)
+            if not got["one_node"]:
+                print(f"tune: {ranks} ranks: no shared-memory slots on this machine's group (MPI's paths "
+                      "only); nothing to choose", flush=True)
+                continue
+            key = str(ranks)
+            times[key] = got["times"]
+            tables[key] = {op: rows_of(win) for op, win in winners(got["times"]).items()}
+            seconds[key] = got["seconds"]
+    table = {"format": _path_table.FORMAT, **ident,
+             "measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+             "seconds": round(time.monotonic() - began, 1), "job_seconds": seconds,
+             "repeats": args.repeats, "tables": tables, "times": times}
+    _path_table.check(table)
+    write(out_path, table)
+    print(f"tune: wrote {out_path}")
+    show(table, out_path)
+
+
+def write(path, table):
+    from ._files import replacing
+    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+    with replacing(path) as f:
+        json.dump(table, f, indent=1)
+        f.write("\n")
+
+
+def show(table, path):
+    print(f"path table {path}")
+    print(f"  measured {table.get('measured', '?')} in {table.get('seconds', '?')} s on {table.get('host', '?')}")
+    print(f"  cpu      {table.get('cpu', '?')}")
+    print(f"  mpi      {table.get('library', '?')} ({table.get('libmpi', '?')})")
+    print(f"  pydist   {table.get('pydist', '?')}")
+    for ranks in sorted(table["tables"], key=int):
+        print(f"{ranks} ranks (input bytes per rank: path)")
+        for op in _path_table.OPS:
+            rows = table["tables"][ranks].get(op)
+            if not rows:
+                continue
+            spans = [f"<= {fmt_bytes(upto)} {path}" for upto, path in rows[:-1]]
+            spans.append(f"{'larger' if spans else 'all'} {rows[-1][1]}")
+            print(f"  {op:15s} " + " | ".join(spans))
+    if table.get("times"):
+        print("medians, us (the path taken marked *):")
+        for ranks in sorted(table["times"], key=int):
+            for op in _path_table.OPS:
+                by_size = table["times"][ranks].get(op, {})
+                if not by_size:
+                    continue
+                paths = [_path_table.BUILT_IN, *_path_table.paths_of(op, int(ranks))]
+                print(f"  {ranks} ranks {op}: " + "  ".join(f"{p:>9s}" for p in paths))
+                for s in sorted(by_size, key=int):
+                    cell = by_size[s]
+                    best = winner(cell)
+                    print(f"  {fmt_bytes(int(s)):>18s}  " + "  ".join(
+                        f"{cell[p]:8.1f}{'*' if p == best else ' '}" if p in cell else f"{'-':>9s}" for p in paths))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m pydist.tune", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", type=int, nargs="+", help="group sizes to measure (default 2 .. this machine's cores)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed rounds per path and size (median; default 5)")
+    ap.add_argument("--max-bytes", type=int, default=SIZES[-1], help="largest input per rank (default 64 MiB)")
+    ap.add_argument("--table", help="the table file to write or show (default: this machine's cache)")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds each job may take (default 600)")
+    ap.add_argument("--show", action="store_true", help="print the table and its measurements")
+    ap.add_argument("--clear", action="store_true", help="remove this machine's cached table")
+    ap.add_argument("--measure", metavar="PART", help=argparse.SUPPRESS)   # one job's half, under mpiexec
+    args = ap.parse_args(argv)
+    if args.repeats < 1 or args.max_bytes < 8 or (args.ranks and min(args.ranks) < 2):
+        ap.error("--repeats >= 1, --max-bytes >= 8 and --ranks >= 2")
+    if args.measure:
+        return measure(args.measure, [s for s in SIZES if s <= args.max_bytes], args.repeats)
+    if args.show or args.clear:
+        path = args.table or _path_table.cache_path()
+        if args.clear:
+            try:
+                os.remove(path)
+                print(f"removed {path}")
+            except FileNotFoundError:
+                print(f"no table at {path}")
+            return 0
+        try:
+            table = _path_table.read(path)
+        except FileNotFoundError:
+            print(f"no path table for this host and MPI library ({path}): pydist uses its built-in choices; "
+                  "`python -m pydist.tune` measures one")
+            return 1
+        except (OSError, ValueError) as e:
+            sys.exit(f"tune: {e}")
+        show(table, path)
+        return 0
+    tune(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

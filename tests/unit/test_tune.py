@@ -1,0 +1,162 @@
+"""python -m pydist.tune and the path table's file (issue 46; pydist/tune.py, pydist/_path_table.py): a
+measured table is a valid one that --show reads back; init takes PYDIST_TUNE's table or this machine's
+cached one, never through a link, and says so once when the cache is unusable; every rank takes world
+rank 0's table; the cache is keyed by the MPI library, CPU and pydist; noise in one cell makes no row."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from pydist import _path_table as pt
+from pydist import tune
+from unit_helpers import MPIEXEC, popen_kwargs
+
+# what each rank of a job says about the table it holds after init
+SAY_TABLE = ("import json, sys, pydist as dist; dist.init_process_group(); "
+             "sys.stdout.write(f'TABLE {dist.get_rank()} {json.dumps(dist._C.path_table())}\\n'); sys.stdout.flush(); "
+             "dist.destroy_process_group()")
+
+
+def job(n, tmp_path, timeout=120, **env):
+    """A job of n ranks that says its table; env's None values are unset."""
+    kw = popen_kwargs(MPIEXEC_TIMEOUT=str(timeout), PYDIST_TUNE_DIR=str(tmp_path / "cache"),
+                      **{k: v for k, v in env.items() if v is not None})
+    for k in (k for k, v in env.items() if v is None):
+        kw["env"].pop(k, None)
+    return subprocess.run([MPIEXEC, "-n", str(n), sys.executable, "-c", SAY_TABLE], capture_output=True,
+                          timeout=timeout + 30, **kw)
+
+
+def tables_said(proc):
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = {int(rank): [tuple(r) for r in json.loads(rows)]
+            for rank, rows in re.findall(r"TABLE (\d+) (\[[^\n]*?\]\]|\[\])", proc.stdout)}
+    assert len(said) == proc.stdout.count("TABLE "), proc.stdout
+    return said
+
+
+def test_tune_writes_a_table_that_show_reads_and_init_takes(tmp_path):
+    path = tmp_path / "t.json"
+    kw = popen_kwargs(PYDIST_TUNE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-m", "pydist.tune", "--ranks", "2", "--max-bytes", "4096",
+                           "--repeats", "1", "--table", str(path)], capture_output=True, timeout=300, **kw)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    table = pt.read(str(path))
+    assert set(table["tables"]["2"]) == set(pt.OPS)
+    for op, rows in table["tables"]["2"].items():
+        assert rows[-1][0] == 4096 and all(p in [pt.BUILT_IN, *pt.paths_of(op, 2)] for _, p in rows), (op, rows)
+        assert set(table["times"]["2"][op]) == {str(1 << k) for k in range(3, 13)}, op
+    show = subprocess.run([sys.executable, "-m", "pydist.tune", "--show", "--table", str(path)],
+                          capture_output=True, timeout=60, **kw)
+    assert show.returncode == 0, show.stderr
+    for op in pt.OPS:
+        assert f"  {op} " in show.stdout and f"2 ranks {op}:" in show.stdout, show.stdout
+    assert table["cpu"] in show.stdout and table["library"] in show.stdout
+    said = tables_said(job(2, tmp_path, PYDIST_TUNE=str(path)))
+    assert said == {0: pt.rows(table), 1: pt.rows(table)}
+
+
+def test_every_rank_takes_world_rank_0s_table(tmp_path):
+    def mpmd(first, second):
+        kw = popen_kwargs(MPIEXEC_TIMEOUT="120")
+        cmd = [MPIEXEC, "-n", "1", "-env", "PYDIST_TUNE", first, sys.executable, "-c", SAY_TABLE, ":",
+               "-n", "1", "-env", "PYDIST_TUNE", second, sys.executable, "-c", SAY_TABLE]
+        return tables_said(subprocess.run(cmd, capture_output=True, timeout=150, **kw))
+    forced = pt.rows(pt.forcing("mpi"))
+    assert mpmd("force:mpi", "off") == {0: forced, 1: forced}
+    assert mpmd("off", "force:ring,pair") == {0: [], 1: []}
+
+
+def test_the_cache_is_used_never_through_a_link_and_a_bad_one_is_said_once(tmp_path):
+    cache = tmp_path / "cache"
+    kw = popen_kwargs(PYDIST_TUNE_DIR=str(cache))
+    kw["env"].pop("PYDIST_TUNE", None)
+    where = subprocess.run([sys.executable, "-c", "from pydist import _path_table as pt; print(pt.cache_path())"],
+                           capture_output=True, timeout=60, **kw).stdout.strip()
+    assert os.path.dirname(where) == str(cache), where
+    table = pt.forcing("ring,pair")
+    table["tables"] = {"2": table["tables"]["2"]}
+    cache.mkdir()
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(json.dumps(table))
+    os.symlink(elsewhere, where)   # a link planted at the cache's name: not followed
+    proc = job(2, tmp_path, PYDIST_TUNE=None)
+    assert tables_said(proc) == {0: [], 1: []}
+    assert proc.stderr.count("the cached path table is not used") == 2, proc.stderr   # once per rank
+    os.remove(where)
+    with open(where, "w") as f:
+        f.write("{not json")
+    proc = job(2, tmp_path, PYDIST_TUNE=None)
+    assert tables_said(proc) == {0: [], 1: []} and "is not JSON" in proc.stderr, proc.stderr
+    with open(where, "w") as f:
+        json.dump(table, f)
+    proc = job(2, tmp_path, PYDIST_TUNE=None)
+    assert tables_said(proc) == {0: pt.rows(table), 1: pt.rows(table)} and not proc.stderr.strip(), proc.stderr
+    assert tables_said(job(2, tmp_path, PYDIST_TUNE="off")) == {0: [], 1: []}
+    # a table named by PYDIST_TUNE that is not there is the user's error, said at init
+    proc = job(1, tmp_path, PYDIST_TUNE=str(tmp_path / "missing.json"))
+    assert proc.returncode != 0 and "ValueError: init_process_group(): PYDIST_TUNE=" in proc.stderr, proc.stderr
+    proc = job(1, tmp_path, PYDIST_TUNE="force:fast")
+    assert proc.returncode != 0 and "paths are slots, pair, mpi, ring, shm" in proc.stderr, proc.stderr
+
+
+def test_the_cache_key_follows_the_library_cpu_and_pydist(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYDIST_TUNE_DIR", str(tmp_path))
+    base = {"host": "node/../7", "cpu": "AMD EPYC", "library": "MPICH Version: 4.0.2", "libmpi": "/usr/lib/libmpi.so.12",
+            "pydist": "0.1.0"}
+    first = pt.cache_path(base)
+    assert os.path.dirname(first) == str(tmp_path) and "/" not in os.path.basename(first)[:-5]
+    assert os.path.basename(first).startswith("paths-node_.._7-")
+    for key, value in [("library", "MPICH Version: 5.0.2"), ("cpu", "Intel Xeon"), ("pydist", "0.2.0"),
+                       ("libmpi", "/opt/mpich/lib/libmpi.so.12")]:
+        assert pt.cache_path(dict(base, **{key: value})) != first, key
+    assert pt.cache_path(dict(base)) == first
+
+
+def test_tables_that_are_not_tables_are_refused():
+    good = {"format": pt.FORMAT, "tables": {"2": {"all_reduce": [[1024, "slots"], [1 << 20, "ring"]]}}}
+    pt.check(good)
+    assert pt.rows(good) == [(2, 0, 1, 1024), (2, 0, 4, 1 << 20)]
+    for bad, match in [
+        ({"format": "other", "tables": {}}, "not a path table"),
+        ({"format": pt.FORMAT}, "no 'tables'"),
+        ({"format": pt.FORMAT, "tables": {"1": {}}}, "group size"),
+        ({"format": pt.FORMAT, "tables": {"two": {}}}, "group size"),
+        ({"format": pt.FORMAT, "tables": {"2": {"all_reduce": []}}}, "non-empty"),
+        ({"format": pt.FORMAT, "tables": {"2": {"gather": [[8, "mpi"]]}}}, "unknown collective"),
+        ({"format": pt.FORMAT, "tables": {"2": {"all_reduce": [[8, "pair"]]}}}, "not one of"),
+        ({"format": pt.FORMAT, "tables": {"3": {"broadcast": [[8, "pair"]]}}}, "not one of"),
+        ({"format": pt.FORMAT, "tables": {"2": {"all_reduce": [[64, "mpi"], [64, "ring"]]}}}, "increase"),
+        ({"format": pt.FORMAT, "tables": {"2": {"all_reduce": [[8.0, "mpi"]]}}}, "a row must be"),
+        ({"format": pt.FORMAT, "tables": {"2": {"all_reduce": [[True, "mpi"]]}}}, "a row must be"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            pt.check(bad)
+
+
+def test_one_noisy_cell_makes_no_row():
+    def cells(at_32):
+        fast, slow = {"slots": 1.0, "mpi": 2.0}, {"slots": 2.0, "mpi": 1.0}
+        return {"all_reduce": {str(8 << i): c for i, c in enumerate([fast, fast, at_32, fast, slow, slow])}}
+    # 32 B's mpi is ahead, its neighbours' slots are not: one cell, theirs, however far ahead it was
+    for at_32 in ({"slots": 1.03, "mpi": 1.0}, {"slots": 2.0, "mpi": 1.0}):
+        win = tune.winners(cells(at_32))["all_reduce"]
+        assert [p for _, p in win] == ["slots"] * 4 + ["mpi"] * 2
+        assert tune.rows_of(win) == [[64, "slots"], [256, "mpi"]]
+    # two cells in a row make a row; the last size may stand alone
+    by_size = cells({"slots": 2.0, "mpi": 1.0})["all_reduce"]
+    by_size["64"] = {"slots": 2.0, "mpi": 1.0}
+    by_size["256"] = {"slots": 1.0, "mpi": 2.0}
+    win = tune.winners({"all_reduce": by_size})["all_reduce"]
+    assert tune.rows_of(win) == [[16, "slots"], [128, "mpi"], [256, "slots"]]
+
+
+def test_a_path_replaces_the_built_in_choice_only_where_it_is_5_percent_faster():
+    assert tune.winner({pt.BUILT_IN: 1.0, "mpi": 0.97, "pair": 0.99}) == pt.BUILT_IN
+    assert tune.winner({pt.BUILT_IN: 1.0, "mpi": 0.9, "pair": 0.99}) == "mpi"
+    table = {"format": pt.FORMAT, "tables": {"2": {"broadcast": [[64, pt.BUILT_IN], [1 << 20, "pair"]]}}}
+    pt.check(table)
+    assert pt.rows(table) == [(2, 1, 0, 64), (2, 1, 2, 1 << 20)]
