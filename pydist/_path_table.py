@@ -20,6 +20,7 @@ A row [upto, path]: calls whose input is at most `upto` bytes (and past the row 
 ("built-in": the choice pydist makes without a table); past the last row, the last row's path. The
 input is the array each rank passes (all_gather: its own block).
 """
+import functools
 import hashlib
 import json
 import os
@@ -48,6 +49,7 @@ def paths_of(op, ranks):
     return out
 
 
+@functools.lru_cache(maxsize=1)   # (init reads it every time; /proc/cpuinfo is long on large machines)
 def cpu_name():
     try:
         with open("/proc/cpuinfo") as f:
