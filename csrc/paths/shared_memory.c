@@ -769,10 +769,10 @@ static void large_data(GroupChannel *g, Pending *e) {
     // Two ranks: a broadcast, all-gather or all-to-all as one point-to-point exchange (request.c), by
     // every rank alike (its kind matched). Tagged by the round, as a ring: the private communicator's
     // point-to-point never meets another call's.
-    rc = size == 2 && comm != NULL && tuned != LARGE_TUNED_MPI ? pd_mpi_call_start_pair(&mpi, pd_group_rank(group), *comm,
-                                                            pd_group_ring_tag(g->small.completed - 1), &w->req,
-                                                            &mpi.name)
-                                   : -1;
+    int pair = size == 2 && comm != NULL && tuned != LARGE_TUNED_MPI;   // (the table's MPI: MPI's own call)
+    rc = pair ? pd_mpi_call_start_pair(&mpi, pd_group_rank(group), *comm, pd_group_ring_tag(g->small.completed - 1),
+                                       &w->req, &mpi.name)
+              : -1;
     if (rc >= 0) {
         pd_call_path = w->call.t0 == 0 ? "shm header + pair" : pd_call_path;
     } else {

@@ -47,11 +47,11 @@ static const char *invalid(const PdTunedRow *rows, int n) {
         if (!path_allowed(r->op, r->path, r->ranks)) {
             return "a row names a path its collective does not have at that many ranks";
         }
-        if (i > 0) {
-            const PdTunedRow *p = &rows[i - 1];
-            if (p->ranks > r->ranks || (p->ranks == r->ranks && (p->op > r->op || (p->op == r->op && p->upto >= r->upto)))) {
-                return "rows are not in increasing (ranks, op, upto)";
-            }
+        const PdTunedRow *p = i > 0 ? &rows[i - 1] : NULL;
+        if (p != NULL && (p->ranks != r->ranks ? p->ranks > r->ranks
+                          : p->op != r->op     ? p->op > r->op
+                                               : p->upto >= r->upto)) {
+            return "rows are not in increasing (ranks, op, upto)";
         }
     }
     return NULL;
