@@ -330,6 +330,10 @@ int pd_shm_node_ranks(void) {
     return node_ranks;
 }
 
+int pd_shm_session_made(void) {
+    return session != NULL;
+}
+
 int pd_shm_auto(long group, Py_ssize_t nbytes) {
     return nbytes >= PD_SHM_AUTO_BYTES && pd_group_size(group) > 1 && group_on_one_node(group);
 }

@@ -12,6 +12,7 @@
 #include "paths/algorithms/shm_small.h"
 #include "progress/wait.h"
 
+#include <stdio.h>
 #include <string.h>
 
 typedef struct {
@@ -110,7 +111,16 @@ int pd_tuned_share(MPI_Comm world, double timeout) {
         if (req != MPI_REQUEST_NULL) {
             pd_park(req, NULL, 0);
         }
-        return -1;
+        if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+            return -1;
+        }
+        // A rank whose own init timed out has gone on without this collective, as the segment's set-up
+        // allows: init goes on, without a table (the built-in choices), and says so.
+        PyErr_Clear();
+        install(table.rows, 0);
+        fprintf(stderr, "pydist: the path table could not be shared at init (a rank did not take part); "
+                        "using the built-in choices\n");
+        return 0;
     }
     // rank 0's bytes, checked as every rank checks them: a table that is not one is no table anywhere
     install(shared.rows, invalid(shared.rows, shared.n) == NULL ? shared.n : 0);
