@@ -23,7 +23,7 @@
 # runs in the switch too (`ip netns exec pdsw`), where the bridge's address is its own. Nothing is
 # added to or taken from the root namespace's interfaces: an MPI job starting there while a cluster
 # comes up or goes down would otherwise see an interface vanish as UCX opens it, and fail in
-# MPI_Init ("init_worker No such device"; stop 54's CI, a test beside the cluster tests). The state
+# MPI_Init ("init_worker No such device"; stop 53's CI, a test beside the cluster tests). The state
 # lives in /run/pydist-cluster (hostfile, the launcher wrapper, the finalize guard, the rate);
 # /etc/netns/pdh<i>/ holds the hosts and resolv.conf files that `ip netns exec` mounts over /etc's
 # inside host i.

@@ -148,7 +148,7 @@ def probe(tmp_path, n, mib=0.0, ppn=None):
 def test_the_root_namespace_keeps_its_interfaces(hosts):
     """The bridge and its ports live in the switch namespace (pdsw): an MPI job starting on this machine
     while a cluster comes up or goes down must not see an interface vanish as UCX opens it (MPI_Init
-    failed with "init_worker No such device" beside the cluster tests in stop 54's CI)."""
+    failed with "init_worker No such device" beside the cluster tests in stop 53's CI)."""
     root = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, timeout=10).stdout
     assert not re.findall(r"^\d+: (pd\w+)", root, re.M), root
     switch = subprocess.run(["ip", "-n", "pdsw", "-o", "link"], capture_output=True, text=True, timeout=10).stdout
