@@ -98,12 +98,15 @@ def item_bytes(op, nbytes, ranks):
 # ---------------------------------------------------------------------------------------------------
 # Workers: one rank of the pydist or mpi4py job. Same method as time_item() in collectives_raw.c.
 
+# The chunk's views are taken once, outside the timed call, as raw C passes a pointer: a NumPy slice
+# costs about 0.15 us, a third of what an 8 B call adds to raw C's time.
 def pydist_calls(in_, out, chunk):
     import pydist as dist
+    in_chunk, out_chunk = in_[:chunk], out[:chunk]
     return {
         "all_reduce": lambda: dist.all_reduce(in_),
-        "all_gather": lambda: dist.all_gather_into_tensor(out, in_[:chunk]),
-        "reduce_scatter": lambda: dist.reduce_scatter_tensor(out[:chunk], in_),
+        "all_gather": lambda: dist.all_gather_into_tensor(out, in_chunk),
+        "reduce_scatter": lambda: dist.reduce_scatter_tensor(out_chunk, in_),
         "broadcast": lambda: dist.broadcast(in_, 0),
         "all_to_all": lambda: dist.all_to_all_single(out, in_),
     }
@@ -122,10 +125,11 @@ def shm_calls(in_, out, chunk):
 def mpi4py_calls(in_, out, chunk):
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
+    in_chunk, out_chunk = in_[:chunk], out[:chunk]
     return {
         "all_reduce": lambda: comm.Allreduce(MPI.IN_PLACE, in_, op=MPI.SUM),
-        "all_gather": lambda: comm.Allgather(in_[:chunk], out),
-        "reduce_scatter": lambda: comm.Reduce_scatter_block(in_, out[:chunk], op=MPI.SUM),
+        "all_gather": lambda: comm.Allgather(in_chunk, out),
+        "reduce_scatter": lambda: comm.Reduce_scatter_block(in_, out_chunk, op=MPI.SUM),
         "broadcast": lambda: comm.Bcast(in_, root=0),
         "all_to_all": lambda: comm.Alltoall(in_, out),
     }
