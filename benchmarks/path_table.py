@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 import pydist as dist
-from pydist import _path_table as pt
+from pydist import _path_table as pt, tune
 
 
 def fmt(n):
@@ -32,22 +32,13 @@ def fmt(n):
     return f"{n} B"
 
 
-def calls(op, nbytes, ranks, rank, comm, MPI):
-    n = max(1, nbytes // 4)
-    if op in ("all_to_all", "reduce_scatter"):
-        n = max(ranks, n // ranks * ranks)
-    x = np.full(n, rank + 1, np.float32)
-    big = np.empty(n * ranks, np.float32)
-    small = np.empty(max(1, n // ranks), np.float32)
-    same = np.empty(n, np.float32)
-    return {
-        "all_reduce": (lambda: dist.all_reduce(x), lambda: comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)),
-        "broadcast": (lambda: dist.broadcast(x, 0), lambda: comm.Bcast(x, root=0)),
-        "all_gather": (lambda: dist.all_gather_into_tensor(big, x), lambda: comm.Allgather(x, big)),
-        "all_to_all": (lambda: dist.all_to_all_single(same, x), lambda: comm.Alltoall(x, same)),
-        "reduce_scatter": (lambda: dist.reduce_scatter_tensor(small, x),
-                           lambda: comm.Reduce_scatter_block(x, small, op=MPI.SUM)),
-    }[op]
+def mpi4py_call(op, x, out, comm, MPI):
+    """mpi4py's blocking call of `op` on the arrays pydist's call takes (tune.arrays_for)."""
+    return {"all_reduce": lambda: comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM),
+            "broadcast": lambda: comm.Bcast(x, root=0),
+            "all_gather": lambda: comm.Allgather(x, out),
+            "all_to_all": lambda: comm.Alltoall(x, out),
+            "reduce_scatter": lambda: comm.Reduce_scatter_block(x, out, op=MPI.SUM)}[op]
 
 
 def main():
@@ -79,7 +70,8 @@ def main():
             print(f"{op}\n{'input':>9} {'built-in':>10} {'table':>10} {'mpi4py':>10} {'table/built':>12} "
                   f"{'table/mpi4py':>13}")
         for nbytes in args.sizes:
-            ours, theirs = calls(op, nbytes, ranks, rank, comm, MPI)
+            x, out = tune.arrays_for(op, nbytes, ranks, rank)
+            ours, theirs = tune.call_of(op, x, out), mpi4py_call(op, x, out, comm, MPI)
             batch = max(2, min(64, (2 << 20) // nbytes))
             ways = {"built": (None, ours), "table": (table, ours), "mpi4py": (table, theirs)}
             times = {k: [] for k in ways}

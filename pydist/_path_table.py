@@ -15,7 +15,9 @@ The file (JSON):
     {"format": "pydist path table 1", "host": ..., "library": ..., "libmpi": ..., "cpu": ..., "pydist": ...,
      "measured": "2026-11-29T04:30:00Z", "seconds": 6.1,
      "tables": {"2": {"all_reduce": [[32768, "slots"], [262144, "shm"], [4194304, "ring"], ...], ...}},
-     "times": {"2": {"all_reduce": {"8": {"slots": 1.9, "mpi": 4.2, ...}, ...}}}}   (medians, us; --show)
+     "times": {"2": {"all_reduce": {"8": {"slots": 1.9, "mpi": 4.2, ...}, ...}}},   (medians, us; --show)
+     "ratios": {"2": {"all_reduce": {"8": {"built-in": 1.0, "mpi": 2.1, ...}, ...}}}}   (what chose the rows:
+     each path's time over the built-in choice's in the same repeat, median over the repeats)
 A row [upto, path]: calls whose input is at most `upto` bytes (and past the row before) take `path`
 ("built-in": the choice pydist makes without a table); past the last row, the last row's path. The
 input is the array each rank passes (all_gather: its own block).
@@ -63,6 +65,11 @@ def cpu_name():
 
 def identity():
     """What a cached table belongs to: this host, its CPU, the MPI library loaded, and pydist's build."""
+    return dict(_identity())
+
+
+@functools.lru_cache(maxsize=1)   # none of it changes within a process; init asks at every call
+def _identity():
     from . import __version__, _C, _libraries
     library = _C.mpi_info()["library_version"].strip().splitlines()[0].strip()
     return {"host": socket.gethostname(), "cpu": cpu_name(), "library": library,

@@ -51,27 +51,24 @@ def fmt_bytes(n):
 # ---------------------------------------------------------------------------------------------------
 # One group size, under mpiexec
 
-def calls_for(op, nbytes, ranks):
-    """The call of `op` with `nbytes` of input per rank, on float32 arrays, and its reference check."""
+def arrays_for(op, nbytes, ranks, rank):
+    """Float32 arrays for `op` with `nbytes` of input per rank: (input, output or None when in place)."""
     import numpy as np
-    import pydist as dist
-    rank = dist.get_rank()
     n = max(1, nbytes // 4)
     if op in ("all_to_all", "reduce_scatter"):
         n = max(ranks, n // ranks * ranks)
-    x = np.full(n, rank + 1, np.float32)
-    if op == "all_reduce":
-        return lambda: dist.all_reduce(x)
-    if op == "broadcast":
-        return lambda: dist.broadcast(x, 0)
-    if op == "all_gather":
-        out = np.empty(n * ranks, np.float32)
-        return lambda: dist.all_gather_into_tensor(out, x)
-    if op == "all_to_all":
-        out = np.empty(n, np.float32)
-        return lambda: dist.all_to_all_single(out, x)
-    out = np.empty(n // ranks, np.float32)
-    return lambda: dist.reduce_scatter_tensor(out, x)
+    out = {"all_gather": n * ranks, "all_to_all": n, "reduce_scatter": n // ranks}.get(op)
+    return np.full(n, rank + 1, np.float32), None if out is None else np.empty(out, np.float32)
+
+
+def call_of(op, x, out):
+    """pydist's call of `op` on arrays_for's arrays."""
+    import pydist as dist
+    return {"all_reduce": lambda: dist.all_reduce(x),
+            "broadcast": lambda: dist.broadcast(x, 0),
+            "all_gather": lambda: dist.all_gather_into_tensor(out, x),
+            "all_to_all": lambda: dist.all_to_all_single(out, x),
+            "reduce_scatter": lambda: dist.reduce_scatter_tensor(out, x)}[op]
 
 
 def measure(part, sizes, repeats):
@@ -82,27 +79,24 @@ def measure(part, sizes, repeats):
     info = dist._C.shm_info()
     one_node = ranks > 1 and bool(info["segment"]) and info["node_size"] == ranks and info["small_bytes"] > 0
     slots = info["small_bytes"] if one_node else 0
-    cells = []   # (op, nbytes, path, batch)
     if one_node:
         dist._C.set_path_table(None)
-        for op in _path_table.OPS:
-            for nbytes in sizes:
-                batch = max(2, min(64, (2 << 20) // nbytes))   # back to back, as the sweep times them
-                calls_for(op, nbytes, ranks)()
-                # the path the built-in choice takes is measured once, as the built-in choice
-                same = NAMED.get(dist._C.last_call_path())
-                for path in [_path_table.BUILT_IN, *_path_table.paths_of(op, ranks)]:
-                    if path != same and (path != "slots" or nbytes <= slots):
-                        cells.append((op, nbytes, path, batch))
+    cells = []   # (op, nbytes, path, batch)
+    times = []   # a row of repeats per cell
     began = time.perf_counter()
-    times = np.zeros((len(cells), repeats))
-    for i, (op, nbytes, _, _) in enumerate(cells):
-        if i == 0 or cells[i - 1][:2] != (op, nbytes):
-            group = [j for j in range(i, len(cells)) if cells[j][:2] == (op, nbytes)]
-            call = calls_for(op, nbytes, ranks)
+    for op in _path_table.OPS if one_node else ():
+        for nbytes in sizes:
+            batch = max(2, min(64, (2 << 20) // nbytes))   # back to back, as the sweep times them
+            call = call_of(op, *arrays_for(op, nbytes, ranks, rank))
+            call()
+            # the path the built-in choice takes is measured once, as the built-in choice
+            same = NAMED.get(dist._C.last_call_path())
+            group = [(op, nbytes, path, batch) for path in [_path_table.BUILT_IN, *_path_table.paths_of(op, ranks)]
+                     if path != same and (path != "slots" or nbytes <= slots)]
+            rows = np.zeros((len(group), repeats))
             for rep in range(-1, repeats):   # -1: warm-up, not kept
-                for j in group:
-                    path, batch = cells[j][2], cells[j][3]
+                for j in [*range(rep % len(group), len(group)), *range(rep % len(group))]:   # each first in turn
+                    path = group[j][2]
                     dist._C.set_path_table(None if path == _path_table.BUILT_IN else [
                         (ranks, _path_table.OPS.index(op), _path_table.PATHS.index(path) + 1, 1 << 62)])
                     dist.barrier()
@@ -110,18 +104,27 @@ def measure(part, sizes, repeats):
                     for _ in range(batch):
                         call()
                     if rep >= 0:
-                        times[j, rep] = (time.perf_counter() - t) / batch
+                        rows[j, rep] = (time.perf_counter() - t) / batch
                 dist._C.set_path_table(None)
+            cells += group
+            times.append(rows)
+    times = np.concatenate(times) if times else np.zeros((0, repeats))
     if len(cells):
         dist.all_reduce(times, op=dist.ReduceOp.MAX)   # each cell as its slowest rank saw it
     seconds = time.perf_counter() - began
     if rank == 0:
-        medians = {}
+        # Each path's time over the built-in choice's in the same repeat, the median of those ratios: the
+        # two met the same machine, whose speed on a shared VM moves more between repeats than the
+        # paths differ (a cell's group starts with the built-in choice).
+        medians, ratios = {}, {}
         for (op, nbytes, path, _), row in zip(cells, times):
+            if path == _path_table.BUILT_IN:
+                built = row
             medians.setdefault(op, {}).setdefault(str(nbytes), {})[path] = round(float(np.median(row)) * 1e6, 2)
+            ratios.setdefault(op, {}).setdefault(str(nbytes), {})[path] = round(float(np.median(row / built)), 4)
         with open(part, "w") as f:
             json.dump({"ranks": ranks, "one_node": one_node, "slots": slots, "seconds": round(seconds, 1),
-                       "times": medians}, f)
+                       "times": medians, "ratios": ratios}, f)
     dist.destroy_process_group()
 
 
@@ -129,7 +132,8 @@ def measure(part, sizes, repeats):
 # From the medians to rows
 
 def winner(cell):
-    """The fastest path of a cell {path: us}; the built-in choice unless one beats it by GAIN."""
+    """The fastest path of a cell ({path: us}, or {path: time over the built-in choice's}); the built-in
+    choice unless one beats it by GAIN."""
     best = min(cell, key=cell.get)
     built = cell.get(_path_table.BUILT_IN)
     return best if built is None or cell[best] * GAIN <= built else _path_table.BUILT_IN
@@ -177,7 +181,7 @@ def tune(args):
     ranks_list = args.ranks or list(range(2, max(2, cores()) + 1))
     sizes = [s for s in SIZES if s <= args.max_bytes]
     mpiexec = _libraries.mpiexec()
-    tables, times, seconds = {}, {}, {}
+    tables, times, ratios, seconds = {}, {}, {}, {}
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="pydist-tune-") as tmp:
         for ranks in ranks_list:
@@ -199,13 +203,13 @@ def tune(args):
                       "only); nothing to choose", flush=True)
                 continue
             key = str(ranks)
-            times[key] = got["times"]
-            tables[key] = {op: rows_of(win) for op, win in winners(got["times"]).items()}
+            times[key], ratios[key] = got["times"], got["ratios"]
+            tables[key] = {op: rows_of(win) for op, win in winners(got["ratios"]).items()}
             seconds[key] = got["seconds"]
     table = {"format": _path_table.FORMAT, **ident,
              "measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
              "seconds": round(time.monotonic() - began, 1), "job_seconds": seconds,
-             "repeats": args.repeats, "tables": tables, "times": times}
+             "repeats": args.repeats, "tables": tables, "times": times, "ratios": ratios}
     _path_table.check(table)
     write(out_path, table)
     print(f"tune: wrote {out_path}")
@@ -236,7 +240,8 @@ def show(table, path):
             spans.append(f"{'larger' if spans else 'all'} {rows[-1][1]}")
             print(f"  {op:15s} " + " | ".join(spans))
     if table.get("times"):
-        print("medians, us (the path taken marked *):")
+        print("medians, us (the path taken marked *: at least 5% faster than the built-in choice in the median "
+              "of the repeats' ratios):")
         for ranks in sorted(table["times"], key=int):
             for op in _path_table.OPS:
                 by_size = table["times"][ranks].get(op, {})
@@ -246,7 +251,7 @@ def show(table, path):
                 print(f"  {ranks} ranks {op}: " + "  ".join(f"{p:>9s}" for p in paths))
                 for s in sorted(by_size, key=int):
                     cell = by_size[s]
-                    best = winner(cell)
+                    best = winner(table.get("ratios", {}).get(ranks, {}).get(op, {}).get(s) or cell)
                     print(f"  {fmt_bytes(int(s)):>18s}  " + "  ".join(
                         f"{cell[p]:8.1f}{'*' if p == best else ' '}" if p in cell else f"{'-':>9s}" for p in paths))
 
