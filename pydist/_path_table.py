@@ -46,8 +46,10 @@ def paths_of(op, ranks):
     if ranks == 2 and op in ("broadcast", "all_gather", "all_to_all"):
         out.append("pair")
     out.append("mpi")
+    if op in ("all_reduce", "reduce_scatter"):
+        out.append("ring")
     if op == "all_reduce":
-        out += ["ring", "shm"]
+        out.append("shm")
     return out
 
 

@@ -2,7 +2,7 @@
  * ring_path.c: our ring all-reduce (algorithms/ring.c) as a path of the progress engine: the blocking
  * call, and the pending operation of an async one.
  *
- * A ring all-reduce (algorithm="ring") is a sequence of steps, each one send/receive pair on the
+ * A ring all-reduce (algorithm="ring", or the path table's) is a sequence of steps, each one send/receive pair on the
  * group's private communicator with a tag of its own (pd_group_algo_comm), and the next step is ours to
  * post when one completes: MPI cannot move it along for us as it does its own collectives. A rank
  * waiting for ring B may hold up a neighbour that waits for ring A first, so every ring in flight is
@@ -299,22 +299,12 @@ done:
     return ret;
 }
 
-int pd_ring_start_on(PdWorkObject *w, void *data, MPI_Count count, MPI_Datatype dtype, MPI_Op op, MPI_Comm comm,
-                     int tag) {
+// w goes on as `ring` (set up, its scratch not yet given): see pd_ring_start_on. Takes ring.
+static int start_on(PdWorkObject *w, RingAllreduce *ring, size_t scratch_bytes) {
     PyObject *scratch = NULL, *keep = NULL;
     MPI_Request req = MPI_REQUEST_NULL;
     void *tmp = NULL;
     int rc;
-    RingAllreduce *ring = PyMem_RawMalloc(sizeof *ring);
-    if (ring == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    if ((rc = ring_init(ring, data, count, dtype, op, comm, tag, NULL, NULL)) != MPI_SUCCESS) {
-        pd_raise_mpi(rc, "MPI_Comm_size");
-        goto error;
-    }
-    size_t scratch_bytes = (size_t)ring_scratch_elements(count, ring->size) * (size_t)ring->extent;
     if ((scratch = scratch_new(scratch_bytes, &tmp)) == NULL ||
         (keep = PyTuple_Pack(2, w->keep != NULL ? w->keep : Py_None, scratch)) == NULL || inflight_reserve() < 0) {
         goto error;
@@ -341,6 +331,38 @@ error:
     Py_XDECREF(scratch);
     PyMem_RawFree(ring);
     return -1;
+}
+
+int pd_ring_start_on(PdWorkObject *w, void *data, MPI_Count count, MPI_Datatype dtype, MPI_Op op, MPI_Comm comm,
+                     int tag) {
+    RingAllreduce *ring = PyMem_RawMalloc(sizeof *ring);
+    if (ring == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int rc = ring_init(ring, data, count, dtype, op, comm, tag, NULL, NULL);
+    if (rc != MPI_SUCCESS) {
+        PyMem_RawFree(ring);
+        pd_raise_mpi(rc, "MPI_Comm_size");
+        return -1;
+    }
+    return start_on(w, ring, (size_t)ring_scratch_elements(count, ring->size) * (size_t)ring->extent);
+}
+
+int pd_ring_reduce_scatter_start_on(PdWorkObject *w, const void *in, void *out, MPI_Count count, MPI_Datatype dtype,
+                                    MPI_Op op, MPI_Comm comm, int tag) {
+    RingAllreduce *ring = PyMem_RawMalloc(sizeof *ring);
+    if (ring == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int rc = ring_rs_init(ring, in, out, count, dtype, op, comm, tag, NULL, NULL);
+    if (rc != MPI_SUCCESS) {
+        PyMem_RawFree(ring);
+        pd_raise_mpi(rc, "MPI_Comm_size");
+        return -1;
+    }
+    return start_on(w, ring, (size_t)ring_rs_scratch_elements(count, ring->size) * (size_t)ring->extent);
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -15,6 +15,10 @@ PyObject *pd_ring_all_reduce(PyObject *tensor, PdBuf *buf, long op, MPI_Op mop, 
 // with nothing to send, over: w->pending NULL). 0, or -1 with the error raised and w as it was.
 int pd_ring_start_on(PdWorkObject *w, void *data, MPI_Count count, MPI_Datatype dtype, MPI_Op op, MPI_Comm comm,
                      int tag);
+// The ring's reduce-scatter (ring_rs_init) of `in` (group size x count elements) into `out` (count), as
+// pd_ring_start_on's. The ranks' inputs are only read.
+int pd_ring_reduce_scatter_start_on(PdWorkObject *w, const void *in, void *out, MPI_Count count, MPI_Datatype dtype,
+                                    MPI_Op op, MPI_Comm comm, int tag);
 extern const PdPath pd_ring_path;
 
 #endif  // PYDIST_PATHS_RING_PATH_H

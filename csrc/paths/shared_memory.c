@@ -717,8 +717,8 @@ static void set_avg(PdWorkObject *w, const Elsewhere *x, int size) {
 // choice on every rank, from every rank's flags. An all-reduce takes shared memory when no rank is
 // asynchronous and it pays (every array in the segment, or copying allowed): every rank is then in
 // this call, blocking, so it runs to the end with Ctrl-C held back until it is done (an interrupted
-// rank would leave its peers out of step). Otherwise an all-reduce of 2 ranks that both block takes
-// our ring, and everything else is MPI's nonblocking call (the plain all-to-all where every rank's
+// rank would leave its peers out of step). Otherwise an all-reduce or reduce-scatter of 2 ranks that both
+// block takes our ring, and everything else is MPI's nonblocking call (the plain all-to-all where every rank's
 // blocks are even): both on the group's private communicator, which only these calls and the rings use,
 // in the order their headers matched: the same on every rank, whenever each rank gets here. The Work
 // gets the outcome. g may be freed here (its group destroyed while the shm all-reduce waited).
@@ -743,17 +743,24 @@ static void large_data(GroupChannel *g, Pending *e) {
     calls_declined += all_reduce;
     MPI_Comm *comm = pd_group_private_comm(group);
     const Elsewhere *x = e->elsewhere;
-    if (all_reduce && (tuned ? tuned == LARGE_TUNED_RING : size == 2) && comm != NULL && !(or_ & LARGE_ASYNC)) {
+    int reduce_scatter = (e->call.kind & ~SMALL_HEADER_ONLY) == SMALL_REDUCE_SCATTER &&
+                         x->mpi.kind == PD_MPI_REDUCE_SCATTER_BLOCK;
+    if ((all_reduce || reduce_scatter) && (tuned ? tuned == LARGE_TUNED_RING : size == 2) && comm != NULL &&
+        !(or_ & LARGE_ASYNC)) {
         // Two ranks (or the path table's ring at any size), each in this call and blocking: our ring,
         // which each rank's own wait moves along; the same result on every rank, as each block is reduced
         // once and sent on.
         // MPICH reduces with our ops (canonical NaN, dtypes.c) by recursive doubling, each rank reducing
         // the whole buffer; the ring reduces half on each (its reduce-scatter and all-gather are what
-        // MPICH's own ops get), and a pair reduces alike in either order. An async call keeps MPI's, which
-        // any MPI call moves along, as a program may expect of a nonblocking collective.
+        // MPICH's own ops get), and a pair reduces alike in either order. A reduce-scatter is the ring's
+        // first half (2 ranks: one exchange of the peer's block and one reduction, where MPICH's
+        // nonblocking call took 2-7x as long). An async call keeps MPI's, which any MPI call moves along,
+        // as a program may expect of a nonblocking collective.
         pd_call_path = w->call.t0 == 0 ? "shm header + ring" : pd_call_path;
-        if (pd_ring_start_on(w, x->mpi.recv, x->mpi.rcount, x->mpi.type, x->mpi.op, *comm,
-                             pd_group_ring_tag(g->small.completed - 1)) < 0) {
+        int tag = pd_group_ring_tag(g->small.completed - 1);
+        if ((all_reduce ? pd_ring_start_on(w, x->mpi.recv, x->mpi.rcount, x->mpi.type, x->mpi.op, *comm, tag)
+                        : pd_ring_reduce_scatter_start_on(w, x->mpi.send, x->mpi.recv, x->mpi.rcount, x->mpi.type,
+                                                          x->mpi.op, *comm, tag)) < 0) {
             pd_work_fail(w);
             PyErr_Clear();
             pd_work_finish(w);
@@ -1065,7 +1072,9 @@ PyObject *pd_shm_header_run(const char *fn, long group, int async_op, const Smal
     SmallCall call = *header;
     PdMpiCall even;
     int size = pd_group_size(group);
-    call.flags = LARGE_ASYNC;   // MPI's path for the data, whatever it is
+    // MPI's path for the data, whatever it is; but a reduce-scatter where every rank blocks may take the ring
+    int rs = (call.kind & ~SMALL_HEADER_ONLY) == SMALL_REDUCE_SCATTER;
+    call.flags = async_op || !rs ? LARGE_ASYNC : 0;
     call.flags |= pd_mpi_call_even(mpi, size, &even) ? LARGE_EVEN : 0;
     if (call.count != SMALL_UNEVEN) {
         call.flags |= tuned_flag(call.kind, size, shm_small_contribution(&call, size));
@@ -1077,9 +1086,12 @@ PyObject *pd_shm_header_run(const char *fn, long group, int async_op, const Smal
         call.dst = NULL;
     }
     // large_data may say otherwise, for a call still on this thread when its headers match
+    uint32_t tuned = call.flags & LARGE_TUNED;
     pd_call_path = !(call.kind & SMALL_HEADER_ONLY) ? "small shm"
-                   : size == 2 && pd_mpi_call_pairs(mpi) && !(call.flags & LARGE_TUNED_MPI) ? "shm header + pair"
-                                                                                            : "shm header + MPI";
+                   : size == 2 && pd_mpi_call_pairs(mpi) && tuned != LARGE_TUNED_MPI ? "shm header + pair"
+                   : rs && !async_op && mpi->kind == PD_MPI_REDUCE_SCATTER_BLOCK && (tuned ? tuned == LARGE_TUNED_RING : size == 2)
+                       ? "shm header + ring"
+                       : "shm header + MPI";
     return header_run(fn, group, async_op, &call, mpi, keep, list, avg, fallback);
 }
 

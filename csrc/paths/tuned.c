@@ -28,7 +28,8 @@ static int path_allowed(int op, int path, int ranks) {
     switch (path) {
     case PD_TUNED_NONE: case PD_TUNED_SLOTS: case PD_TUNED_MPI: return 1;
     case PD_TUNED_PAIR: return ranks == 2 && op != PD_TUNE_ALL_REDUCE && op != PD_TUNE_REDUCE_SCATTER;
-    case PD_TUNED_RING: case PD_TUNED_SHM: return op == PD_TUNE_ALL_REDUCE;
+    case PD_TUNED_RING: return op == PD_TUNE_ALL_REDUCE || op == PD_TUNE_REDUCE_SCATTER;
+    case PD_TUNED_SHM: return op == PD_TUNE_ALL_REDUCE;
     default: return 0;
     }
 }

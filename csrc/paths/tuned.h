@@ -20,7 +20,7 @@ enum {
     PD_TUNED_SLOTS,   // the data in the group's shared-memory slots (up to their size)
     PD_TUNED_PAIR,    // 2 ranks: one point-to-point exchange after the header round
     PD_TUNED_MPI,     // MPI's nonblocking collective after the header round
-    PD_TUNED_RING,    // all_reduce: pydist's ring after the header round
+    PD_TUNED_RING,    // all_reduce, reduce_scatter: pydist's ring (reduce_scatter: its first half) after the header round
     PD_TUNED_SHM,     // all_reduce: the shared-memory all-reduce (copying) after the header round
     PD_TUNED_PATHS
 };

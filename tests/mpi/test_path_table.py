@@ -96,6 +96,36 @@ def test_each_forced_path_carries_each_collective_at_each_size():
     check_on_root(events, check)
 
 
+def test_the_ring_reduce_scatter_only_reads_its_input_and_takes_torchs_forms():
+    # AVG (the Work divides), the output as this rank's own chunk of the input (sent from a copy), and an
+    # async call on one rank while the others block (every rank then takes MPI's path)
+    rank, size = dist.get_rank(), dist.get_world_size()
+    block = 70001
+    inputs = [make_input(7, r, (block * size,), "float32") for r in range(size)]
+    want = np.sum(inputs, axis=0, dtype=np.float32)[rank * block:(rank + 1) * block]
+    force("reduce_scatter", "ring", max(size, 2))
+    try:
+        x, out = inputs[rank].copy(), np.empty(block, np.float32)
+        dist.reduce_scatter_tensor(out, x, op=dist.ReduceOp.AVG)
+        avg_path = dist._C.last_call_path()
+        y = inputs[rank].copy()
+        dist.reduce_scatter_tensor(y[rank * block:(rank + 1) * block], y)
+        z = np.empty(block, np.float32)
+        work = dist.reduce_scatter_tensor(z, inputs[rank], async_op=rank == 0)
+        if rank == 0:
+            work.wait()
+        mixed_path = dist._C.last_call_path()
+    finally:
+        dist._C.set_path_table(None)
+    parallel_assert(np.array_equal(x, inputs[rank]), "the ring wrote into its input")
+    parallel_assert(np.array_equal(out, want / np.float32(size)), f"AVG: {out[:3]} against {want[:3] / size}")
+    parallel_assert(np.array_equal(y[rank * block:(rank + 1) * block], want), "in place")
+    parallel_assert(np.array_equal(z, want), "one rank async")
+    if one_node():
+        parallel_assert(avg_path == NAMES["ring"], avg_path)
+        parallel_assert(mixed_path == NAMES["mpi"] or rank == 0, mixed_path)   # (rank 0's Work names its own)
+
+
 @pytest.mark.world_size(min=2)
 def test_a_call_across_a_row_still_raises_on_every_rank_then_works():
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -140,7 +170,7 @@ def test_rows_are_checked():
             ([(2, 0, 1, -1)], ValueError, "out of range"),
             ([(2, 0, 1, 1 << 70)], ValueError, "out of range"),
             ([(3, 1, 2, 8)], ValueError, "does not have"),       # the pair exchange is for 2 ranks
-            ([(2, 4, 4, 8)], ValueError, "does not have"),       # reduce_scatter has no ring
+            ([(2, 4, 5, 8)], ValueError, "does not have"),       # reduce_scatter has no shm
             ([(2, 0, 9, 8)], ValueError, "does not have"),
             ([(2, 0, 1, 64), (2, 0, 3, 64)], ValueError, "increasing"),
             ([(3, 0, 1, 64), (2, 0, 3, 128)], ValueError, "increasing"),
@@ -157,7 +187,7 @@ def test_rows_are_checked():
 def test_the_forcing_tables_name_a_path_each_collective_has():
     for spec, want in [("mpi", {op: "mpi" for op in pt.OPS}),
                        ("ring,pair", {"all_reduce": "ring", "broadcast": "pair", "all_gather": "pair",
-                                      "all_to_all": "pair"}),
+                                      "all_to_all": "pair", "reduce_scatter": "ring"}),
                        ("shm", {"all_reduce": "shm"})]:
         table = pt.forcing(spec)
         pt.check(table)

@@ -1,5 +1,5 @@
 /*
- * ring.c: the ring all-reduce of ring.h. Step k of the reduce-scatter sends segment (rank - k) to the
+ * ring.c: the ring all-reduce of ring.h, and its reduce-scatter half alone (ring_rs_init). Step k of the reduce-scatter sends segment (rank - k) to the
  * right and reduces segment (rank - k - 1) from the left into place; after R - 1 steps this rank holds
  * segment (rank + 1) whole. Step k of the all-gather sends segment (rank + 1 - k) and receives
  * segment (rank - k) straight into place.
@@ -23,21 +23,57 @@ MPI_Count ring_scratch_elements(MPI_Count n, int size) {
     return size > 0 ? n / size + (n % size ? 1 : 0) : n;
 }
 
+MPI_Count ring_rs_scratch_elements(MPI_Count count, int size) {
+    return size > 2 ? 2 * count : 0;
+}
+
 int ring_init(RingAllreduce *r, void *buf, MPI_Count n, MPI_Datatype dtype, MPI_Op op, MPI_Comm comm, int tag,
               void *tmp, CommCount *count) {
     MPI_Aint lb;
-    *r = (RingAllreduce){buf, tmp, n, dtype, op, 0, comm, 0, 1, tag, 0, 0, count};
+    *r = (RingAllreduce){buf, tmp, NULL, n, dtype, op, 0, comm, 0, 1, tag, 0, 0, count};
     int rc = MPI_Type_get_extent(dtype, &lb, &r->extent);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(comm, &r->rank);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_size(comm, &r->size);
     return rc;
 }
 
+int ring_rs_init(RingAllreduce *r, const void *in, void *out, MPI_Count count, MPI_Datatype dtype, MPI_Op op,
+                 MPI_Comm comm, int tag, void *tmp, CommCount *comm_count) {
+    int rc = ring_init(r, out, 0, dtype, op, comm, tag, tmp, comm_count);
+    r->in = in;
+    r->n = count * r->size;   // the input's elements (the ring's segments are its blocks)
+    return rc;
+}
+
+// A reduce-scatter's step k: segment rank - k - 1 goes right (at step 0 this rank's share of it from
+// `in`, then the partial reduction received the step before), and segment rank - k - 2 comes from the left, into the
+// scratch (alternating, as the other half is being sent) or, at the last step (rank's own), into out.
+static int rs_post(RingAllreduce *r, MPI_Request *req) {
+    const int R = r->size, k = r->step;
+    MPI_Count seg = r->n / R, bytes = seg * r->extent;
+    const char *send_from = k == 0 ? r->in + seg_offset(r, mod(r->rank - 1, R)) * r->extent
+                                   : r->tmp + (size_t)((k - 1) & 1) * (size_t)bytes;
+    char *recv_to = k == R - 2 ? r->buf : r->tmp + (size_t)(k & 1) * (size_t)bytes;
+    int rc = MPI_Isendrecv_c(send_from, seg, r->dtype, mod(r->rank + 1, R), r->tag, recv_to, seg, r->dtype,
+                             mod(r->rank - 1, R), r->tag, r->comm, req);
+    if (rc == MPI_SUCCESS) {
+        r->posted = 1;
+        if (r->count != NULL) {
+            r->count->bytes_sent += (long long)bytes;
+            r->count->messages++;
+        }
+    }
+    return rc;
+}
+
 int ring_post(RingAllreduce *r, MPI_Request *req) {
     *req = MPI_REQUEST_NULL;
-    const int R = r->size, last = 2 * (R - 1);
+    const int R = r->size, last = r->in != NULL ? R - 1 : 2 * (R - 1);
     if (r->step >= last) {
         return MPI_SUCCESS;
+    }
+    if (r->in != NULL) {
+        return rs_post(r, req);
     }
     const int right = mod(r->rank + 1, R), left = mod(r->rank - 1, R);
     int send_seg, recv_seg;
@@ -67,7 +103,14 @@ int ring_post(RingAllreduce *r, MPI_Request *req) {
 int ring_complete(RingAllreduce *r) {
     const int R = r->size;
     int rc = MPI_SUCCESS;
-    if (r->posted && r->step < R - 1) {
+    if (r->posted && r->in != NULL) {   // a reduce-scatter: what arrived, with this rank's share of it
+        MPI_Count seg = r->n / R, bytes = seg * r->extent;
+        char *got = r->step == R - 2 ? r->buf : r->tmp + (size_t)(r->step & 1) * (size_t)bytes;
+        if (seg > 0) {
+            rc = MPI_Reduce_local_c(r->in + seg_offset(r, mod(r->rank - r->step - 2, R)) * r->extent, got, seg,
+                                    r->dtype, r->op);
+        }
+    } else if (r->posted && r->step < R - 1) {
         int seg = mod(r->rank - r->step - 1, R);
         MPI_Count c = seg_count(r, seg);
         if (c > 0) {
