@@ -9,15 +9,17 @@ and cache the table that init_process_group then uses (pydist/_path_table.py, cs
 Run it directly, not under mpiexec: it starts one `mpiexec -n R` job per group size R. Each job tries, for
 all_reduce, broadcast, all_gather, all_to_all and reduce_scatter at every power of two from 8 B to
 64 MiB of input per rank, every path the collective has on a group of R ranks within one node: the
-shared-memory slots (up to their size), the 2-rank pair exchange, MPI's nonblocking collective, and for
-all_reduce pydist's ring and its shared-memory all-reduce; and pydist's built-in choice, which a path
-replaces only where it was at least 5% faster (safe defaults stay where the difference is noise). Every path but the slots runs after the
-header round, which stays whatever the table says, so a rank whose call differs still gets ValueError
-with every other. The paths take turns within each repeat (--repeats, median), each timing a batch of
-calls (2 to 64, back to back) after a barrier as the slowest rank saw it. A size whose winner differs
-from both its neighbours' takes theirs: a path's time changes smoothly with the size, and one cell
-alone is most often the VM's noise (a 32 MiB all-reduce has measured 6 and 12 ms minutes apart), so a
-row spans two sizes at least. About 5-10 s at 2 ranks.
+shared-memory slots (up to their size), the 2-rank pair exchange, MPI's nonblocking collective, pydist's
+ring (all_reduce, and reduce_scatter as the ring's first half) and its shared-memory all-reduce; and
+pydist's built-in choice, which a path replaces only where it was at least 5% faster (safe defaults stay
+where the difference is noise). Every path but the slots runs after the header round, which stays
+whatever the table says, so a rank whose call differs still gets ValueError with every other. The paths
+take turns within each repeat (--repeats), each first in turn, each timing a batch of calls (2 to 64,
+back to back) after a barrier as the slowest rank saw it; a path is judged by the median over the
+repeats of its time over the built-in choice's in the same repeat, as the two met the same machine. A
+size whose winner differs from both its neighbours' takes theirs: a path's time changes smoothly with
+the size, and one cell alone is most often the VM's noise (a 32 MiB all-reduce has measured 6 and 12 ms
+minutes apart), so a row spans two sizes at least. About 5-10 s at 2 ranks.
 
 The table is cached per host, CPU, MPI library and pydist version ($XDG_CACHE_HOME/pydist, or
 PYDIST_TUNE_DIR): another library, a new CPU or a new pydist is another file, measured afresh. World rank

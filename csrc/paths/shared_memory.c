@@ -1087,11 +1087,11 @@ PyObject *pd_shm_header_run(const char *fn, long group, int async_op, const Smal
     }
     // large_data may say otherwise, for a call still on this thread when its headers match
     uint32_t tuned = call.flags & LARGE_TUNED;
+    int ring = rs && !async_op && mpi->kind == PD_MPI_REDUCE_SCATTER_BLOCK &&
+               (tuned ? tuned == LARGE_TUNED_RING : size == 2);
     pd_call_path = !(call.kind & SMALL_HEADER_ONLY) ? "small shm"
                    : size == 2 && pd_mpi_call_pairs(mpi) && tuned != LARGE_TUNED_MPI ? "shm header + pair"
-                   : rs && !async_op && mpi->kind == PD_MPI_REDUCE_SCATTER_BLOCK && (tuned ? tuned == LARGE_TUNED_RING : size == 2)
-                       ? "shm header + ring"
-                       : "shm header + MPI";
+                   : ring ? "shm header + ring" : "shm header + MPI";
     return header_run(fn, group, async_op, &call, mpi, keep, list, avg, fallback);
 }
 

@@ -1,8 +1,8 @@
 /*
- * ring.c: the ring all-reduce of ring.h, and its reduce-scatter half alone (ring_rs_init). Step k of the reduce-scatter sends segment (rank - k) to the
- * right and reduces segment (rank - k - 1) from the left into place; after R - 1 steps this rank holds
- * segment (rank + 1) whole. Step k of the all-gather sends segment (rank + 1 - k) and receives
- * segment (rank - k) straight into place.
+ * ring.c: the ring all-reduce of ring.h, and its reduce-scatter half alone (ring_rs_init). Step k of
+ * the reduce-scatter sends segment (rank - k) to the right and reduces segment (rank - k - 1) from the
+ * left into place; after R - 1 steps this rank holds segment (rank + 1) whole. Step k of the all-gather
+ * sends segment (rank + 1 - k) and receives segment (rank - k) straight into place.
  */
 #include "ring.h"
 
