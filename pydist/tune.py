@@ -84,6 +84,7 @@ def measure(part, sizes, repeats):
     if one_node:
         dist._C.set_path_table(None)
     cells = []   # (op, nbytes, path, batch)
+    took = {}    # {op: {size: the path the built-in choice took}}
     times = []   # a row of repeats per cell
     began = time.perf_counter()
     for op in _path_table.OPS if one_node else ():
@@ -93,6 +94,7 @@ def measure(part, sizes, repeats):
             call()
             # the path the built-in choice takes is measured once, as the built-in choice
             same = NAMED.get(dist._C.last_call_path())
+            took.setdefault(op, {})[str(nbytes)] = same
             group = [(op, nbytes, path, batch) for path in [_path_table.BUILT_IN, *_path_table.paths_of(op, ranks)]
                      if path != same and (path != "slots" or nbytes <= slots)]
             rows = np.zeros((len(group), repeats))
@@ -126,7 +128,7 @@ def measure(part, sizes, repeats):
             ratios.setdefault(op, {}).setdefault(str(nbytes), {})[path] = round(float(np.median(row / built)), 4)
         with open(part, "w") as f:
             json.dump({"ranks": ranks, "one_node": one_node, "slots": slots, "seconds": round(seconds, 1),
-                       "times": medians, "ratios": ratios}, f)
+                       "times": medians, "ratios": ratios, "built_in_paths": took}, f)
     dist.destroy_process_group()
 
 
@@ -141,15 +143,22 @@ def winner(cell):
     return best if built is None or cell[best] * GAIN <= built else _path_table.BUILT_IN
 
 
-def winners(times):
-    """{op: [(nbytes, path)]} in increasing size, the winner at each size, islands smoothed."""
+def winners(times, built_in_paths=None):
+    """{op: [(nbytes, path)]} in increasing size, the winner at each size, islands smoothed. An island
+    is a path that no neighbour takes: the built-in choice counts as the path it took at that size
+    (built_in_paths {op: {size: path}}), so the slots winning at their last size beside a built-in
+    choice that was the slots below are a row, not an island."""
     out = {}
     for op, by_size in times.items():
         sizes = sorted(by_size, key=int)
         best = [winner(by_size[s]) for s in sizes]
+        took = (built_in_paths or {}).get(op, {})
+
+        def path(i):
+            return (took.get(sizes[i]) or best[i]) if best[i] == _path_table.BUILT_IN else best[i]
         for i in range(1, len(sizes) - 1):
             around = best[i - 1]
-            if best[i] != around and best[i + 1] == around and around in by_size[sizes[i]]:
+            if path(i) != path(i - 1) and path(i + 1) == path(i - 1) and around in by_size[sizes[i]]:
                 best[i] = around
         out[op] = [(int(s), p) for s, p in zip(sizes, best)]
     return out
@@ -206,7 +215,7 @@ def tune(args):
                 continue
             key = str(ranks)
             times[key], ratios[key] = got["times"], got["ratios"]
-            tables[key] = {op: rows_of(win) for op, win in winners(got["ratios"]).items()}
+            tables[key] = {op: rows_of(win) for op, win in winners(got["ratios"], got["built_in_paths"]).items()}
             seconds[key] = got["seconds"]
     table = {"format": _path_table.FORMAT, **ident,
              "measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

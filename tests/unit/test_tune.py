@@ -154,6 +154,22 @@ def test_one_noisy_cell_makes_no_row():
     assert tune.rows_of(win) == [[16, "slots"], [128, "mpi"], [256, "slots"]]
 
 
+def test_a_path_that_the_built_in_choice_took_below_is_no_island():
+    # 2-rank broadcast: the built-in choice takes the slots up to 32 KiB and the pair exchange past it;
+    # the slots, 3x faster at 64 KiB (their last size), make a row there
+    b = pt.BUILT_IN
+    ratios = {"broadcast": {"32768": {b: 1.0, "pair": 4.0}, "65536": {b: 1.0, "slots": 0.35, "mpi": 1.1},
+                            "131072": {b: 1.0, "mpi": 1.1}}}
+    took = {"broadcast": {"32768": "slots", "65536": "pair", "131072": "pair"}}
+    win = tune.winners(ratios, took)["broadcast"]
+    assert tune.rows_of(win) == [[32768, b], [65536, "slots"], [131072, b]]
+    # without knowing what the built-in choice took, the lone cell is smoothed away
+    assert tune.rows_of(tune.winners(ratios)["broadcast"]) == [[131072, b]]
+    # and a path no neighbour takes is still an island
+    took["broadcast"]["32768"] = "pair"
+    assert tune.rows_of(tune.winners(ratios, took)["broadcast"]) == [[131072, b]]
+
+
 def test_a_path_replaces_the_built_in_choice_only_where_it_is_5_percent_faster():
     assert tune.winner({pt.BUILT_IN: 1.0, "mpi": 0.97, "pair": 0.99}) == pt.BUILT_IN
     assert tune.winner({pt.BUILT_IN: 1.0, "mpi": 0.9, "pair": 0.99}) == "mpi"
