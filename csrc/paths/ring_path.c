@@ -1,10 +1,11 @@
 /*
- * ring_path.c: our ring all-reduce (algorithms/ring.c) as a path of the progress engine: the blocking
- * call, and the pending operation of an async one.
+ * ring_path.c: our ring all-reduce and reduce-scatter (algorithms/ring.c) as a path of the progress
+ * engine: the blocking call, and the pending operation of an async one.
  *
- * A ring all-reduce (algorithm="ring", or the path table's) is a sequence of steps, each one send/receive pair on the
- * group's private communicator with a tag of its own (pd_group_algo_comm), and the next step is ours to
- * post when one completes: MPI cannot move it along for us as it does its own collectives. A rank
+ * A ring all-reduce (algorithm="ring", or after the header round a blocking 2-rank all-reduce or
+ * reduce-scatter, or the path table's ring) is a sequence of steps, each one send/receive pair on the
+ * group's private communicator with a tag of its own, and the next step is ours to post when one
+ * completes: MPI cannot move it along for us as it does its own collectives. A rank
  * waiting for ring B may hold up a neighbour that waits for ring A first, so every ring in flight is
  * on one list that the path's progress (every wait slice of pydist, and every is_completed()) moves
  * along with MPI_Test. The list holds a reference to the Work: one dropped unwaited keeps its arrays

@@ -713,15 +713,15 @@ static void set_avg(PdWorkObject *w, const Elsewhere *x, int size) {
     }
 }
 
-// A call whose headers have all matched and whose data the slots do not carry (GIL held): the same
-// choice on every rank, from every rank's flags. An all-reduce takes shared memory when no rank is
-// asynchronous and it pays (every array in the segment, or copying allowed): every rank is then in
-// this call, blocking, so it runs to the end with Ctrl-C held back until it is done (an interrupted
-// rank would leave its peers out of step). Otherwise an all-reduce or reduce-scatter of 2 ranks that both
-// block takes our ring, and everything else is MPI's nonblocking call (the plain all-to-all where every rank's
-// blocks are even): both on the group's private communicator, which only these calls and the rings use,
-// in the order their headers matched: the same on every rank, whenever each rank gets here. The Work
-// gets the outcome. g may be freed here (its group destroyed while the shm all-reduce waited).
+// A call whose headers have all matched and whose data the slots do not carry (GIL held): the same choice
+// on every rank, from every rank's flags. An all-reduce takes shared memory when no rank is asynchronous
+// and it pays (every array in the segment, or copying allowed): every rank is then in this call, blocking,
+// so it runs to the end with Ctrl-C held back until it is done (an interrupted rank would leave its peers
+// out of step). Otherwise an all-reduce or reduce-scatter of 2 ranks that both block takes our ring, and
+// everything else is MPI's nonblocking call (the plain all-to-all where every rank's blocks are even): both
+// on the group's private communicator, which only these calls and the rings use, in the order their headers
+// matched: the same on every rank, whenever each rank gets here. The Work gets the outcome. g may be freed
+// here (its group destroyed while the shm all-reduce waited).
 static void large_data(GroupChannel *g, Pending *e) {
     PdWorkObject *w = e->work;
     long group = g->group;

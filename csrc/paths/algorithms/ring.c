@@ -45,9 +45,9 @@ int ring_rs_init(RingAllreduce *r, const void *in, void *out, MPI_Count count, M
     return rc;
 }
 
-// A reduce-scatter's step k: segment rank - k - 1 goes right (at step 0 this rank's share of it from
-// `in`, then the partial reduction received the step before), and segment rank - k - 2 comes from the left, into the
-// scratch (alternating, as the other half is being sent) or, at the last step (rank's own), into out.
+// A reduce-scatter's step k: segment rank - k - 1 goes right (at step 0 this rank's share of it from `in`,
+// then the partial reduction received the step before), and segment rank - k - 2 comes from the left, into
+// the scratch (alternating, as the other half is being sent) or, at the last step (rank's own), into out.
 static int rs_post(RingAllreduce *r, MPI_Request *req) {
     const int R = r->size, k = r->step;
     MPI_Count seg = r->n / R, bytes = seg * r->extent;

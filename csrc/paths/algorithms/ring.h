@@ -48,11 +48,11 @@ MPI_Count ring_scratch_elements(MPI_Count n, int size);
 int ring_init(RingAllreduce *r, void *buf, MPI_Count n, MPI_Datatype dtype, MPI_Op op, MPI_Comm comm, int tag,
               void *tmp, CommCount *count);
 
-// Set up a reduce-scatter: out (count elements) on rank r becomes the reduction of every rank's block r
-// of in[0 .. R x count), which is only read. The R - 1 reduce-scatter steps of
-// the ring, shifted so that each rank ends with its own block, each received into the scratch (the last
-// one into out) and reduced there with this rank's block of in: each block is reduced in ring order, as
-// the all-reduce's are. tmp holds ring_rs_scratch_elements() elements.
+// Set up a reduce-scatter: out (count elements) on rank r becomes the reduction of every rank's block r of
+// in[0 .. R x count), which is only read. The R - 1 reduce-scatter steps of the ring, shifted so that each
+// rank ends with its own block, each received into the scratch (the last one into out) and reduced there
+// with this rank's block of in: each block is reduced in ring order, as the all-reduce's are. tmp holds
+// ring_rs_scratch_elements() elements.
 int ring_rs_init(RingAllreduce *r, const void *in, void *out, MPI_Count count, MPI_Datatype dtype, MPI_Op op,
                  MPI_Comm comm, int tag, void *tmp, CommCount *comm_count);
 // Elements of scratch a reduce-scatter of `count` elements per rank needs on `size` ranks.
