@@ -83,7 +83,7 @@ def measure(part, sizes, repeats):
     slots = info["small_bytes"] if one_node else 0
     if one_node:
         dist._C.set_path_table(None)
-    cells = []   # (op, nbytes, path, batch)
+    cells = []   # (op, nbytes, path)
     took = {}    # {op: {size: the path the built-in choice took}}
     times = []   # a row of repeats per cell
     began = time.perf_counter()
@@ -95,7 +95,7 @@ def measure(part, sizes, repeats):
             # the path the built-in choice takes is measured once, as the built-in choice
             same = NAMED.get(dist._C.last_call_path())
             took.setdefault(op, {})[str(nbytes)] = same
-            group = [(op, nbytes, path, batch) for path in [_path_table.BUILT_IN, *_path_table.paths_of(op, ranks)]
+            group = [(op, nbytes, path) for path in [_path_table.BUILT_IN, *_path_table.paths_of(op, ranks)]
                      if path != same and (path != "slots" or nbytes <= slots)]
             rows = np.zeros((len(group), repeats))
             for rep in range(-1, repeats):   # -1: warm-up, not kept
@@ -121,7 +121,7 @@ def measure(part, sizes, repeats):
         # two met the same machine, whose speed on a shared VM moves more between repeats than the
         # paths differ (a cell's group starts with the built-in choice).
         medians, ratios = {}, {}
-        for (op, nbytes, path, _), row in zip(cells, times):
+        for (op, nbytes, path), row in zip(cells, times):
             if path == _path_table.BUILT_IN:
                 built = row
             medians.setdefault(op, {}).setdefault(str(nbytes), {})[path] = round(float(np.median(row)) * 1e6, 2)
@@ -162,6 +162,11 @@ def winners(times, built_in_paths=None):
                 best[i] = around
         out[op] = [(int(s), p) for s, p in zip(sizes, best)]
     return out
+
+
+def path_at(rows, nbytes):
+    """The path rows_of's rows name for a call of `nbytes`."""
+    return next((path for upto, path in rows if nbytes <= upto), rows[-1][1])
 
 
 def rows_of(win):
@@ -251,8 +256,7 @@ def show(table, path):
             spans.append(f"{'larger' if spans else 'all'} {rows[-1][1]}")
             print(f"  {op:15s} " + " | ".join(spans))
     if table.get("times"):
-        print("medians, us (the path taken marked *: at least 5% faster than the built-in choice in the median "
-              "of the repeats' ratios):")
+        print("medians, us (the path the table takes marked *):")
         for ranks in sorted(table["times"], key=int):
             for op in _path_table.OPS:
                 by_size = table["times"][ranks].get(op, {})
@@ -262,7 +266,7 @@ def show(table, path):
                 print(f"  {ranks} ranks {op}: " + "  ".join(f"{p:>9s}" for p in paths))
                 for s in sorted(by_size, key=int):
                     cell = by_size[s]
-                    best = winner(table.get("ratios", {}).get(ranks, {}).get(op, {}).get(s) or cell)
+                    best = path_at(table["tables"].get(ranks, {}).get(op) or [[0, _path_table.BUILT_IN]], int(s))
                     print(f"  {fmt_bytes(int(s)):>18s}  " + "  ".join(
                         f"{cell[p]:8.1f}{'*' if p == best else ' '}" if p in cell else f"{'-':>9s}" for p in paths))
 

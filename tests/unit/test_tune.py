@@ -170,6 +170,12 @@ def test_a_path_that_the_built_in_choice_took_below_is_no_island():
     assert tune.rows_of(tune.winners(ratios, took)["broadcast"]) == [[131072, b]]
 
 
+def test_show_marks_the_path_the_rows_name_at_each_size():
+    rows = [[32768, pt.BUILT_IN], [65536, "slots"], [1 << 20, "mpi"]]
+    assert [tune.path_at(rows, n) for n in (8, 32768, 32769, 65536, 1 << 20, 1 << 26)] == \
+        [pt.BUILT_IN, pt.BUILT_IN, "slots", "slots", "mpi", "mpi"]
+
+
 def test_a_path_replaces_the_built_in_choice_only_where_it_is_5_percent_faster():
     assert tune.winner({pt.BUILT_IN: 1.0, "mpi": 0.97, "pair": 0.99}) == pt.BUILT_IN
     assert tune.winner({pt.BUILT_IN: 1.0, "mpi": 0.9, "pair": 0.99}) == "mpi"
