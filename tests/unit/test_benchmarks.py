@@ -37,16 +37,21 @@ def test_collectives_sweep_quick():
 
 def test_mixed_sequence_prints_every_cell_and_the_worst():
     proc = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "benchmarks/mixed_sequence.py", "--sizes", "64",
-                           "--repeats", "1", "--seconds", "0.002"], cwd=ROOT, capture_output=True, text=True,
+                           "--repeats", "2", "--seconds", "0.002"], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [line.split() for line in proc.stdout.splitlines() if line.split() and line.split()[0] in OPS]
-    # each collective: alone, then after each of the five as pydist's call and as mpi4py's
-    assert [r[0] for r in rows] == list(OPS) and all(len(r) == 13 for r in rows), proc.stdout
+    # each collective: alone, then after each of the five as pydist's call and as mpi4py's, then the copy
+    assert [r[0] for r in rows] == list(OPS) and all(len(r) == 14 for r in rows), proc.stdout
     assert all(float(x) > 0 for r in rows for x in r[1:2] + r[3:]), proc.stdout
+    assert "median of 2 repeats" in proc.stdout, proc.stdout
     assert re.search(r"worst cell: \d+\.\d+x, \w+ of 64 B after (pydist|mpi4py)'s \w+", proc.stdout), proc.stdout
+    assert re.search(r"beyond the cache \(over the same call after a copy\): \d+\.\d+x, \w+ of 64 B after "
+                     r"(pydist|mpi4py)'s \w+", proc.stdout), proc.stdout
     assert re.search(r"reference, mpi4py alone: \d+\.\d+x, mpi4py's \w+ of 64 B after mpi4py's \w+", proc.stdout), \
         proc.stdout
+    assert re.search(r"against mpi4py in the same place: \d+\.\d+x, \w+ of 64 B after pydist's \w+: [\d.]+ us, "
+                     r"mpi4py's after its own [\d.]+ us", proc.stdout), proc.stdout
 
 
 def test_mpi_libraries_prints_one_row_per_library():
