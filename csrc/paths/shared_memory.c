@@ -524,7 +524,7 @@ static int run(GroupChannel *g, long group, const char *what, void *data, int64_
                int copy_ok, int no_signals) {
     char err[600] = {0};
     SliceCtx ctx = {NULL, pd_op(what, group, PD_PEER_ALL), MPI_Wtime(), pd_session_timeout(), no_signals};
-    ShmWait wait = {wait_slice, &ctx};
+    ShmWait wait = {wait_slice, &ctx, pd_wait_spin};
     g->busy = 1;
     ctx.released = PyEval_SaveThread();
     int rc = shm_allreduce(&g->ch, session ? &session->view : NULL, data, count, dtype, (int)op, copy_ok, &wait,
@@ -844,7 +844,7 @@ static int complete_oldest(GroupChannel *g, double timeout, int timeout_breaks) 
     Pending *e = &g->queue[g->q_head];
     char err[700] = {0};
     SliceCtx ctx = {NULL, pd_op(e->what, g->group, PD_PEER_ALL), 0.0, timeout, 0};   // start: at the first wait
-    ShmWait wait = {wait_slice, &ctx};
+    ShmWait wait = {wait_slice, &ctx, pd_wait_spin};
     long group = g->group;
     int rc;
     if (g->q_posted == 0) {

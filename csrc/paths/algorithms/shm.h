@@ -54,10 +54,13 @@ typedef struct {
 } ShmSession;
 
 // The caller's wait: slice() is called after each slice (about 2 ms) of spinning and yielding; it
-// returns 0 to wait on, or -1 to give up (its error stands; the channel is then out of step).
+// returns 0 to wait on, or -1 to give up (its error stands; the channel is then out of step). spin:
+// whether the wait may spin its first microseconds (the node's ranks fit its cores), or must yield
+// almost at once (a peer that shares our core runs only when we let it).
 typedef struct {
     int (*slice)(void *ctx);
     void *ctx;
+    int spin;
 } ShmWait;
 
 // Wait until ready(arg): spin briefly, then yield the core, and call w->slice() every slice. 0, or -1
