@@ -171,7 +171,8 @@ done:
 // (csrc/paths/algorithms/ring.h), our shared-memory all-reduce (shared_memory.c), or automatic: on a group
 // whose ranks share a node, the small collectives up to pd_shm_small_bytes, shm from PD_SHM_AUTO_BYTES up
 // when every rank's array is in the segment (decided inside, from what every rank publishes) and for any
-// array from PD_SHM_AUTO_COPY_BYTES up; else MPI's.
+// array from PD_SHM_AUTO_COPY_BYTES up (from PD_SHM_AUTO_BYTES when the ranks outnumber the cores); else
+// MPI's.
 // _C.all_reduce(tensor, op, group, async_op[, algorithm]) -> None | Work. In place. algorithm: 0 MPI's
 // MPI_Iallreduce, 1 our ring, 2 our shared-memory all-reduce, 3 automatic (the default).
 PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {

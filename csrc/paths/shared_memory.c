@@ -673,7 +673,7 @@ static void gave_up(long group, int timeout_breaks, const char *what) {
 enum {
     LARGE_ASYNC = 1,        // an async_op=True call: the data must take a path that never waits (MPI's)
     LARGE_IN_SEGMENT = 2,   // the array is in this rank's region of the session segment (zero copy)
-    LARGE_COPY_OK = 4,      // algorithm="shm", or past PD_SHM_AUTO_COPY_BYTES: copying through shm pays
+    LARGE_COPY_OK = 4,      // copying through shm pays (copy_pays); taken where any rank says so (the OR)
     LARGE_EVEN = 8,         // an all-to-all whose blocks are equal and in order (pd_mpi_call_even)
     // The path table's choice for this rank's call (tuned.h), one bit at most: taken where every rank
     // chose it (in the AND), else the built-in choice
@@ -693,6 +693,15 @@ static uint32_t tuned_flag(int kind, int size, size_t bytes) {
     case PD_TUNED_SHM: return LARGE_TUNED_SHM;
     default: return 0;
     }
+}
+
+// Whether copying an all-reduce's ordinary array through shm pays on this rank: asked for (algorithm="shm"),
+// past PD_SHM_AUTO_COPY_BYTES, or, when the wait must yield (pd_wait_spin 0: more ranks than cores),
+// from PD_SHM_AUTO_BYTES. There MPICH's all-reduce moves only while each rank is in MPI_Test and
+// running, where the shm all-reduce's barriers yield to the peer they wait for (3-4 ranks on 2 cores,
+// 256 KiB - 16 MiB: 2.4-3.3x faster, docs/performance.md).
+static int copy_pays(int forced, Py_ssize_t nbytes) {
+    return forced || nbytes >= PD_SHM_AUTO_COPY_BYTES || (!pd_wait_spin && nbytes >= PD_SHM_AUTO_BYTES);
 }
 
 static int in_this_segment(const void *data, size_t nbytes) {
@@ -1047,7 +1056,7 @@ int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, MPI_Op mop, long gr
     // The header goes through the small collectives' slots, in order with them: a rank on the other
     // side of a threshold sees the mismatch, and the data's path is chosen from every rank's flags.
     uint32_t flags = (async_op ? LARGE_ASYNC : 0) | (in_this_segment(buf->data, (size_t)buf->nbytes) ? LARGE_IN_SEGMENT : 0) |
-                     (forced || buf->nbytes >= PD_SHM_AUTO_COPY_BYTES ? LARGE_COPY_OK : 0) |
+                     (copy_pays(forced, buf->nbytes) ? LARGE_COPY_OK : 0) |
                      (tuned ? tuned_flag(SMALL_ALLREDUCE, pd_group_size(group), (size_t)buf->nbytes) : 0);
     SmallCall call = {SMALL_ALLREDUCE | SMALL_HEADER_ONLY, dtype_code(buf), (int)op, -1, (int64_t)buf->count,
                       (size_t)PyArray_ITEMSIZE(buf->arr), NULL, NULL, flags, NULL, NULL};

@@ -16,6 +16,7 @@
 #define PD_SHM_AUTO_BYTES (64 * 1024)
 // From this size the automatic choice copies ordinary arrays through shm too: benchmarks/shm_allreduce.py
 // has shown the copy path ahead of MPICH from 16 or 32 MiB up in every run on this machine (README).
+// With more ranks than cores it copies from PD_SHM_AUTO_BYTES (shared_memory.c's copy_pays).
 #define PD_SHM_AUTO_COPY_BYTES ((Py_ssize_t)32 << 20)
 // Whether the automatic choice takes shm for `nbytes` on this group: depends only on the size and the
 // group's layout, so every rank decides alike.
