@@ -192,9 +192,10 @@ def all_reduce_paths(size, one_node):
         return call
 
     several = size > 1 and one_node
-    # past the slots: the header through them, the data by our ring when 2 ranks block in it, else by
-    # MPI's all-reduce
-    large = ("shm header + ring" if size == 2 else "shm header + MPI") if several else "MPI"
+    # past the slots: the header through them, the data copied through shm when the ranks' waits yield
+    # (more ranks than cores), else by our ring when 2 ranks block in it, else by MPI's all-reduce
+    crowded = not dist._C.mpi_info()["wait_spin"]
+    large = ("shm" if crowded else "shm header + ring" if size == 2 else "shm header + MPI") if several else "MPI"
     # a broadcast, all-gather or all-to-all past the slots: at 2 ranks one point-to-point exchange
     moved = ("shm header + pair" if size == 2 else "shm header + MPI") if several else "MPI"
     out = np.zeros(LARGE * size, np.float32)
