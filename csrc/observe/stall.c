@@ -133,7 +133,10 @@ static void note(BoardSlot *s, const char *what, uint64_t gid, uint64_t seq, int
     s->peer = peer;
     s->engine = engine;
     s->step = step;
-    strncpy(s->what, what, sizeof s->what - 1);
+    // up to the NUL, not strncpy, which pads all 64 bytes at every call; readers stop at the NUL
+    size_t n = strnlen(what, sizeof s->what - 1);
+    memcpy(s->what, what, n);
+    s->what[n] = 0;
     if (seq > 0) {   // the group's latest collective, kept while the rank goes on to other groups
         int k = 0;
         while (k < RECENT && s->recent[k].gid != gid) k++;
