@@ -695,9 +695,9 @@ static uint32_t tuned_flag(int kind, int size, size_t bytes) {
     }
 }
 
-// Whether copying an all-reduce's ordinary array through shm pays on this rank: asked for (algorithm="shm"),
-// past PD_SHM_AUTO_COPY_BYTES, or, when the wait must yield (pd_wait_spin 0: more ranks than cores),
-// from PD_SHM_AUTO_BYTES. There MPICH's all-reduce moves only while each rank is in MPI_Test and
+// Whether copying an all-reduce's ordinary array through shm pays on this rank: asked for
+// (algorithm="shm"), past PD_SHM_AUTO_COPY_BYTES, or, when the wait must yield (pd_wait_spin 0: more
+// ranks than cores, or ranks bound one to a core), from PD_SHM_AUTO_BYTES. There MPICH's all-reduce moves only while each rank is in MPI_Test and
 // running, where the shm all-reduce's barriers yield to the peer they wait for (3-4 ranks on 2 cores,
 // 256 KiB - 16 MiB: 2.4-3.3x faster, docs/performance.md).
 static int copy_pays(int forced, Py_ssize_t nbytes) {

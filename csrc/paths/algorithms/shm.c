@@ -32,7 +32,8 @@
  *
  * A wait spins briefly (not at all with more ranks than cores), then yields the core (with more ranks
  * than cores a spinning waiter would hold back the very peer it waits for), and every few ms calls the
- * caller's slice() (signals, departed ranks, the deadline). After a wait gives up the channel is out of step and must not be used again.
+ * caller's slice() (signals, departed ranks, the deadline). After a wait gives up the channel is out of
+ * step and must not be used again.
  */
 #include "shm.h"
 
@@ -45,8 +46,8 @@
 // How long a wait spins before it starts yielding when the ranks fit the cores (a peer on another core
 // is usually microseconds away), and how long a slice of waiting lasts before the caller's checks
 // run. With more ranks than cores the wait yields after its first 16 checks: a peer that shares our
-// core needs the core back, and spinning 20 us there cost every small call 20-30 us at 3 and 4 ranks
-// on 2 cores (a broadcast of 8 B: 26-33 us, against MPICH's eager MPI_Bcast's 2.7).
+// core needs the core back, and spinning 20 us there cost every small call 25-33 us at 3 and 4 ranks
+// on 2 cores (5-7 us yielding; docs/performance.md).
 #define SPIN_SECONDS 20e-6
 #define SLICE_SECONDS 0.002
 
