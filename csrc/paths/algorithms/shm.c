@@ -89,7 +89,7 @@ int shm_spin_until(int (*ready)(const void *arg), const void *arg, const ShmWait
                 }
                 slice_end = now() + SLICE_SECONDS;
             }
-            yielding = t > spin_end;
+            yielding = t >= spin_end;   // (>=: without spin, from this first check on)
         }
     }
 }
