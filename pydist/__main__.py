@@ -22,8 +22,12 @@ def version():
     from ._libraries import LIBMPI
     mpi = _C.mpi_info()["library_version"].strip().splitlines()[0]
     from .profile import simd_summary
-    return (f"pydist {__version__}\n  built with MPI from {_build_config.MPI}\n  running on {mpi}\n"
-            f"    library {LIBMPI[0]}, {LIBMPI[1]} (PYDIST_LIBMPI=/path/to/libmpi.so.12 picks another)\n"
+    from ._libraries import ABI_KIND
+    built = ", ".join(getattr(_build_config, "ABIS", []))
+    return (f"pydist {__version__}\n  built with MPI from {_build_config.MPI}, for the ABIs {built}\n"
+            f"  running on {mpi}\n"
+            f"    library {LIBMPI[0]}, {ABI_KIND[LIBMPI[4]]}: {LIBMPI[1]} (PYDIST_LIBMPI=/path/to/libmpi.so "
+            f"picks another)\n"
             f"  BLAS from {_build_config.BLAS}, running its {_C.blas_core()} kernels\n  zlib from {_build_config.ZLIB}\n"
             f"  vector kernels: {simd_summary()}")
 

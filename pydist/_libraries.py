@@ -1,24 +1,28 @@
-"""Load the libraries pydist._C was linked to from PyPI packages, before pydist._C itself.
+"""Choose the MPI library a job runs on, load it, and import the build of pydist._C that matches it.
 
-A build that took MPICH or OpenBLAS from PyPI (buildsys/pydist_backend.py) links to libmpi.so.12 and
-libscipy_openblas.so by name, with no run path: the build environment they sat in is gone, and a path
-baked into the wheel would not survive `auditwheel repair`. Loading them here, from wherever pip put
-the `mpich` and `scipy-openblas32` packages, satisfies the extension's needs by name, and takes them
-before any other libmpi.so.12 the system's loader would find (a Debian MPICH), so that libmpi and the
-mpiexec beside it always come from the same MPICH.
+pydist._C names no MPI library (setup.py links it to none): its MPI_* calls bind to the library loaded
+here, globally, before it, as mpi4py's wheels bind theirs. It is built once per MPI ABI
+(csrc/core/mpi_calls.h), as pydist/_C_<abi>*.so:
+  mpich     MPICH's ABI, libmpi.so.12: MPICH 4 and 5, Intel MPI, MVAPICH, Cray MPICH
+  openmpi   Open MPI's, libmpi.so.40: Open MPI 4.1 and 5.0
+  standard  the MPI-5 standard ABI, libmpi_abi.so.1: MPICH 5 (Open MPI 6 will have it)
+Which library, the first that applies (`python -m pydist --version` says):
+  1. one this process has loaded already (mpi4py imported first): adopted, never a second beside it;
+  2. ``PYDIST_LIBMPI=/path/to/libmpi.so.N``, the user's choice, where the launcher can start it;
+  3. the launcher's own: a rank that hydra started (its parent is PREFIX/bin/hydra_pmi_proxy) takes
+     PREFIX/lib/libmpi.so.12, one that Open MPI's mpiexec started (its parent is prted, orted, or
+     the launcher itself) the libmpi.so.40 of that Open MPI;
+  4. the library the build was made against: PyPI's mpich package, or the file setup.py recorded;
+  5. where that is gone (a wheel on another machine), mpi4py's search: the interpreter's prefixes'
+     lib/ (a venv with PyPI's mpich or impi-rt), then the system loader's libmpi.so.12, libmpich.so.12,
+     libmpi.so.40.
+The library is classified by the symbols it exports (Open MPI's ompi_mpi_comm_world, the standard
+ABI's MPI_Abi_get_version) and its version string, and a launcher that cannot start its ranks (Open
+MPI's mpiexec with an MPICH library, hydra with Open MPI's) is refused with the command that works.
 
-The MPI library is chosen at run time, as mpi4py's wheels choose theirs: pydist._C names no MPI
-library (setup.py links it to none); its MPI_* calls bind to the library loaded here, globally, before
-it. Any library of MPICH's ABI (libmpi.so.12: MPICH 3.1 and later, Intel MPI, MVAPICH, Cray MPICH)
-serves the same build. Which one, the first that applies (`python -m pydist --version` says):
-  1. ``PYDIST_LIBMPI=/path/to/libmpi.so.12``, the user's choice;
-  2. the launcher's own: a rank that hydra started (its parent is PREFIX/bin/hydra_pmi_proxy) takes
-     PREFIX/lib/libmpi.so.12 (or libmpich.so.12), so that each MPICH's or Intel MPI's mpiexec runs
-     the same installed pydist on its own library;
-  3. the library the build was made against: PyPI's mpich package, or the file setup.py recorded;
-  4. where that is gone (a wheel on another machine), mpi4py's search: the interpreter's prefixes'
-     lib/ (a venv with PyPI's mpich or impi-rt), then the system loader's libmpi.so.12, libmpich.so.12.
-A library of another ABI (Open MPI's libmpi.so.40, the MPI-5 standard ABI) is refused at import.
+The libraries a build took from PyPI packages (MPICH, OpenBLAS: buildsys/pydist_backend.py) are
+loaded from wherever pip put them, with no run path: the build environment they sat in is gone, and a
+path baked into the wheel would not survive `auditwheel repair`.
 """
 import os
 from pathlib import Path
@@ -79,19 +83,77 @@ def blas_coretype(cpuinfo="/proc/cpuinfo", simd=None):
     return next((core for core, needs in families if needs <= set(flags)), None)
 
 
-def _launcher_prefix():
-    """PREFIX when this process was started by PREFIX/bin/hydra_pmi_proxy (MPICH's and Intel MPI's
-    launchers start every rank from one), else None."""
-    if "PMI_RANK" not in os.environ and "PMI_FD" not in os.environ:
-        return None
+# The MPI ABIs pydist._C is built for (csrc/core/mpi_calls.h), and their libraries' file names.
+ABI_NAMES = {"mpich": ("libmpi.so.12", "libmpich.so.12"), "openmpi": ("libmpi.so.40",),
+             "standard": ("libmpi_abi.so.1",)}
+ABI_KIND = {"mpich": "MPICH's ABI (MPICH, Intel MPI, MVAPICH)", "openmpi": "Open MPI's ABI",
+            "standard": "the MPI-5 standard ABI"}
+_NAMES = ABI_NAMES["mpich"] + ABI_NAMES["openmpi"]   # searched for, in this order, where nothing else chose
+_ALL_NAMES = _NAMES + ABI_NAMES["standard"]
+
+
+def launcher():
+    """(family, variable) of the launcher that started this process, from what it set in the
+    environment: ("openmpi", "OMPI_COMM_WORLD_SIZE") for Open MPI's mpiexec/mpirun, ("pmi", ...) for
+    a PMI launcher (hydra: MPICH's and Intel MPI's mpiexec; srun --mpi=pmi2), ("pmix", "PMIX_RANK")
+    for srun --mpi=pmix or another PMIx server, (None, None) for a process started alone."""
+    if "OMPI_COMM_WORLD_SIZE" in os.environ:
+        return "openmpi", "OMPI_COMM_WORLD_SIZE"
+    for var in ("PMI_FD", "PMI_PORT", "PMI_RANK"):
+        if var in os.environ:
+            return "pmi", var
+    if "PMIX_RANK" in os.environ:
+        return "pmix", "PMIX_RANK"
+    return None, None
+
+
+_LAUNCHER_NAME = {"openmpi": "Open MPI's mpiexec", "pmi": "a PMI launcher (hydra: MPICH's or Intel MPI's mpiexec; "
+                  "srun --mpi=pmi2)", "pmix": "a PMIx launcher (srun --mpi=pmix)"}
+# The launcher processes whose children are ranks: hydra's proxy, and Open MPI's daemons (5.0: prted,
+# or prterun itself for a job on its own host; 4.1: orted, or orterun).
+_HYDRA = ("hydra_pmi_proxy",)
+_OPEN_MPI_DAEMONS = ("prted", "prterun", "prte", "orted", "orterun", "mpirun", "mpiexec")
+
+
+def _parent_libraries(pid):
+    """The folders of the shared objects process `pid` has mapped, in the order they appear."""
     try:
-        exe = os.readlink(f"/proc/{os.getppid()}/exe")
+        with open(f"/proc/{pid}/maps") as f:
+            paths = [line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6]
+    except OSError:
+        return []
+    return list(dict.fromkeys(os.path.dirname(p) for p in paths if p.startswith("/") and ".so" in p))
+
+
+def _launcher_library():
+    """(path, why) of the MPI library of the launcher that started this process, or None: a rank
+    whose parent is PREFIX/bin/hydra_pmi_proxy takes PREFIX/lib/libmpi.so.12 (or libmpich.so.12); one
+    whose parent is an Open MPI daemon takes the libmpi.so.40 of that Open MPI (PREFIX/lib, or beside
+    the daemon's own Open MPI libraries: Debian keeps them in /usr/lib/<arch>)."""
+    family, _ = launcher()
+    if family not in ("openmpi", "pmi"):
+        return None
+    ppid = os.getppid()
+    try:
+        exe = os.readlink(f"/proc/{ppid}/exe")
     except OSError:
         return None
-    if not os.path.basename(exe).startswith("hydra_pmi_proxy"):
-        return None
+    name = os.path.basename(exe)
     bindir = os.path.dirname(exe)
-    return os.path.dirname(bindir) if os.path.basename(bindir) == "bin" else None
+    prefix = os.path.dirname(bindir) if os.path.basename(bindir) == "bin" else None
+    if family == "pmi" and name.startswith(_HYDRA) and prefix:
+        names, folders = ABI_NAMES["mpich"], [os.path.join(prefix, "lib")]
+    elif family == "openmpi" and name.split(".")[0] in _OPEN_MPI_DAEMONS:
+        names = ABI_NAMES["openmpi"]
+        folders = ([os.path.join(prefix, "lib"), os.path.join(prefix, "lib64")] if prefix else []) + \
+            [d for d in _parent_libraries(ppid) if os.path.basename(d) != "openmpi"]
+    else:
+        return None
+    for folder in folders:
+        for lib in names:
+            if os.path.isfile(os.path.join(folder, lib)):
+                return os.path.join(folder, lib), f"the launcher's own ({exe} started this process)"
+    return None
 
 
 def _site_prefixes():
@@ -103,28 +165,48 @@ def _site_prefixes():
     return prefixes + [p for p in (sys.base_exec_prefix,) if p != "/usr"]
 
 
-_NAMES = ("libmpi.so.12", "libmpich.so.12")   # MPICH's ABI: the library's name in each distribution
+def loaded_libmpi():
+    """The MPI library this process has loaded already (mpi4py imported before pydist), or None."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = [line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6]
+    except OSError:
+        return None
+    # (the mapped file is the library's own: libmpich.so.12.2.2 for libmpich.so.12)
+    return next((p for p in paths if any(os.path.basename(p) == n or os.path.basename(p).startswith(n + ".")
+                                         for n in _ALL_NAMES)), None)
+
+
+def _build_config(name, default=None):
+    try:
+        from . import _build_config
+    except ImportError:   # built before _build_config existed
+        return default
+    return getattr(_build_config, name, default)
 
 
 def libmpi_choice():
     """(the MPI library to load: a path, or a name for the system loader to find; why that one)."""
     chosen = os.environ.get("PYDIST_LIBMPI", "")
-    if chosen:
+    loaded = loaded_libmpi()
+    if loaded:
+        # Never a second libmpi beside it: its symbols would mix with the other's
+        if chosen and os.path.realpath(chosen) != os.path.realpath(loaded):
+            raise ImportError(f"pydist: PYDIST_LIBMPI={chosen!r}, but this process has loaded the MPI library "
+                              f"{loaded} already (imported before pydist: mpi4py?), and two MPI libraries cannot "
+                              f"share one process: unset PYDIST_LIBMPI, or point it at {loaded}")
+        return loaded, "loaded in this process already (before pydist: mpi4py?)"
+    if chosen:   # (checked against the launcher once loaded: _check_pairing)
         if not os.path.isfile(chosen):
             raise ImportError(f"pydist: PYDIST_LIBMPI={chosen!r} is no file: point it at an MPI library "
-                              f"of MPICH's ABI (libmpi.so.12), or unset it")
+                              f"({', '.join(_ALL_NAMES)}), or unset it")
         return os.path.abspath(chosen), "PYDIST_LIBMPI chose it"
-    prefix = _launcher_prefix()
-    for name in _NAMES if prefix else ():
-        if os.path.isfile(os.path.join(prefix, "lib", name)):
-            return os.path.join(prefix, "lib", name), f"the launcher's own ({prefix}/bin/hydra_pmi_proxy started this process)"
+    own = _launcher_library()
+    if own is not None:
+        return own
     if "mpich" in _pypi_libraries():
         return str(_installed_file("mpich", _LIBRARY["mpich"])), "the build's (PyPI's mpich)"
-    try:
-        from . import _build_config
-        built = getattr(_build_config, "LIBMPI", None)
-    except ImportError:
-        built = None
+    built = _build_config("LIBMPI")
     if built and os.path.isfile(built):
         return built, "the build's"
     for prefix in _site_prefixes():
@@ -147,7 +229,8 @@ def _loadable(name):
         return False
 
 
-# What import loaded: (path, why, the version's first line, the whole version), for --version and errors.
+# What import loaded: (path, why, the version's first line, the whole version, the ABI), for --version
+# and errors.
 LIBMPI = None
 
 
@@ -158,37 +241,64 @@ def _version_string(lib):
     return buf.value.decode("utf-8", "replace")
 
 
-def _refuse_other_abis(lib, path, why):
-    """Its version string, or ImportError unless `lib` is of MPICH's ABI (what pydist._C was compiled
-    for: integer handles, MPICH's constants). MPI_Get_library_version may be called before MPI_Init."""
+def classify(lib, path, why):
+    """(the ABI of `lib`: "mpich", "openmpi" or "standard"; its version string), from the symbols it
+    exports (MPI_Get_library_version may be called before MPI_Init), or ImportError for a library of
+    none of them."""
     import ctypes
     if not hasattr(lib, "MPI_Get_library_version"):
         raise ImportError(f"pydist: {path} ({why}) is no MPI library: it has no MPI_Get_library_version. Point "
-                          f"PYDIST_LIBMPI at an MPI library of MPICH's ABI (libmpi.so.12), or unset it")
-    if hasattr(lib, "ompi_mpi_comm_world"):
-        kind = "Open MPI's"
-    else:
-        kind = None
-        abi_version = getattr(lib, "MPI_Abi_get_version", None)
-        if abi_version is not None:   # MPI 5's standard ABI (libmpi_abi.so) answers with major >= 1
-            major, minor = ctypes.c_int(0), ctypes.c_int(0)
-            if abi_version(ctypes.byref(major), ctypes.byref(minor)) == 0 and major.value > 0:
-                kind = f"the MPI standard ABI {major.value}.{minor.value}"
+                          f"PYDIST_LIBMPI at an MPI library ({', '.join(_ALL_NAMES)}), or unset it")
     version = _version_string(lib)
+    if hasattr(lib, "ompi_mpi_comm_world"):
+        return "openmpi", version
+    abi_version = getattr(lib, "MPI_Abi_get_version", None)
+    if abi_version is not None:   # MPI 5's standard ABI (libmpi_abi.so) answers with major >= 1
+        major, minor = ctypes.c_int(0), ctypes.c_int(0)
+        if abi_version(ctypes.byref(major), ctypes.byref(minor)) == 0 and major.value > 0:
+            return "standard", version
+    if any(mark in version for mark in ("MPICH", "Intel(R) MPI", "MVAPICH")):
+        return "mpich", version
     first = version.strip().splitlines()[0] if version.strip() else "(no version)"
-    if kind is None and not any(mark in version for mark in ("MPICH", "Intel(R) MPI", "MVAPICH")):
-        kind = "an unknown ABI"
-    if kind is not None:
-        raise ImportError(f"pydist: {path} ({first}; {why}) is of {kind}, not MPICH's: pydist runs on a library "
-                          f"of MPICH's ABI (libmpi.so.12: MPICH, Intel MPI, MVAPICH, Cray MPICH). Point "
-                          f"PYDIST_LIBMPI at one, or unset it")
-    return version
+    raise ImportError(f"pydist: {path} ({first}; {why}) is of an ABI pydist does not know: it runs on "
+                      f"{', '.join(ABI_KIND.values())}. Point PYDIST_LIBMPI at one, or unset it")
+
+
+def _check_pairing(abi, path, why, first):
+    """ImportError where the launcher that started this process cannot start ranks of library `path`
+    (of `abi`): each would run as rank 0 of 1, or abort. The message names the command that works."""
+    family, var = launcher()
+    if family is None:
+        return
+    fits = {"openmpi": ("openmpi",), "pmi": ("mpich", "standard"), "pmix": ("openmpi", "mpich", "standard")}[family]
+    if family == "pmix" and abi != "openmpi" and not speaks_pmix_version(LIBMPI[3] if LIBMPI else ""):
+        fits = ("openmpi",)
+    if abi in fits:
+        return
+    n = os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("PMI_SIZE") or os.environ.get(
+        "SLURM_STEP_NUM_TASKS") or "N"
+    tool = mpiexec_for(path, abi)
+    fix = (f"start it with that library's own launcher (`{tool} -n {n} python ...`), or"
+           if tool else "start it with that library's own launcher, or")
+    if why.startswith("PYDIST_LIBMPI"):
+        fix += " unset PYDIST_LIBMPI to run on the launcher's own library"
+    else:
+        fix += (f" point PYDIST_LIBMPI at a library of the launcher's MPI (if no launcher started this process, "
+                f"{var} is left over in the environment: unset it)")
+    raise ImportError(f"pydist: this process was started by {_LAUNCHER_NAME[family]} ({var} is set), but the MPI "
+                      f"library chosen, {path} ({first}; {why}), is of {ABI_KIND[abi]}, which that launcher "
+                      f"cannot start: each rank would run alone or abort. {fix[0].upper()}{fix[1:]}")
+
+
+def speaks_pmix_version(version):
+    """Whether a library of this version string talks to a PMIx server: Open MPI always; MPICH where
+    its configure line (in its version string) says so."""
+    return "open mpi" in version.lower() or "pmix" in version.lower()
 
 
 def speaks_pmix():
-    """Whether the MPI library loaded was built to talk to a PMIx server (srun --mpi=pmix): MPICH's
-    version string carries its configure line."""
-    return LIBMPI is not None and "pmix" in LIBMPI[3].lower()
+    """Whether the MPI library loaded talks to a PMIx server (srun --mpi=pmix)."""
+    return LIBMPI is not None and speaks_pmix_version(LIBMPI[3])
 
 
 def _load_impi_libfabric(lib, path):
@@ -224,44 +334,95 @@ def _file_of(function):
 
 def load():
     """Load the MPI library (globally: pydist._C's MPI calls bind to it) and the PyPI libraries the
-    build took; before pydist._C itself."""
+    build took, before pydist._C itself; the ABI of the library loaded (which build of pydist._C
+    matches it)."""
     import ctypes
     global LIBMPI
     path, why = libmpi_choice()
+    # RTLD_GLOBAL also for one loaded already: mpi4py's extension loaded it for itself alone
+    mode = os.RTLD_GLOBAL | os.RTLD_NOW | (os.RTLD_NOLOAD if why.startswith("loaded") else 0)
     try:
-        lib = ctypes.CDLL(path, os.RTLD_GLOBAL | os.RTLD_NOW)
+        lib = ctypes.CDLL(path, mode)
     except OSError as e:
-        raise ImportError(f"pydist: cannot load the MPI library {path} ({why}): {e}. Install MPICH "
-                          f"(apt-get install -y mpich, or pip install mpich), or point PYDIST_LIBMPI at "
-                          f"a libmpi.so.12") from None
-    version = _refuse_other_abis(lib, path, why)
+        raise ImportError(f"pydist: cannot load the MPI library {path} ({why}): {e}. Install an MPI (Debian/"
+                          f"Ubuntu: apt-get install -y mpich, or openmpi-bin; or pip install mpich), or point "
+                          f"PYDIST_LIBMPI at its libmpi") from None
+    abi, version = classify(lib, path, why)
+    first = version.strip().splitlines()[0] if version.strip() else "(no version)"
+    LIBMPI = (path, why, first, version, abi)
+    _check_pairing(abi, path, why, first)
+    init = getattr(lib, "MPI_Init", None)   # (where a library lacks it, importing pydist._C says so)
+    LIBMPI = ((_file_of(init) if init is not None else None) or path, why, first, version, abi)
     _load_impi_libfabric(lib, path)
-    LIBMPI = (_file_of(lib.MPI_Init) or path, why, version.strip().splitlines()[0] if version.strip() else "(no version)",
-              version)
     for name in _pypi_libraries():
         if name != "mpich":
             ctypes.CDLL(str(_installed_file(name, _LIBRARY[name])))
+    return abi
 
 
-def _mpich_tool(name):
-    """MPICH's `name` (mpiexec, mpicc) from the MPICH pydist runs on: the mpich package's own (a full
-    path) when the build took MPICH from PyPI, else the one on PATH (Debian calls it name.mpich; a
-    plain name may be another MPI's)."""
+def import_build(abi):
+    """pydist._C: the build for `abi` (pydist/_C_<abi>*.so), imported under the name pydist._C."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    files = [os.path.join(here, f"_C_{abi}{suffix}") for suffix in importlib.machinery.EXTENSION_SUFFIXES]
+    path = next((f for f in files if os.path.isfile(f)), None)
+    if path is None:
+        built = _build_config("ABIS", [])
+        raise ImportError(f"pydist: the MPI library {LIBMPI[0]} ({LIBMPI[2]}; {LIBMPI[1]}) is of {ABI_KIND[abi]}, "
+                          f"and this pydist has no build for it (it has {', '.join(built) or 'none'}): reinstall "
+                          f"pydist where pip can fetch that ABI's headers, or run on a library of "
+                          f"{' or '.join(ABI_KIND[a] for a in built) or 'another ABI'}")
+    loader = importlib.machinery.ExtensionFileLoader("pydist._C", path)
+    spec = importlib.util.spec_from_file_location("pydist._C", path, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["pydist._C"] = module
+    try:
+        loader.exec_module(module)
+    except BaseException:
+        del sys.modules["pydist._C"]
+        raise
+    setattr(sys.modules[__package__], "_C", module)   # as the import system does for a submodule
+    return module
+
+
+def mpiexec_for(path, abi):
+    """The launcher of the MPI whose library is `path` (of `abi`): the mpiexec beside it (PREFIX/bin for
+    PREFIX/lib, or PREFIX/lib/<arch>; Debian names it mpiexec.mpich or mpiexec.openmpi), or None."""
+    if not path or not os.path.isabs(path):
+        return None
+    family = "openmpi" if abi == "openmpi" else "mpich"
+    folder = os.path.dirname(os.path.realpath(path))
+    for _ in range(3):
+        folder = os.path.dirname(folder)
+        for name in (f"mpiexec.{family}", "mpiexec"):
+            tool = os.path.join(folder, "bin", name)
+            if os.path.isfile(tool) and os.access(tool, os.X_OK):
+                return tool
+    return None
+
+
+def _tool(name):
+    """MPI's `name` (mpiexec, mpicc) of the MPI pydist runs on: the one beside its library (PyPI's
+    mpich package's, a prefix's bin/, Debian's name.mpich or name.openmpi in /usr/bin), else the one on
+    PATH (Debian calls it name.mpich; a plain name may be another MPI's)."""
     import shutil
-    if LIBMPI is not None and LIBMPI[1] != "the build's":
-        # the library was chosen at run time: its own MPICH's tool, where it has one beside it
-        tool = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(LIBMPI[0]))), "bin", name)
-        if os.path.isfile(tool) and os.access(tool, os.X_OK):
+    if LIBMPI is not None:
+        beside = mpiexec_for(LIBMPI[0], LIBMPI[4])
+        tool = beside and os.path.join(os.path.dirname(beside), os.path.basename(beside).replace("mpiexec", name))
+        if tool and os.path.isfile(tool) and os.access(tool, os.X_OK):
             return tool
-    return f"{name}.mpich" if shutil.which(f"{name}.mpich") or not shutil.which(name) else name
+    family = "openmpi" if LIBMPI is not None and LIBMPI[4] == "openmpi" else "mpich"
+    return f"{name}.{family}" if shutil.which(f"{name}.{family}") or not shutil.which(name) else name
 
 
 def mpiexec():
     """The launcher that matches the MPI library pydist runs on."""
-    return _mpich_tool("mpiexec")
+    return _tool("mpiexec")
 
 
 def mpicc():
-    """The compiler wrapper of that same MPICH, for C programs that run beside pydist under mpiexec()
-    (benchmarks/collectives_raw.c): one built with another MPICH's would load the wrong libmpi."""
-    return _mpich_tool("mpicc")
+    """The compiler wrapper of that same MPI, for C programs that run beside pydist under mpiexec()
+    (benchmarks/collectives_raw.c): one built with another MPI's would load the wrong libmpi."""
+    return _tool("mpicc")

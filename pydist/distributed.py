@@ -34,18 +34,17 @@ def _load_C():
     told which kernels this CPU runs (_libraries.blas_coretype): one older than the CPU would take
     its generic ones, five times slower."""
     def load():
-        _libraries.load()
+        abi = _libraries.load()
         try:
-            from . import _C
+            return _libraries.import_build(abi)   # pydist._C, the build for the library's ABI
         except ImportError as e:   # "undefined symbol: MPI_...": an MPI older than the calls pydist makes
             if "undefined symbol: " not in str(e) or _libraries.LIBMPI is None:
                 raise
             symbol = str(e).split("undefined symbol: ", 1)[1].split()[0]
             path, why, version = _libraries.LIBMPI[:3]
             raise ImportError(f"pydist: the MPI library {path} ({version}; {why}) lacks {symbol}, which "
-                              f"pydist calls: it needs an MPI of MPICH's ABI that has it (MPICH 4 or later, "
-                              f"Intel MPI 2021 or later); point PYDIST_LIBMPI at one") from None
-        return _C
+                              f"pydist calls: it needs MPICH 4 or later, Intel MPI 2021 or later, Open MPI "
+                              f"4.1 or later, or the MPI-5 standard ABI; point PYDIST_LIBMPI at one") from None
 
     setting = {"OPENBLAS_NUM_THREADS": "1", "OPENBLAS_CORETYPE": _libraries.blas_coretype()}
     setting = {k: v for k, v in setting.items() if v is not None and k not in os.environ}

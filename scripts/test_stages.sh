@@ -82,7 +82,7 @@ stage_py314() {
     echo "$version"
     grep -q "MPICH Version: *5\." <<<"$version" || { echo "FAIL: not running on MPICH 5"; exit 1; }
     /v/bin/python -P -c "import sys, pydist._C as c; assert sys.version_info[:2] == (3, 14), sys.version; \
-assert c.__file__.startswith(\"/src/pydist/_C.cpython-314\"), c.__file__; print(\"Python\", sys.version.split()[0], \"imports\", c.__file__)"
+assert c.__file__.startswith(\"/src/pydist/_C_mpich.cpython-314\"), c.__file__; print(\"Python\", sys.version.split()[0], \"imports\", c.__file__)"
     t1=$SECONDS
     echo "-- built in $((t1 - t0)) s; the C API core on 3.14"
     /v/bin/python -P -m pytest -q -p no:cacheprovider -k "$NO_TORCH" "${CORE_UNIT[@]}"

@@ -16,11 +16,7 @@
 #endif
 #include <numpy/arrayobject.h>
 
-#include <mpi.h>
-
-#if !defined(MPI_VERSION) || MPI_VERSION < 4
-#error "pydist needs an MPI 4 library (large-count calls); Debian/Ubuntu: apt-get install mpich libmpich-dev"
-#endif
+#include "core/mpi_calls.h"
 
 // Import NumPy's C API into the shared table (core/numpy_api.c): 0, or -1 with an exception.
 int pd_import_numpy(void);

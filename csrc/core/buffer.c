@@ -166,6 +166,14 @@ int pd_buf_get(PyObject *obj, const char *fn, const char *arg, int writable, PdB
                      "got a read-only array", fn, arg);
         goto error;
     }
+    if (PyArray_NBYTES(arr) > (npy_intp)PD_MPI_MAX_COUNT) {
+        // Open MPI before 6 counts in ints: one call carries at most 2 GiB (as bytes, or elements)
+        PyErr_Format(PyExc_ValueError, "%s(): `%s` must be at most %lld bytes on this MPI library (its calls "
+                     "count in ints, and pydist sends arrays as bytes); got %zd bytes: split it, or run on an MPI "
+                     "with MPI-4 large counts (MPICH 4 or later, Intel MPI, the standard ABI)", fn, arg,
+                     (long long)PD_MPI_MAX_COUNT, (Py_ssize_t)PyArray_NBYTES(arr));
+        goto error;
+    }
     buf->arr = arr;
     buf->dtype = dt;
     buf->data = PyArray_DATA(arr);

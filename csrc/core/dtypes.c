@@ -107,7 +107,7 @@ const PdDtype *pd_dtype_bfloat16(void) {
 // inf - inf), and MPICH orders the operands differently on different ranks, so without this the
 // ranks' bits could differ.
 #define HALF_OP(name, widen, narrow, nan_, expr)                                                   \
-    static void name(void *in, void *inout, MPI_Count *len, MPI_Datatype *dt) {                    \
+    static void name(void *in, void *inout, PdOpLen *len, MPI_Datatype *dt) {                    \
         (void)dt;                                                                                   \
         const uint16_t *a_ = (const uint16_t *)in;                                                  \
         uint16_t *b_ = (uint16_t *)inout;                                                           \
@@ -125,7 +125,7 @@ HALF_OP(bf16_prod, pd_bf16_to_float, pd_float_to_bf16, PD_BF16_QNAN, a * b)
 // float32 and float64 SUM and PRODUCT: MPI's own, but for a NaN result, which is canonical (above).
 // The loop vectorises (an add or multiply, a compare and a blend per lane).
 #define FLOAT_OP(name, type, canon, expr)                                                         \
-    static void name(void *in, void *inout, MPI_Count *len, MPI_Datatype *dt) {                    \
+    static void name(void *in, void *inout, PdOpLen *len, MPI_Datatype *dt) {                    \
         (void)dt;                                                                                   \
         const type *a_ = (const type *)in;                                                          \
         type *b_ = (type *)inout;                                                                   \
@@ -143,18 +143,21 @@ FLOAT_OP(f64_prod, double, pd_canon_f64, a * b)
 // complex64 and complex128 likewise, part by part: SUM is the float SUM of the 2n parts; PRODUCT is
 // the shared-memory kernels' formula (shm.c), each part's NaN canonical. Found by the conformance
 // fuzzer: complex64 SUM with NaN at 4 ranks gave ranks different bits through MPI's own MPI_SUM.
-static void c64_sum(void *in, void *inout, MPI_Count *len, MPI_Datatype *dt) {
-    MPI_Count parts = 2 * *len;
-    f32_sum(in, inout, &parts, dt);
+// (The 2n parts as two runs of n: 2n need not fit an int, Open MPI's op length.)
+static void c64_sum(void *in, void *inout, PdOpLen *len, MPI_Datatype *dt) {
+    PdOpLen half = *len;
+    f32_sum(in, inout, &half, dt);
+    f32_sum((float *)in + half, (float *)inout + half, &half, dt);
 }
 
-static void c128_sum(void *in, void *inout, MPI_Count *len, MPI_Datatype *dt) {
-    MPI_Count parts = 2 * *len;
-    f64_sum(in, inout, &parts, dt);
+static void c128_sum(void *in, void *inout, PdOpLen *len, MPI_Datatype *dt) {
+    PdOpLen half = *len;
+    f64_sum(in, inout, &half, dt);
+    f64_sum((double *)in + half, (double *)inout + half, &half, dt);
 }
 
 #define COMPLEX_PROD_OP(name, type, canon)                                                         \
-    static void name(void *in, void *inout, MPI_Count *len, MPI_Datatype *dt) {                    \
+    static void name(void *in, void *inout, PdOpLen *len, MPI_Datatype *dt) {                    \
         (void)dt;                                                                                   \
         const type *a_ = (const type *)in;                                                          \
         type *b_ = (type *)inout;                                                                   \
@@ -177,7 +180,7 @@ COMPLEX_PROD_OP(c128_prod, double, pd_canon_f64)
 // give what the shared-memory paths give, bitwise, on every rank.
 
 #define FLOAT_MINMAX_OP(name, shm_dtype, shm_op)                                                   \
-    static void name(void *in, void *inout, MPI_Count *len, MPI_Datatype *dt) {                    \
+    static void name(void *in, void *inout, PdOpLen *len, MPI_Datatype *dt) {                    \
         (void)dt;                                                                                   \
         shm_combine(inout, in, (size_t)*len, shm_dtype, shm_op);                                    \
     }
@@ -207,7 +210,7 @@ static MPI_Op float_ops[2][4] = {{MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_
 // only then reduce with these ops of our own, which compare as C compares unsigned integers.
 
 #define UNSIGNED_OP(name, type, keep_in)                                                           \
-    static void name(void *in, void *inout, MPI_Count *len, MPI_Datatype *dt) {                    \
+    static void name(void *in, void *inout, PdOpLen *len, MPI_Datatype *dt) {                    \
         (void)dt;                                                                                   \
         const type *a = (const type *)in;                                                           \
         type *b = (type *)inout;                                                                    \
@@ -253,12 +256,12 @@ static int unsigned_index(const PdDtype *dt) {
 }
 
 // ops[0..n) = MPI ops for fns[0..n), those not made yet. 0, or -1 raised.
-static int create_ops(MPI_User_function_c *const *fns, MPI_Op *ops, int n, int commute) {
+static int create_ops(PdUserFunction *const *fns, MPI_Op *ops, int n, int commute) {
     for (int i = 0; i < n; i++) {
         if (ops[i] == MPI_OP_NULL) {
-            int rc = MPI_Op_create_c(fns[i], commute, &ops[i]);
+            int rc = PD_MPI_OP_CREATE(fns[i], commute, &ops[i]);
             if (rc != MPI_SUCCESS) {
-                return pd_raise_mpi_int(rc, "MPI_Op_create_c");
+                return pd_raise_mpi_int(rc, PD_MPI_LARGE_COUNT ? "MPI_Op_create_c" : "MPI_Op_create");
             }
         }
     }
@@ -275,10 +278,10 @@ static void free_ops(MPI_Op *ops, int n) {
 }
 
 int pd_ops_init(void) {
-    MPI_User_function_c *fns[2][4] = {{half_sum, half_prod, half_min, half_max},
+    PdUserFunction *fns[2][4] = {{half_sum, half_prod, half_min, half_max},
                                       {bf16_sum, bf16_prod, bf16_min, bf16_max}};
-    MPI_User_function_c *floats[2][4] = {{f32_min, f32_max, f32_sum, f32_prod}, {f64_min, f64_max, f64_sum, f64_prod}};
-    MPI_User_function_c *complexes[2][2] = {{c64_sum, c64_prod}, {c128_sum, c128_prod}};
+    PdUserFunction *floats[2][4] = {{f32_min, f32_max, f32_sum, f32_prod}, {f64_min, f64_max, f64_sum, f64_prod}};
+    PdUserFunction *complexes[2][2] = {{c64_sum, c64_prod}, {c128_sum, c128_prod}};
     for (int h = 0; h < 2; h++) {
         // float16/bfloat16 SUM and PRODUCT round after every pairwise step, so they are not associative:
         // declared non-commutative, MPICH combines in rank order with the same grouping on every rank (as
@@ -289,7 +292,7 @@ int pd_ops_init(void) {
             return -1;
         }
     }
-    MPI_User_function_c *minmax[4][2] = {{u8_min, u8_max}, {u16_min, u16_max}, {u32_min, u32_max},
+    PdUserFunction *minmax[4][2] = {{u8_min, u8_max}, {u16_min, u16_max}, {u32_min, u32_max},
                                          {u64_min, u64_max}};
     for (int i = 0; i < 4; i++) {
         if (unsigned_ops[i][0] == MPI_OP_NULL && !unsigned_minmax_right(i) &&

@@ -125,11 +125,27 @@ static PyObject *mpi_path_start(const char *fn, long group, MPI_Comm comm, int a
     }
     MPI_Request req = MPI_REQUEST_NULL;
     pd_call_path = "MPI";
-    int rc = pd_mpi_call_start(mc, comm, &req);
+    // A call whose start hands back memory MPI reads (request.c) keeps it beside `keep`, in a tuple
+    // made first: once the request is started, nothing may fail before it has an owner.
+    PyObject *kept = NULL, *scratch = NULL;
+    if (pd_mpi_call_scratch(mc) && (kept = PyTuple_Pack(2, keep != NULL ? keep : Py_None, Py_None)) == NULL) {
+        return NULL;
+    }
+    int rc = pd_mpi_call_start(mc, comm, &req, &scratch);
     if (rc != MPI_SUCCESS) {
+        Py_XDECREF(kept);
         return start_failed(rc, mc->name);
     }
-    return finish(req, fn, group, async_op, keep, result, avg);
+    if (kept == NULL) {
+        return finish(req, fn, group, async_op, keep, result, avg);
+    }
+    if (scratch != NULL) {
+        Py_DECREF(PyTuple_GET_ITEM(kept, 1));
+        PyTuple_SET_ITEM(kept, 1, scratch);
+    }
+    PyObject *ret = finish(req, fn, group, async_op, kept, result, avg);
+    Py_DECREF(kept);
+    return ret;
 }
 
 // mpi_path_start, with an input that overlaps the output (torch's forms: all_to_all_single(t, t),
@@ -165,8 +181,9 @@ static int headers(const PdRoute *r) {
     return r->algorithm == PD_ROUTE_AUTO && r->headers_ok && headers_in_slots(r->group);
 }
 
+// (A library without MPI_Isendrecv, Open MPI 4.1, leaves the ring's calls to MPI: the same result.)
 static int ring_takes(const PdRoute *r) {
-    return r->tensor != NULL && r->algorithm == PD_ROUTE_RING;
+    return r->tensor != NULL && r->algorithm == PD_ROUTE_RING && pd_mpi_has_isendrecv();
 }
 
 static PyObject *ring_run(PdRoute *r, int *fallback) {

@@ -70,7 +70,120 @@ PdWorkObject *pd_work_new(MPI_Request req, const PdOp *op, PyObject *keep, PyObj
     return w;
 }
 
-int pd_mpi_call_start(const PdMpiCall *c, MPI_Comm comm, MPI_Request *req) {
+#if !PD_MPI_LARGE_COUNT
+// ---------------------------------------------------------------------------------------------------
+// The v-collectives without MPI-4's large counts (Open MPI before 6)
+//
+// Their int displacements cannot reach a list's arrays, which lie anywhere in the address space
+// (small ones on the heap, large ones mapped far away). So each block is a datatype at its absolute
+// address (hindexed, on MPI_BOTTOM), and the call is MPI_Ialltoallw, which takes one datatype per
+// peer: every rank makes the same call, whatever its own addresses. The arrays MPI reads (counts,
+// displacements, datatypes) stay in *scratch until the request completes; the datatypes are freed
+// once started (MPI keeps them for the operation, MPI_Type_free's rule).
+
+// Block p's address and size (in c->type's elements) on the send (send=1) or receive side; NULL: none.
+static const char *v_block(const PdMpiCall *c, int send, int p, int me, MPI_Count *n) {
+    *n = 0;
+    int in_place = c->send == MPI_IN_PLACE || c->recv == MPI_IN_PLACE;
+    if (in_place && p == me) {
+        return NULL;   // this rank's own block is in place already
+    }
+    switch (c->kind) {
+    case PD_MPI_ALLGATHERV:
+        if (send && c->send == MPI_IN_PLACE) {   // this rank's block, from where it already is
+            *n = c->rcounts[me];
+            return (const char *)c->recv + c->rdispls[me];
+        }
+        *n = send ? c->scount : c->rcounts[p];
+        return send ? c->send : (const char *)c->recv + c->rdispls[p];
+    case PD_MPI_GATHERV:
+        if (send ? p != c->root : me != c->root) {
+            return NULL;
+        }
+        *n = send ? c->scount : c->rcounts[p];
+        return send ? c->send : (const char *)c->recv + c->rdispls[p];
+    case PD_MPI_SCATTERV:
+        if (send ? me != c->root : p != c->root) {
+            return NULL;
+        }
+        *n = send ? c->scounts[p] : c->rcount;
+        return send ? (const char *)c->send + c->sdispls[p] : c->recv;
+    case PD_MPI_ALLTOALLV:
+        *n = send ? c->scounts[p] : c->rcounts[p];
+        return send ? (const char *)c->send + c->sdispls[p] : (const char *)c->recv + c->rdispls[p];
+    default:
+        return NULL;
+    }
+}
+
+static int v_start_alltoallw(const PdMpiCall *c, MPI_Comm comm, MPI_Request *req, PyObject **scratch) {
+    int size = 0, me = 0, rc = MPI_Comm_size(comm, &size);
+    if (rc != MPI_SUCCESS || (rc = MPI_Comm_rank(comm, &me)) != MPI_SUCCESS) {
+        return rc;
+    }
+    // counts[2][size], displacements[size] (all 0: the types carry the addresses), types[2][size]
+    size_t ints = 3 * (size_t)size, bytes = 2 * (size_t)size * sizeof(MPI_Datatype) + ints * sizeof(int);
+    PyObject *mem = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)bytes);
+    if (mem == NULL) {
+        PyErr_Clear();
+        return MPI_ERR_NO_MEM;
+    }
+    MPI_Datatype *types = (MPI_Datatype *)PyBytes_AS_STRING(mem);   // first: aligned for a pointer
+    int *counts = (int *)(types + 2 * size), *displs = counts + 2 * size;
+    int made = 0;
+    for (int side = 0; side < 2 && rc == MPI_SUCCESS; side++) {
+        for (int p = 0; p < size && rc == MPI_SUCCESS; p++) {
+            MPI_Count n;
+            const char *at = v_block(c, side == 0, p, me, &n);
+            MPI_Datatype *t = &types[side * size + p];
+            displs[p] = 0;
+            counts[side * size + p] = at != NULL && n > 0;
+            *t = c->type;
+            if (at == NULL || n == 0) {
+                continue;
+            }
+            MPI_Aint addr;
+            int len = (int)n;
+            if (n > INT_MAX) {
+                rc = MPI_ERR_COUNT;
+            } else if ((rc = MPI_Get_address(at, &addr)) == MPI_SUCCESS &&
+                       (rc = MPI_Type_create_hindexed(1, &len, &addr, c->type, t)) == MPI_SUCCESS) {
+                made++;
+                rc = MPI_Type_commit(t);
+            }
+        }
+    }
+    if (rc == MPI_SUCCESS) {
+        rc = MPI_Ialltoallw(MPI_BOTTOM, counts, displs, types, MPI_BOTTOM, counts + size, displs, types + size, comm,
+                            req);
+    }
+    for (int i = 0; i < 2 * size && made > 0; i++) {
+        if (types[i] != c->type && types[i] != MPI_DATATYPE_NULL) {
+            MPI_Type_free(&types[i]);
+            made--;
+        }
+    }
+    if (rc != MPI_SUCCESS) {
+        Py_DECREF(mem);
+        return rc;
+    }
+    *scratch = mem;
+    return rc;
+}
+#endif
+
+int pd_mpi_call_scratch(const PdMpiCall *c) {
+    return !PD_MPI_LARGE_COUNT && (c->kind == PD_MPI_ALLGATHERV || c->kind == PD_MPI_GATHERV ||
+                                   c->kind == PD_MPI_SCATTERV || c->kind == PD_MPI_ALLTOALLV);
+}
+
+int pd_mpi_call_start(const PdMpiCall *c, MPI_Comm comm, MPI_Request *req, PyObject **scratch) {
+    *scratch = NULL;
+#if !PD_MPI_LARGE_COUNT
+    if (pd_mpi_call_scratch(c)) {
+        return v_start_alltoallw(c, comm, req, scratch);
+    }
+#endif
     switch (c->kind) {
     case PD_MPI_BARRIER:
         return MPI_Ibarrier(comm, req);
@@ -82,6 +195,7 @@ int pd_mpi_call_start(const PdMpiCall *c, MPI_Comm comm, MPI_Request *req) {
         return MPI_Ireduce_c(c->send, c->recv, c->scount, c->type, c->op, c->root, comm, req);
     case PD_MPI_ALLGATHER:
         return MPI_Iallgather_c(c->send, c->scount, c->type, c->recv, c->rcount, c->type, comm, req);
+#if PD_MPI_LARGE_COUNT
     case PD_MPI_ALLGATHERV:
         return MPI_Iallgatherv_c(c->send, c->scount, c->type, c->recv, c->rcounts, c->rdispls, c->type, comm, req);
     case PD_MPI_GATHERV:
@@ -90,11 +204,14 @@ int pd_mpi_call_start(const PdMpiCall *c, MPI_Comm comm, MPI_Request *req) {
     case PD_MPI_SCATTERV:
         return MPI_Iscatterv_c(c->send, c->scounts, c->sdispls, c->type, c->recv, c->rcount, c->type, c->root, comm,
                                req);
+#endif
     case PD_MPI_REDUCE_SCATTER_BLOCK:
         return MPI_Ireduce_scatter_block_c(c->send, c->recv, c->rcount, c->type, c->op, comm, req);
+#if PD_MPI_LARGE_COUNT
     case PD_MPI_ALLTOALLV:
         return MPI_Ialltoallv_c(c->send, c->scounts, c->sdispls, c->type, c->recv, c->rcounts, c->rdispls, c->type,
                                 comm, req);
+#endif
     case PD_MPI_ALLTOALL:
         return MPI_Ialltoall_c(c->send, c->scount, c->type, c->recv, c->rcount, c->type, comm, req);
     default:

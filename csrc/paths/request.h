@@ -27,8 +27,12 @@ typedef struct {
     MPI_Op op;
     int root;                   // group rank
 } PdMpiCall;
-// Start it on `comm` (request.c): MPI's return code.
-int pd_mpi_call_start(const PdMpiCall *c, MPI_Comm comm, MPI_Request *req);
+// Start it on `comm` (request.c): MPI's return code. *scratch: NULL, or memory MPI reads until the
+// request completes (a new reference, to keep with the call's arrays).
+int pd_mpi_call_start(const PdMpiCall *c, MPI_Comm comm, MPI_Request *req, PyObject **scratch);
+// Whether pd_mpi_call_start may hand back scratch for `c` (the v-collectives on a library without large
+// counts).
+int pd_mpi_call_scratch(const PdMpiCall *c);
 // The same data as point-to-point at 2 ranks, this rank being group rank `me` (request.c): MPI's return
 // code with *what the MPI call made (for its error), or -1 for a call that is not one block each way
 // (then pd_mpi_call_start).

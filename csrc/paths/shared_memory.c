@@ -755,7 +755,7 @@ static void large_data(GroupChannel *g, Pending *e) {
     int reduce_scatter = (e->call.kind & ~SMALL_HEADER_ONLY) == SMALL_REDUCE_SCATTER &&
                          x->mpi.kind == PD_MPI_REDUCE_SCATTER_BLOCK;
     if ((all_reduce || reduce_scatter) && (tuned ? tuned == LARGE_TUNED_RING : size == 2) && comm != NULL &&
-        !(or_ & LARGE_ASYNC)) {
+        !(or_ & LARGE_ASYNC) && pd_mpi_has_isendrecv()) {
         // Two ranks (or the path table's ring at any size), each in this call and blocking: our ring,
         // which each rank's own wait moves along; the same result on every rank, as each block is reduced
         // once and sent on.
@@ -789,7 +789,8 @@ static void large_data(GroupChannel *g, Pending *e) {
     // Two ranks: a broadcast, all-gather or all-to-all as one point-to-point exchange (request.c), by
     // every rank alike (its kind matched). Tagged by the round, as a ring: the private communicator's
     // point-to-point never meets another call's.
-    int pair = size == 2 && comm != NULL && tuned != LARGE_TUNED_MPI;   // (the table's MPI: MPI's own call)
+    int pair = size == 2 && comm != NULL && tuned != LARGE_TUNED_MPI &&   // (the table's MPI: MPI's own call)
+               pd_mpi_has_isendrecv();
     rc = pair ? pd_mpi_call_start_pair(&mpi, pd_group_rank(group), *comm, pd_group_ring_tag(g->small.completed - 1),
                                        &w->req, &mpi.name)
               : -1;
@@ -802,7 +803,22 @@ static void large_data(GroupChannel *g, Pending *e) {
             // posted at once), 256 KiB 109 against 88 us.
             mpi = even;
         }
-        rc = comm == NULL ? MPI_ERR_COMM : pd_mpi_call_start(&mpi, *comm, &w->req);
+        // Memory MPI reads until the end (request.c) joins the Work's keep, in a tuple made first.
+        PyObject *kept = NULL, *scratch = NULL;
+        if (comm != NULL && pd_mpi_call_scratch(&mpi)) {
+            if ((kept = PyTuple_Pack(2, w->keep != NULL ? w->keep : Py_None, Py_None)) == NULL) {
+                pd_work_fail(w);
+                PyErr_Clear();
+                pd_work_finish(w);
+                return;
+            }
+            Py_XSETREF(w->keep, kept);
+        }
+        rc = comm == NULL ? MPI_ERR_COMM : pd_mpi_call_start(&mpi, *comm, &w->req, &scratch);
+        if (scratch != NULL) {
+            Py_DECREF(PyTuple_GET_ITEM(kept, 1));
+            PyTuple_SET_ITEM(kept, 1, scratch);
+        }
     }
     if (rc != MPI_SUCCESS) {
         pd_raise_mpi(rc, mpi.name);
@@ -1069,7 +1085,7 @@ int pd_shm_all_reduce(PyObject *tensor, PdBuf *buf, long op, MPI_Op mop, long gr
     PyList_SET_ITEM(list, 0, Py_NewRef(tensor));
     // large_data makes it "shm" when the data takes shared memory
     uint32_t tuned_ring = flags & LARGE_TUNED ? flags & LARGE_TUNED_RING : pd_group_size(group) == 2;
-    pd_call_path = tuned_ring && !async_op ? "shm header + ring" : "shm header + MPI";
+    pd_call_path = tuned_ring && !async_op && pd_mpi_has_isendrecv() ? "shm header + ring" : "shm header + MPI";
     *ret = header_run("all_reduce", group, async_op, &call, &mpi, (PyObject *)buf->arr, list,
                       op == PD_OP_AVG ? buf : NULL, &fallback);
     Py_DECREF(list);
@@ -1097,9 +1113,10 @@ PyObject *pd_shm_header_run(const char *fn, long group, int async_op, const Smal
     // large_data may say otherwise, for a call still on this thread when its headers match
     uint32_t tuned = call.flags & LARGE_TUNED;
     int ring = rs && !async_op && mpi->kind == PD_MPI_REDUCE_SCATTER_BLOCK &&
-               (tuned ? tuned == LARGE_TUNED_RING : size == 2);
+               (tuned ? tuned == LARGE_TUNED_RING : size == 2) && pd_mpi_has_isendrecv();
     pd_call_path = !(call.kind & SMALL_HEADER_ONLY) ? "small shm"
-                   : size == 2 && pd_mpi_call_pairs(mpi) && tuned != LARGE_TUNED_MPI ? "shm header + pair"
+                   : size == 2 && pd_mpi_call_pairs(mpi) && tuned != LARGE_TUNED_MPI && pd_mpi_has_isendrecv()
+                   ? "shm header + pair"
                    : ring ? "shm header + ring" : "shm header + MPI";
     return header_run(fn, group, async_op, &call, mpi, keep, list, avg, fallback);
 }

@@ -7,7 +7,7 @@
 
 #include <stddef.h>
 
-#include <mpi.h>
+#include "core/mpi_calls.h"
 
 // The caller's interruptible wait on one request (Ctrl-C, its timeout, departed ranks): 0 completed;
 // -1 with an exception set, the request given up (its buffer may still be written later).

@@ -8,7 +8,7 @@
 #define PYDIST_PATHS_TUNED_H
 
 #include <Python.h>
-#include <mpi.h>
+#include "core/mpi_calls.h"
 #include <stddef.h>
 #include <stdint.h>
 

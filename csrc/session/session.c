@@ -554,9 +554,11 @@ PyObject *pd_mpi_info(PyObject *self, PyObject *unused) {
     if (settings == NULL) {
         return NULL;
     }
-    return Py_BuildValue("{s:s,s:i,s:i,s:O,s:N}", "library_version", version, "mpi_version", MPI_VERSION,
-                         "thread_level", thread_level, "wait_spin", pd_wait_spin ? Py_True : Py_False, "settings",
-                         settings);
+    return Py_BuildValue("{s:s,s:i,s:s,s:O,s:O,s:O,s:i,s:O,s:N}", "library_version", version, "mpi_version",
+                         MPI_VERSION, "abi", PD_MPI_ABI, "large_count", PD_MPI_LARGE_COUNT ? Py_True : Py_False,
+                         "isendrecv", pd_mpi_has_isendrecv() ? Py_True : Py_False, "persistent_collectives",
+                         pd_mpi_has_persistent() ? Py_True : Py_False, "thread_level", thread_level, "wait_spin",
+                         pd_wait_spin ? Py_True : Py_False, "settings", settings);
 }
 
 

@@ -205,6 +205,9 @@ int comm_allreduce_sum_shm(Comm *c, float *buf, long n) {
 
 int comm_ring_allreduce_sum(Comm *c, float *buf, long n, float *tmp) {
     if (c->size == 1) return 0;
+    if (!pd_mpi_has_isendrecv()) {
+        return comm_allreduce_sum(c, buf, n);   // Open MPI 4.1: MPI's all-reduce, the same sum's role
+    }
     int mpi_rc = MPI_SUCCESS;
     const char *call = NULL;
     double t0 = now();

@@ -9,7 +9,7 @@
 #ifndef PYDIST_STRATEGIES_COMM_H
 #define PYDIST_STRATEGIES_COMM_H
 
-#include <mpi.h>
+#include "core/mpi_calls.h"
 
 #include "paths/algorithms/ring.h"
 

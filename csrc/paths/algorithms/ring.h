@@ -11,7 +11,7 @@
 #ifndef PYDIST_ALGORITHMS_RING_H
 #define PYDIST_ALGORITHMS_RING_H
 
-#include <mpi.h>
+#include "core/mpi_calls.h"
 #include <stddef.h>
 
 // Bytes and messages this rank has sent, counted where they are sent.
