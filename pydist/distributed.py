@@ -293,11 +293,17 @@ def _child_reason(fn):
 _claim_launcher()
 
 
+def _launcher_rank():
+    """This process's rank as its launcher set it (hydra and srun: PMI_RANK; Open MPI's mpiexec:
+    OMPI_COMM_WORLD_RANK; a PMIx server: PMIX_RANK), or "?"."""
+    return next((os.environ[v] for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK") if v in os.environ), "?")
+
+
 def _rank_prefix():
     try:
         return f"[rank{_C.get_rank(0)}]"
     except Exception:
-        return f"[rank{os.environ.get('PMI_RANK', '?')}]"
+        return f"[rank{_launcher_rank()}]"
 
 
 def _excepthook(exc_type, exc, tb):
@@ -348,7 +354,7 @@ def _tell_the_launcher_init_began(seconds):
     """Under python -m pydist.run: mark rank-R.init in the attempt's folder, with the timeout, before MPI
     starts. MPI_Init waits for every rank with no deadline of its own; from the marks the launcher sees a
     rank that never arrives and ends the job once `seconds` (or 30 minutes) have passed."""
-    folder, rank = os.environ.get("PYDIST_RUN_ATTEMPT_DIR"), os.environ.get("PMI_RANK", "")
+    folder, rank = os.environ.get("PYDIST_RUN_ATTEMPT_DIR"), _launcher_rank()
     if not folder or not rank.isascii() or not rank.isdigit():
         return
     try:   # O_EXCL | O_NOFOLLOW: a fresh file, never a link planted at the name

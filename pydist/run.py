@@ -218,7 +218,7 @@ def _write_record(folder, record):
 
 
 def _pmi_rank():
-    value = os.environ.get("PMI_RANK", os.environ.get("PMIX_RANK", "0"))
+    value = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMIX_RANK", "0")))
     return int(value) if value.isascii() and value.isdigit() and len(value) < 10 else 0
 
 

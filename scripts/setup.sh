@@ -9,8 +9,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# MPICH, never Open MPI: a library linked to one MPI and launched by the other's mpiexec runs every
-# process as rank 0 of 1. Debian's python3-mpi4py pulls Open MPI in, so it is never installed here.
+# MPICH is the system's MPI here. The other MPIs the libraries stage runs on (Open MPI among them) live
+# in prefixes of their own (scripts/test_libraries.sh), so that the plain mpiexec and mpicc keep naming
+# MPICH's for the rest of the suite: Debian's openmpi-bin (and python3-mpi4py, which pulls it in) would
+# switch them through its alternatives, so they are never installed system-wide.
 # OpenBLAS and zlib for the training engine, and the Fashion-MNIST data set its main job trains on.
 APT_PACKAGES=(mpich libmpich-dev pkg-config libopenblas-dev zlib1g-dev dataset-fashion-mnist)
 # The test suite's builds go through ccache (scripts/compiler.sh).
@@ -83,8 +85,8 @@ if [ "${1:-}" = "--test" ]; then source scripts/compiler.sh; fi
 .venv/bin/python -c "import pydist, numpy; print('setup: pydist', pydist.__version__, 'ready in .venv')"
 # The venvs of the other Pythons pyproject.toml claims, for make test's pythons stage (made once).
 if [ "${1:-}" = "--test" ]; then scripts/test_pythons.sh --venvs; fi
-# The other MPI libraries of MPICH's ABI the libraries stage runs the same build on (PyPI's MPICH 5,
-# Intel MPI from PyPI), each under a prefix of its own (made once).
+# The other MPI libraries the libraries stage runs the same install on (PyPI's MPICH 5, Intel MPI, Open
+# MPI 5.0; Debian's Open MPI 4.1, unpacked), each under a prefix of its own (made once).
 if [ "${1:-}" = "--test" ]; then scripts/test_libraries.sh --install; fi
 # Python 3.14 with MPICH 5 in a Debian unstable root, for the py314 stage (made once, cached under
 # /var/cache/pydist; a few minutes and 1.4 GB).

@@ -7,8 +7,9 @@
 #              under mpiexec: examples, a dying rank, the wrong launcher, the launcher's fault handling)
 #     mpi      tests/mpi under real mpiexec at world sizes 1, 2, 3 and 4 (tests/run_mpi.py)
 #     docs     the documentation site builds with warnings as errors; its examples run (tests/docs)
-#     libraries  the same build on PyPI's MPICH 5 and Intel MPI (impi-rt), each under its own mpiexec:
-#              the core multi-rank tests at 2 ranks (scripts/test_libraries.sh)
+#     libraries  the same install on PyPI's MPICH 5, Intel MPI (impi-rt), MPICH 5's standard ABI, Open MPI 5.0
+#              (PyPI) and 4.1 (Debian's, unpacked), each under its own mpiexec: the core multi-rank tests
+#              (scripts/test_libraries.sh)
 #   lane 2 (in the background; its output is printed when lane 1 is done):
 #     unit2    the unit tests that compile (the build without warnings, the kernels at every level) or
 #              run the benchmarks
@@ -44,7 +45,7 @@ declare -A TITLE=(
   [pip]="pip install with no system MPI, the wheel, MPICH 5 (scripts/test_pip_install.sh)"
   [asan]="AddressSanitizer build: core tests"
   [docs]="the documentation site: built with warnings as errors, every example run"
-  [libraries]="one build on each MPI library of MPICH's ABI: MPICH 5, Intel MPI (scripts/test_libraries.sh)"
+  [libraries]="one install on each other MPI: MPICH 5, Intel MPI, the standard ABI, Open MPI 5.0 and 4.1 (scripts/test_libraries.sh)"
 )
 
 # run_stage NAME: the stage (scripts/test_stages.sh) in a bash of its own, with its time in $LOGS/NAME.time:
