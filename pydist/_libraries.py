@@ -268,12 +268,9 @@ def _check_pairing(abi, path, why, first):
     """ImportError where the launcher that started this process cannot start ranks of library `path`
     (of `abi`): each would run as rank 0 of 1, or abort. The message names the command that works."""
     family, var = launcher()
-    if family is None:
-        return
-    fits = {"openmpi": ("openmpi",), "pmi": ("mpich", "standard"), "pmix": ("openmpi", "mpich", "standard")}[family]
-    if family == "pmix" and abi != "openmpi" and not speaks_pmix_version(LIBMPI[3] if LIBMPI else ""):
-        fits = ("openmpi",)
-    if abi in fits:
+    # (A PMIx server alone, srun --mpi=pmix, is init_process_group's to judge: it names Slurm's fix.)
+    fits = {"openmpi": ("openmpi",), "pmi": ("mpich", "standard")}.get(family)
+    if fits is None or abi in fits:
         return
     n = os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("PMI_SIZE") or os.environ.get(
         "SLURM_STEP_NUM_TASKS") or "N"
@@ -290,15 +287,10 @@ def _check_pairing(abi, path, why, first):
                       f"cannot start: each rank would run alone or abort. {fix[0].upper()}{fix[1:]}")
 
 
-def speaks_pmix_version(version):
-    """Whether a library of this version string talks to a PMIx server: Open MPI always; MPICH where
-    its configure line (in its version string) says so."""
-    return "open mpi" in version.lower() or "pmix" in version.lower()
-
-
 def speaks_pmix():
-    """Whether the MPI library loaded talks to a PMIx server (srun --mpi=pmix)."""
-    return LIBMPI is not None and speaks_pmix_version(LIBMPI[3])
+    """Whether the MPI library loaded talks to a PMIx server (srun --mpi=pmix): Open MPI always; MPICH
+    where its configure line (in its version string) says so."""
+    return LIBMPI is not None and (LIBMPI[4] == "openmpi" or "pmix" in LIBMPI[3].lower())
 
 
 def _load_impi_libfabric(lib, path):

@@ -9,8 +9,8 @@
  *   standard  the MPI-5 standard ABI (libmpi_abi.so.1: MPICH 5, Open MPI 6): MPICH's mpi_abi.h
  *
  * Open MPI before 6 has no large-count (_c) calls: each one here calls the int-count call where the
- * count fits an int, and fails with MPI_ERR_COUNT where it does not (a single call of 2^31 elements
- * or more, which pydist refuses up front on such a library, pd_mpi_max_count). The v-collectives,
+ * count fits an int, and fails with MPI_ERR_COUNT where it does not (an array of 2 GiB or more, which
+ * pydist refuses up front on such a library: PD_MPI_MAX_COUNT, core/buffer.c). The v-collectives,
  * whose displacements are arrays' addresses far apart, go through MPI_Ialltoallw on MPI_BOTTOM
  * instead (paths/request.c). Open MPI 4.1 also lacks MPI_Isendrecv and the persistent collectives
  * (MPI_Bcast_init, ...): they are weak here, and pd_mpi_has_* says whether the library has them
