@@ -28,7 +28,8 @@ def library_path():
     links = os.path.join(ROOT, "benchmarks", ".build", "libmpi", target.strip(os.sep).replace(os.sep, "-"))
     os.makedirs(links, exist_ok=True)
     wanted = {name: os.path.join(beside, name) for name in os.listdir(beside)}
-    wanted.update({"libmpich.so.12": target, "libmpi.so.12": target})
+    if pydist_libraries.LIBMPI[4] == "mpich":   # (Open MPI's programs ask for libmpi.so.40, beside it)
+        wanted.update({"libmpich.so.12": target, "libmpi.so.12": target})
     for name, to in wanted.items():
         link = os.path.join(links, name)
         if not (os.path.islink(link) and os.readlink(link) == to):

@@ -17,8 +17,9 @@ Which library, the first that applies (`python -m pydist --version` says):
      lib/ (a venv with PyPI's mpich or impi-rt), then the system loader's libmpi.so.12, libmpich.so.12,
      libmpi.so.40.
 The library is classified by the symbols it exports (Open MPI's ompi_mpi_comm_world, the standard
-ABI's MPI_Abi_get_version) and its version string, and a launcher that cannot start its ranks (Open
-MPI's mpiexec with an MPICH library, hydra with Open MPI's) is refused with the command that works.
+ABI's MPI_Abi_get_version) and its version string. A launcher that cannot start its ranks (Open MPI's
+mpiexec with an MPICH library, hydra with Open MPI's) is refused by init_process_group, before MPI
+starts, with the command that works (pairing_problem).
 
 The libraries a build took from PyPI packages (MPICH, OpenBLAS: buildsys/pydist_backend.py) are
 loaded from wherever pip put them, with no run path: the build environment they sat in is gone, and a
@@ -196,7 +197,7 @@ def libmpi_choice():
                               f"{loaded} already (imported before pydist: mpi4py?), and two MPI libraries cannot "
                               f"share one process: unset PYDIST_LIBMPI, or point it at {loaded}")
         return loaded, "loaded in this process already (before pydist: mpi4py?)"
-    if chosen:   # (checked against the launcher once loaded: _check_pairing)
+    if chosen:   # (init_process_group checks it against the launcher: pairing_problem)
         if not os.path.isfile(chosen):
             raise ImportError(f"pydist: PYDIST_LIBMPI={chosen!r} is no file: point it at an MPI library "
                               f"({', '.join(_ALL_NAMES)}), or unset it")
@@ -264,27 +265,27 @@ def classify(lib, path, why):
                       f"{', '.join(ABI_KIND.values())}. Point PYDIST_LIBMPI at one, or unset it")
 
 
-def _check_pairing(abi, path, why, first):
-    """ImportError where the launcher that started this process cannot start ranks of library `path`
-    (of `abi`): each would run as rank 0 of 1, or abort. The message names the command that works."""
+def pairing_problem(fn):
+    """Why the launcher that started this process cannot start ranks of the library loaded (Open MPI's
+    mpiexec with an MPICH library, hydra with Open MPI's: each rank would run alone, or abort), with
+    the command that works; None where they fit. Said by init_process_group before MPI starts."""
     family, var = launcher()
-    # (A PMIx server alone, srun --mpi=pmix, is init_process_group's to judge: it names Slurm's fix.)
+    # (A PMIx server alone, srun --mpi=pmix, is init_process_group's Slurm check's to judge.)
     fits = {"openmpi": ("openmpi",), "pmi": ("mpich", "standard")}.get(family)
-    if fits is None or abi in fits:
-        return
-    n = os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("PMI_SIZE") or os.environ.get(
-        "SLURM_STEP_NUM_TASKS") or "N"
+    n = os.environ.get("OMPI_COMM_WORLD_SIZE" if family == "openmpi" else "PMI_SIZE", "N")
+    if LIBMPI is None or fits is None or LIBMPI[4] in fits or n == "1":   # (one rank alone is alone anyway)
+        return None
+    path, why, first, _, abi = LIBMPI
     tool = mpiexec_for(path, abi)
-    fix = (f"start it with that library's own launcher (`{tool} -n {n} python ...`), or"
-           if tool else "start it with that library's own launcher, or")
+    fix = f"start it with that library's own launcher ({tool or 'its mpiexec'} -n {n} python ...), or "
     if why.startswith("PYDIST_LIBMPI"):
-        fix += " unset PYDIST_LIBMPI to run on the launcher's own library"
+        fix += "unset PYDIST_LIBMPI to run on the launcher's own library"
     else:
-        fix += (f" point PYDIST_LIBMPI at a library of the launcher's MPI (if no launcher started this process, "
+        fix += (f"point PYDIST_LIBMPI at a library of the launcher's MPI (if no launcher started this process, "
                 f"{var} is left over in the environment: unset it)")
-    raise ImportError(f"pydist: this process was started by {_LAUNCHER_NAME[family]} ({var} is set), but the MPI "
-                      f"library chosen, {path} ({first}; {why}), is of {ABI_KIND[abi]}, which that launcher "
-                      f"cannot start: each rank would run alone or abort. {fix[0].upper()}{fix[1:]}")
+    return (f"{fn}(): this process was started by {_LAUNCHER_NAME[family]} ({var}={os.environ.get(var, '')}), but "
+            f"the MPI library chosen, {path} ({first}; {why}), is of {ABI_KIND[abi]}, which that launcher cannot "
+            f"start: each rank would run alone as rank 0 of 1, or abort; {fix}")
 
 
 def speaks_pmix():
@@ -341,8 +342,6 @@ def load():
                           f"PYDIST_LIBMPI at its libmpi") from None
     abi, version = classify(lib, path, why)
     first = version.strip().splitlines()[0] if version.strip() else "(no version)"
-    LIBMPI = (path, why, first, version, abi)
-    _check_pairing(abi, path, why, first)
     init = getattr(lib, "MPI_Init", None)   # (where a library lacks it, importing pydist._C says so)
     LIBMPI = ((_file_of(init) if init is not None else None) or path, why, first, version, abi)
     _load_impi_libfabric(lib, path)

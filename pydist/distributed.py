@@ -413,7 +413,7 @@ def init_process_group(backend="mpi", init_method=None, timeout=None, world_size
     reason = _child_reason(fn)
     if reason is not None:
         raise DistError(reason)
-    reason = None if _C.is_initialized() else _srun_without_pmi(fn)
+    reason = None if _C.is_initialized() else (_srun_without_pmi(fn) or _libraries.pairing_problem(fn))
     if reason is not None:
         raise DistError(reason)
     if _C.is_initialized():

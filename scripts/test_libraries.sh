@@ -148,23 +148,25 @@ for name in "${NAMES[@]}"; do
   (check_library "$name")   # each library's settings in a subshell of its own
 done
 
-# A launcher that cannot start a library's ranks: each refused at import, on every rank, with the fix.
+# A launcher that cannot start a library's ranks: each refused by init_process_group, on every rank, with
+# the command that works.
 if [ " ${NAMES[*]} " = " mpich5 impi standard openmpi5 openmpi4 " ]; then
   ompi=$ROOT/.mpi-openmpi5 mpich=$ROOT/.mpi-mpich5
   echo "-- wrong pairings"
   echo "   Open MPI's mpiexec, PYDIST_LIBMPI naming MPICH's library"
-  out=$( (open_mpi_env openmpi5; PYDIST_LIBMPI=$mpich/lib/libmpi.so.12 "$ompi/bin/mpiexec" -n 2 $PY -P -c "import pydist") 2>&1 || true)
-  for line in "started by Open MPI's mpiexec (OMPI_COMM_WORLD_SIZE is set)" "$mpich/bin/mpiexec -n 2 python" \
+  init="import pydist as dist; dist.init_process_group()"
+  out=$( (open_mpi_env openmpi5; PYDIST_LIBMPI=$mpich/lib/libmpi.so.12 "$ompi/bin/mpiexec" -n 2 $PY -P -c "$init") 2>&1 || true)
+  for line in "started by Open MPI's mpiexec (OMPI_COMM_WORLD_SIZE=2)" "$mpich/bin/mpiexec -n 2 python" \
               "unset PYDIST_LIBMPI to run on the launcher's own library"; do
     [ "$(echo "$out" | grep -cF "$line")" = 2 ] || { echo "FAIL: not on both ranks: $line"; echo "$out"; exit 1; }
   done
   echo "   hydra, PYDIST_LIBMPI naming Open MPI's library"
-  out=$(MPIEXEC_TIMEOUT=60 PYDIST_LIBMPI=$ompi/lib/libmpi.so.40 "$mpich/bin/mpiexec" -n 2 $PY -P -c "import pydist" 2>&1 || true)
+  out=$(MPIEXEC_TIMEOUT=60 PYDIST_LIBMPI=$ompi/lib/libmpi.so.40 "$mpich/bin/mpiexec" -n 2 $PY -P -c "$init" 2>&1 || true)
   for line in "started by a PMI launcher" "is of Open MPI's ABI" "$ompi/bin/mpiexec -n 2 python"; do
     [ "$(echo "$out" | grep -cF "$line")" = 2 ] || { echo "FAIL: not on both ranks: $line"; echo "$out"; exit 1; }
   done
   echo "   a launcher's variable left over in the environment of a process started alone"
-  out=$(OMPI_COMM_WORLD_SIZE=4 $PY -P -c "import pydist" 2>&1 || true)
+  out=$(OMPI_COMM_WORLD_SIZE=4 $PY -P -c "$init" 2>&1 || true)
   echo "$out" | grep -qF "OMPI_COMM_WORLD_SIZE is left over in the environment: unset it" || { echo "FAIL:"; echo "$out"; exit 1; }
 fi
 [ "$(readlink -f "$(command -v mpiexec)")" = "$system_mpiexec" ] || { echo "FAIL: the plain mpiexec changed"; exit 1; }
