@@ -129,12 +129,60 @@ int pd_group_peer(long handle, long global_rank, const char *fn, const char *arg
 // ---------------------------------------------------------------------------------------------------
 // Slots: filled and emptied by the session
 
+// Open MPI's nonblocking collectives (its libnbc) do not hold on to their communicator: one freed
+// while such a call is pending crashes the call's next MPI_Test (a destroyed group's pending Work, on
+// Open MPI 5.0). MPICH keeps a freed communicator until its pending calls complete, as the standard
+// says. So on Open MPI a destroyed group's communicators wait here, and go with the session's
+// (pd_group_slots_free), once every pending request has been drained: one communicator kept per
+// group destroyed during a session.
+#if defined(OPEN_MPI) && OPEN_MPI
+static MPI_Comm *later;
+static int later_n, later_cap;
+
+void pd_comm_free(MPI_Comm *comm) {
+    if (*comm == MPI_COMM_NULL) {
+        return;
+    }
+    if (later_n == later_cap) {
+        int cap = later_cap ? 2 * later_cap : 16;
+        MPI_Comm *grown = PyMem_RawRealloc(later, (size_t)cap * sizeof *later);
+        if (grown == NULL) {
+            return;   // out of memory: the communicator is kept for good, never freed under a pending call
+        }
+        later = grown;
+        later_cap = cap;
+    }
+    later[later_n++] = *comm;
+    *comm = MPI_COMM_NULL;
+}
+
+static void free_later(void) {
+    int fin = 1;
+    MPI_Finalized(&fin);
+    for (int i = 0; i < later_n && !fin; i++) {
+        MPI_Comm_free(&later[i]);
+    }
+    PyMem_RawFree(later);
+    later = NULL;
+    later_n = later_cap = 0;
+}
+#else
+void pd_comm_free(MPI_Comm *comm) {
+    if (*comm != MPI_COMM_NULL) {
+        MPI_Comm_free(comm);
+    }
+}
+
+static void free_later(void) {
+}
+#endif
+
 // Frees here and on the error paths of init and new_group ignore MPI's return code: there is nothing
 // left to undo, and the error being raised (if any) is the one the caller needs to see.
 void pd_group_slot_free(int slot) {
     GroupSlot *g = &groups[slot];
     if (g->in_use && g->comm != MPI_COMM_NULL) {
-        MPI_Comm_free(&g->comm);
+        pd_comm_free(&g->comm);
     }
     PyMem_RawFree(g->world_ranks);
     PyMem_RawFree(g->group_ranks);
@@ -220,6 +268,7 @@ void pd_group_slots_free(void) {
     for (int i = 0; i < PD_MAX_GROUPS; i++) {
         pd_group_slot_free(i);
     }
+    free_later();
 }
 
 int pd_group_slot_unused(void) {

@@ -55,6 +55,9 @@ void **pd_group_shm(long handle);
 // (after the paths have let go of it), every slot, and the first free sub-group slot (-1: none).
 int pd_group_slot_set(int slot, MPI_Comm comm);
 void pd_group_slot_free(int slot);
+// Free a destroyed group's communicator (MPI_COMM_NULL after): at once, or on Open MPI at session end
+// (group.c says why).
+void pd_comm_free(MPI_Comm *comm);
 void pd_group_slots_free(void);
 int pd_group_slot_unused(void);
 

@@ -53,7 +53,7 @@ static void algo_release(long slot, unsigned generation) {
         pd_park(g->algo_dup, keep, 0);
         PyErr_Restore(type, value, tb);
     } else if (g->algo_state == ALGO_READY) {
-        MPI_Comm_free(&g->algo_comm);
+        pd_comm_free(&g->algo_comm);
     }
     g->algo_state = ALGO_NONE;
     g->algo_dup = MPI_REQUEST_NULL;
