@@ -162,7 +162,9 @@ def worker(program, plan):
         wait = "MPI_Wait" if os.environ.get("PYDIST_WAIT", "").lower() == "mpi" else "poll"
         print(f"# {program} worker: ranks={ranks} dtype=float32" + (f" wait={wait}" if program != "mpi4py" else ""))
         print("# result <op> <bytes> <iters> <us per call, slowest rank>")
-        version = dist._C.mpi_info()["library_version"] if program != "mpi4py" else MPI.Get_library_version()
+        # (Open MPI's version string, through mpi4py, ends in the NUL its length counts)
+        version = (dist._C.mpi_info()["library_version"] if program != "mpi4py"
+                   else MPI.Get_library_version().rstrip("\x00"))
         print(f"# library {version.strip().splitlines()[0]}", flush=True)
     for op, nbytes, iters in plan:
         count = nbytes // 4
