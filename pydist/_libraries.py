@@ -49,11 +49,7 @@ def _installed_file(dist_name, suffix):
 
 
 def _pypi_libraries():
-    try:
-        from . import _build_config
-    except ImportError:   # built before _build_config existed: nothing from PyPI
-        return []
-    return _build_config.PYPI_LIBRARIES
+    return _build_config("PYPI_LIBRARIES", [])
 
 
 # OpenBLAS picks its kernels from the CPU model it reads at load time, and an OpenBLAS older than the
