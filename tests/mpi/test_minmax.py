@@ -188,6 +188,8 @@ def path(name):
         algorithm = {"shm": "shm", "shm-alloc": "shm", "shm-chunks": "shm", "ring": "ring", "mpi": "mpi"}.get(name)
         moved = {"auto": "small", "shm": "copied", "shm-chunks": "copied", "shm-alloc": "in_place",
                  "auto-alloc": "in_place", "small-off": "persistent", "mpi": "persistent"}.get(name)
+        if moved == "persistent" and not dist._C.mpi_info()["library_version"].startswith("MPICH Version:"):
+            moved = None   # the persistent cache runs on MPICH only (csrc/paths/persistent.c)
         yield algorithm, group, name.endswith("-alloc"), moved
     finally:
         if group is not None:
