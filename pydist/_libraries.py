@@ -274,6 +274,8 @@ def pairing_problem(fn):
     path, why, first, _, abi = LIBMPI
     tool = mpiexec_for(path, abi)
     fix = f"start it with that library's own launcher ({tool or 'its mpiexec'} -n {n} python ...), or "
+    if abi == "openmpi" and "SLURM_STEP_NUM_TASKS" in os.environ:   # srun --mpi=pmi2: Open MPI speaks PMIx
+        fix = f"run it as `srun --mpi=pmix ...` (Open MPI speaks PMIx, not PMI-2), or "
     if why.startswith("PYDIST_LIBMPI"):
         fix += "unset PYDIST_LIBMPI to run on the launcher's own library"
     else:

@@ -112,6 +112,29 @@ def test_srun_mpi_pmi2_on_another_library(slurm, tmp_path, name):
     assert len(re.findall(f"^library: {LIBRARIES[name]}", proc.stdout, re.M)) == 2, proc.stdout
 
 
+# Open MPI speaks PMIx: Slurm's pmix plugin starts its ranks (Open MPI 5.0 from PyPI, 4.1 from Debian, as
+# scripts/test_libraries.sh installs them), and under --mpi=pmi2 it is refused with that fix.
+OPEN_MPI = {"openmpi5": ("lib", {}), "openmpi4": ("usr/lib/x86_64-linux-gnu", {
+    "OPAL_PREFIX": "usr", "OPAL_SYSCONFDIR": "etc/openmpi", "LD_LIBRARY_PATH": "usr/lib/x86_64-linux-gnu"})}
+
+
+@pytest.mark.parametrize("name", sorted(OPEN_MPI))
+def test_srun_mpi_pmix_on_open_mpi(slurm, tmp_path, name):
+    prefix = os.path.join(ROOT, f".mpi-{name}")
+    libdir, relocate = OPEN_MPI[name]
+    lib = os.path.join(prefix, libdir, "libmpi.so.40")
+    assert os.path.isfile(lib), f"{lib} is missing: scripts/test_libraries.sh --install (setup.sh --test) installs it"
+    env = dict(slurm, PYDIST_LIBMPI=lib, OMPI_MCA_pml="ob1", **{k: os.path.join(prefix, v) for k, v in relocate.items()})
+    (tmp_path / "collectives.py").write_text(COLLECTIVES)
+    proc = job(["srun", "--mpi=pmix", "-n", "2", PY, "collectives.py"], env, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("collectives ok") == 2, proc.stdout
+    assert len(re.findall("^library: Open MPI v[45]\\.", proc.stdout, re.M)) == 2, proc.stdout
+    if name == "openmpi5":
+        proc = job(["srun", "--mpi=pmi2", "-n", "2", PY, "collectives.py"], env, tmp_path)
+        assert proc.returncode != 0 and proc.stderr.count("run it as `srun --mpi=pmix ...`") == 2, proc.stderr
+
+
 def test_slurm_mpi_type_in_the_environment_does_the_same(slurm, tmp_path):
     (tmp_path / "collectives.py").write_text(COLLECTIVES)
     proc = job(["srun", "-n", "2", PY, "collectives.py"], dict(slurm, SLURM_MPI_TYPE="pmi2"), tmp_path)
