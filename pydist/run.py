@@ -16,7 +16,8 @@ A rank that fails twice running on the same host is left out, and a host that no
 --hosts) is dropped: the job goes on at fewer ranks, down to --min-ranks. It exits with the job's status:
 0 once a run finishes, else the failed rank's (128 + N for a signal N).
 
---survive (for the asynchronous strategies: downpour, adag, aeasgd, dynsgd): mpiexec runs with
+--survive (for the asynchronous strategies: downpour, adag, aeasgd, dynsgd; needs hydra's mpiexec, MPICH's
+or Intel MPI's, since Open MPI's ends the whole job when a rank dies): mpiexec runs with
 -disable-auto-cleanup, so a worker's end does not end the job; the watcher records it and exits with a
 status rather than the signal, the servers learn of it from that record within a second, hand its
 unfinished block to the other workers, and the job finishes without it (exit status 0). A server's
@@ -382,10 +383,31 @@ def records(folder, ranks, run_id=None):
     return [rec for rec in found if rec is not None]
 
 
+def is_open_mpi(mpiexec):
+    """Whether the mpiexec command line starts Open MPI's launcher (prterun, orterun, or a wrapper of
+    one in their folder) rather than hydra (MPICH's and Intel MPI's), whose options differ."""
+    path = shutil.which(mpiexec[0]) if mpiexec else None
+    if path is None:
+        return False
+    real = os.path.realpath(path)
+    if os.path.basename(real) in ("prterun", "orterun", "prte"):
+        return True
+    if os.path.basename(real) == "mpiexec.hydra":
+        return False
+    folder = os.path.dirname(path)
+    return not os.path.exists(os.path.join(folder, "hydra_pmi_proxy")) and \
+        any(os.path.exists(os.path.join(folder, name)) for name in ("prterun", "orterun"))
+
+
+def host_option(mpiexec):
+    """The option that places ranks on hosts: Open MPI's --host, hydra's -hosts (the same HOST:N list)."""
+    return "--host" if is_open_mpi(mpiexec) else "-hosts"
+
+
 def probe_host(mpiexec, host, timeout):
     """Whether `host` still answers: mpiexec can start `true` on it within `timeout` seconds."""
     try:
-        return subprocess.run([*mpiexec, "-hosts", host, "-n", "1", "true"], stdout=subprocess.DEVNULL,
+        return subprocess.run([*mpiexec, host_option(mpiexec), host, "-n", "1", "true"], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, timeout=timeout).returncode == 0
     except subprocess.TimeoutExpired:
         return False
@@ -494,6 +516,10 @@ def main(argv=None):
     else:
         from . import _libraries
         mpiexec = [_libraries.mpiexec()]
+    if args.survive and is_open_mpi(mpiexec):
+        ap.error(f"--survive needs hydra's mpiexec (MPICH's or Intel MPI's), whose -disable-auto-cleanup "
+                 f"lets the others run on when a rank ends; {mpiexec[0]} is Open MPI's, which ends the whole "
+                 f"job when a rank dies: leave out --survive there (a failure then restarts the job)")
     return Launcher(args, hosts, mpiexec, rank_command(program), min_ranks).run()
 
 
@@ -546,7 +572,8 @@ class Launcher:
         return status
 
     def placement(self):
-        """mpiexec's -hosts for self.world ranks over the hosts left, in order ([] on this machine)."""
+        """mpiexec's -hosts (Open MPI's --host) for self.world ranks over the hosts left, in order ([] on
+        this machine)."""
         if self.args.hosts is None:
             return []
         used, left = [], self.world
@@ -554,7 +581,7 @@ class Launcher:
             if left > 0:
                 used.append(f"{name}:{min(slots, left)}")
                 left -= min(slots, left)
-        return ["-hosts", ",".join(used)]
+        return [host_option(self.mpiexec), ",".join(used)]
 
     def start(self, attempt):
         folder = os.path.join(self.folder, f"attempt-{attempt}")

@@ -130,10 +130,20 @@ check_library() {
   printf '%s\n' "import sys, pydist as dist, pydist._libraries as libraries" "dist.init_process_group()" \
     "sys.stdout.write(f'rank {dist.get_rank()} on {libraries.LIBMPI[0]}\\n'); sys.stdout.flush()" \
     "dist.destroy_process_group()" > "$work/which.py"
+  # Open MPI places ranks with --host where hydra takes -hosts: pydist.run speaks each launcher's
+  hosts=()
+  [ "${ABI[$name]}" != openmpi ] || hosts=(--hosts localhost:2)
   out=$(cd "$work" && "${chosen[@]}" MPIEXEC_TIMEOUT=120 PYTHONPATH="$ROOT" "$ROOT/$PY" -m pydist.run -n 2 \
-        --mpiexec "$mpiexec" --run-dir "$work/run" -- which.py 2>&1)
+        "${hosts[@]}" --mpiexec "$mpiexec" --run-dir "$work/run" -- which.py 2>&1)
   rm -rf "$work"
   [ "$(echo "$out" | grep -c "^rank [01] on $lib$")" = 2 ] || { echo "FAIL:"; echo "$out"; exit 1; }
+  if [ "${ABI[$name]}" = openmpi ]; then
+    echo "   pydist.run --survive with Open MPI's mpiexec: refused up front (it ends the job when a rank dies)"
+    if out=$("$PY" -m pydist.run -n 2 --survive --mpiexec "$mpiexec" -- true 2>&1); then
+      echo "FAIL: --survive started on Open MPI"; echo "$out"; exit 1
+    fi
+    echo "$out" | grep -q -- "--survive needs hydra's mpiexec" || { echo "FAIL:"; echo "$out"; exit 1; }
+  fi
   sizes=(2)
   [ "${ABI[$name]}" = mpich ] || sizes=(2 3)
   echo "   core multi-rank tests at ${sizes[*]} ranks, PYDIST_LIBMPI=$lib"
