@@ -443,6 +443,8 @@ def launcher_command(spec, work, run_dir):
         cmd += ["--hosts", f"chaos-h1:{first},chaos-h2:{spec['n'] - first}",
                 "--mpiexec", f"{shutil.which('mpiexec.mpich') or 'mpiexec'} -launcher ssh -launcher-exec {launch} "
                              f"-genv LD_PRELOAD {guard}"]
+    elif os.environ.get("CHAOS_MPIEXEC"):   # --mpiexec: another MPI's launcher (one host)
+        cmd += ["--mpiexec", os.environ["CHAOS_MPIEXEC"]]
     if run_dir is not None:
         cmd += ["--run-dir", run_dir]
     return cmd + ["--", HERE, "--job"]
@@ -580,7 +582,7 @@ def run_scenario(spec, folder, clean, keep):
     result = {"spec": format_spec(spec), "seconds": round(seconds, 1), "bound": bound, "failures": [],
               "folder": folder}
     with open(log_path, errors="replace") as f:
-        output = f.read()
+        output = f.read().replace("\0", "")   # (Open MPI's launcher ends its messages with a NUL byte)
     if hung:
         alive = descendants()
         result["failures"].append(("hang", f"the launcher had not ended after {bound:.0f} s; still running: "
@@ -924,6 +926,9 @@ def main(argv=None):
     ap.add_argument("--base", default=None, help="folder for the runs (default: a new temporary one)")
     ap.add_argument("--list", action="store_true", help="print the scenarios' lines and run nothing")
     ap.add_argument("--keep", action="store_true", help="keep every run's folder (default: the failed runs' only)")
+    ap.add_argument("--mpiexec", default=None, metavar="CMD",
+                    help="the launcher pydist.run starts the job with (another MPI's, e.g. Open MPI's mpiexec "
+                         "with its settings in the environment); single-host scenarios only (hosts=1)")
     ap.add_argument("--job", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--scenario", help=argparse.SUPPRESS)
     ap.add_argument("--folder", help=argparse.SUPPRESS)
@@ -950,6 +955,10 @@ def main(argv=None):
         specs += [s for s in scenarios(args.runs, args.seed) if matches(s, only)]
     if not specs:
         ap.error("nothing to run: give --runs N (and --seed S) or --spec LINE")
+    if args.mpiexec:
+        if any(s["hosts"] != 1 for s in specs):
+            ap.error("--mpiexec runs single-host scenarios only: add --only hosts=1")
+        os.environ["CHAOS_MPIEXEC"] = args.mpiexec   # to each scenario's process (its environment)
     if args.list:
         print("\n".join(format_spec(s) for s in specs))
         return 0
