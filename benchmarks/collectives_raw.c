@@ -19,6 +19,9 @@
  *     -i   the nonblocking call + MPI_Wait, as pydist issues its blocking calls
  *     -n   no transparent huge pages for the buffers (see alloc_buffer)
  *     -c   the large-count MPI_*_c calls (with -i), as pydist calls them
+ *     -o   two buffers of each item's own size per item (as a program's arrays of that size), where the
+ *          default is views of two buffers of the largest size (nccl-tests' layout): on Open MPI a
+ *          64 KiB block moves in one copy (CMA) from a huge page and page by page from the heap
  *
  * Method (collectives_sweep.py's pydist and mpi4py workers do exactly the same): per item,
  * iters/10 + 2 untimed warm-up calls, a barrier, then iters timed calls; each rank's elapsed time is
@@ -188,7 +191,7 @@ static double time_item(const struct item *it, float *in, float *out, int nranks
 // ---------------------------------------------------------------------------------------------------
 
 int main(int argc, char **argv) {
-    int thread_multiple = 0, nonblocking = 0, huge_pages = 1, first = 1;
+    int thread_multiple = 0, nonblocking = 0, huge_pages = 1, own_buffers = 0, first = 1;
     for (; first < argc && argv[first][0] == '-'; first++) {
         if (strcmp(argv[first], "-t") == 0) {
             thread_multiple = 1;
@@ -198,6 +201,8 @@ int main(int argc, char **argv) {
             huge_pages = 0;
         } else if (strcmp(argv[first], "-c") == 0) {
             large_count = 1;
+        } else if (strcmp(argv[first], "-o") == 0) {
+            own_buffers = 1;
         } else {
             break;  // reported as a bad item below, once MPI can abort the job
         }
@@ -230,19 +235,19 @@ int main(int argc, char **argv) {
     for (int s = 0; s < nitems; s++) {
         max_bytes = items[s].bytes > max_bytes ? items[s].bytes : max_bytes;
     }
-    float *in = alloc_buffer(max_bytes, huge_pages);   // [max_bytes / 4]
-    float *out = alloc_buffer(max_bytes, huge_pages);  // [max_bytes / 4]
-    if (in == NULL || out == NULL) {
+    float *in = own_buffers ? NULL : alloc_buffer(max_bytes, huge_pages);   // [max_bytes / 4]
+    float *out = own_buffers ? NULL : alloc_buffer(max_bytes, huge_pages);  // [max_bytes / 4]
+    if (!own_buffers && (in == NULL || out == NULL)) {
         fprintf(stderr, "collectives_raw: rank %d: cannot allocate 2 x %ld bytes\n", rank, max_bytes);
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
 
     if (rank == 0) {
-        printf("# collectives_raw: ranks=%d dtype=float32 call=%s init=%s huge_pages=%s\n", nranks,
+        printf("# collectives_raw: ranks=%d dtype=float32 call=%s init=%s huge_pages=%s arrays=%s\n", nranks,
                nonblocking ? (large_count ? "MPI_I<op>_c+MPI_Wait" : "MPI_I<op>+MPI_Wait") : "MPI_<op>",
                thread_multiple ? (provided == MPI_THREAD_MULTIPLE ? "MPI_THREAD_MULTIPLE" : "thread<MULTIPLE")
                                : "MPI_Init",
-               huge_pages && max_bytes >= HUGEPAGE_MIN_BYTES ? "madvise" : "no");
+               huge_pages && max_bytes >= HUGEPAGE_MIN_BYTES ? "madvise" : "no", own_buffers ? "own" : "shared");
         printf("# result <op> <bytes> <iters> <us per call, slowest rank>\n");
         // which MPI library ran (the driver checks that every program of a run used the same one)
         char version[MPI_MAX_LIBRARY_VERSION_STRING];
@@ -252,7 +257,17 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     for (int s = 0; s < nitems; s++) {
-        double seconds = time_item(&items[s], in, out, nranks, nonblocking);
+        float *item_in = in, *item_out = out;
+        if (own_buffers && ((item_in = alloc_buffer(items[s].bytes, huge_pages)) == NULL ||
+                            (item_out = alloc_buffer(items[s].bytes, huge_pages)) == NULL)) {
+            fprintf(stderr, "collectives_raw: rank %d: cannot allocate 2 x %ld bytes\n", rank, items[s].bytes);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        double seconds = time_item(&items[s], item_in, item_out, nranks, nonblocking);
+        if (own_buffers) {
+            free(item_in);
+            free(item_out);
+        }
         if (rank == 0) {
             printf("result %s %ld %ld %.4f\n", OP_NAMES[items[s].op], items[s].bytes, items[s].iters,
                    seconds * 1e6);

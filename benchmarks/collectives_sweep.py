@@ -5,6 +5,7 @@
     python benchmarks/collectives_sweep.py --ranks 2 --ops all_reduce --factor 2   # issue 2's all-reduce sweep
     python benchmarks/collectives_sweep.py --quick                # 2 ranks, 3 sizes, 1 repeat (smoke test)
     PYDIST_WAIT=mpi python benchmarks/collectives_sweep.py        # pydist waits with plain MPI_Wait
+    python benchmarks/collectives_sweep.py --arrays own           # each size its own arrays (default: views)
 
 Run it directly, not under mpiexec: it launches the jobs itself. It compiles collectives_raw.c (the
 raw-C baseline) into benchmarks/.build/, calibrates an iteration count per program, collective and size
@@ -135,7 +136,7 @@ def mpi4py_calls(in_, out, chunk):
     }
 
 
-def worker(program, plan):
+def worker(program, plan, arrays="shared"):
     import numpy as np
     if program in PYDIST_PROGRAMS:
         os.environ.update(PATH_SETTINGS.get(program, {}))
@@ -168,6 +169,12 @@ def worker(program, plan):
         print(f"# library {version.strip().splitlines()[0]}", flush=True)
     for op, nbytes, iters in plan:
         count = nbytes // 4
+        if arrays == "own":   # arrays of this size, as a program has them (--arrays)
+            in_buf, out_buf = np.zeros(count, dtype=np.float32), np.zeros(count, dtype=np.float32)
+            if program == "shm-alloc":
+                in_buf = dist.zeros(count, dtype=np.float32)
+            in_buf.fill(0)
+            out_buf.fill(0)
         call = calls(in_buf[:count], out_buf[:count], count // ranks)[op]
         for _ in range(iters // 10 + 2):
             call()
@@ -198,13 +205,13 @@ def compile_baseline():
 LIBRARY = {}   # {"name": the MPI library every job ran on}, from the jobs' "# library" lines
 
 
-def run_job(program, ranks, plan, timeout, raw_flags=()):
+def run_job(program, ranks, plan, timeout, raw_flags=(), arrays="shared"):
     """Run one mpiexec job over the plan [(op, bytes, iters)]. Returns {(op, bytes): us per call}."""
     items = [f"{op}:{b}:{i}" for op, b, i in plan]
     if program == "c":
-        argv = [BINARY] + list(raw_flags) + items
+        argv = [BINARY] + list(raw_flags) + (["-o"] if arrays == "own" else []) + items
     else:
-        argv = [sys.executable, os.path.abspath(__file__), "--worker", program, ",".join(items)]
+        argv = [sys.executable, os.path.abspath(__file__), "--worker", program, arrays, ",".join(items)]
     cmd = [MPIEXEC, "-n", str(ranks)] + argv
     returncode, output = run(cmd, timeout, "collectives_sweep")
     results = {}
@@ -330,7 +337,7 @@ def sweep(args, ranks, sizes, programs):
     plans = {}
     for p in programs:
         probe_plan = [(op, b, iters_for(PROBE_SECONDS, 2e-6 + b / 1e9, PROBE_MAX_ITERS)) for op, b in cells_of[p]]
-        probe = run_job(p, ranks, probe_plan, args.timeout, args.raw_flags.split())
+        probe = run_job(p, ranks, probe_plan, args.timeout, args.raw_flags.split(), args.arrays)
         # A larger message never takes less time, so a probe slowed by a passing hiccup is capped by
         # the next larger size's time; otherwise one bad probe leaves that size with few iterations.
         for op in {op for op, _ in cells_of[p]}:
@@ -342,7 +349,7 @@ def sweep(args, ranks, sizes, programs):
     runs = {p: [] for p in programs}
     for rep in range(args.repeats):
         for p in programs:
-            runs[p].append(run_job(p, ranks, plans[p], args.timeout, args.raw_flags.split()))
+            runs[p].append(run_job(p, ranks, plans[p], args.timeout, args.raw_flags.split(), args.arrays))
         print(f"# {ranks} ranks: repeat {rep + 1}/{args.repeats} done ({time.monotonic() - args.started:.0f} s)",
               file=sys.stderr, flush=True)
     stat = min if args.stat == "min" else statistics.median
@@ -382,15 +389,19 @@ def main():
                     help="timed seconds per cell per run, which sets the iteration counts (default 0.05)")
     ap.add_argument("--raw-flags", default="",
                     help="options for collectives_raw, e.g. '-i -t' to make it call MPI as pydist does")
+    ap.add_argument("--arrays", choices=("shared", "own"), default="shared",
+                    help="every size a view of two arrays of the largest size (shared: nccl-tests' layout, "
+                         "huge pages from 4 MiB), or two arrays of its own size per size (own: as a program "
+                         "has them, small ones on the heap); Open MPI's copies depend on it (docs/performance.md)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per mpiexec job (default 300)")
     ap.add_argument("--json", help="also append each figure to this file, one JSON object a line")
     ap.add_argument("--quick", action="store_true", help="4 B, 4 KiB and 1 MiB, 2 ranks, 1 repeat, short cells")
-    ap.add_argument("--worker", nargs=2, metavar=("PROGRAM", "PLAN"), help=argparse.SUPPRESS)  # under mpiexec
+    ap.add_argument("--worker", nargs=3, metavar=("PROGRAM", "ARRAYS", "PLAN"), help=argparse.SUPPRESS)  # under mpiexec
     args = ap.parse_args()
 
     if args.worker:
-        program, plan = args.worker
-        worker(program, [(op, int(b), int(i)) for op, b, i in (x.split(":") for x in plan.split(","))])
+        program, arrays, plan = args.worker
+        worker(program, [(op, int(b), int(i)) for op, b, i in (x.split(":") for x in plan.split(","))], arrays)
         return
     if MPIEXEC is None or MPICC is None:
         sys.exit(f"collectives_sweep: needs {pydist_libraries.mpiexec()} and {pydist_libraries.mpicc()}, "
@@ -425,7 +436,7 @@ def main():
     compile_baseline()
     wait = "MPI_Wait (PYDIST_WAIT=mpi)" if os.environ.get("PYDIST_WAIT", "").lower() == "mpi" else "poll (default)"
     print(f"float32 collectives; {'fastest' if args.stat == 'min' else 'median'} of {args.repeats} interleaved runs of {', '.join(programs)}; "
-          f"pydist wait: {wait}; raw C flags: '{args.raw_flags}'; {os.cpu_count()} CPUs")
+          f"pydist wait: {wait}; raw C flags: '{args.raw_flags}'; arrays: {args.arrays}; {os.cpu_count()} CPUs")
     for ranks in args.ranks:
         sweep(args, ranks, sizes, programs)
     print(f"\n1-min load average: {load_before:.2f} before the run, {os.getloadavg()[0]:.2f} after "

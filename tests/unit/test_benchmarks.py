@@ -35,6 +35,22 @@ def test_collectives_sweep_quick():
         assert re.search(rf"{op}, 2 ranks: .*pydist/best of all: max \d+\.\d+ at", out), out
 
 
+def test_collectives_sweep_own_arrays():
+    # --arrays own: every size its own two arrays, in the C baseline as in the Python workers
+    proc = subprocess.run([sys.executable, "benchmarks/collectives_sweep.py", "--quick", "--arrays", "own",
+                           "--ops", "all_gather", "--programs", "c", "pydist"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "arrays: own" in proc.stdout.splitlines()[0], proc.stdout
+    table = proc.stdout.split("(busbw")[1].split("\n\n")[0]
+    rows = [line.split() for line in table.splitlines() if re.match(r"\s+\d+ (B|KiB|MiB) \|", line)]
+    assert len(rows) == 3 and all(float(x) > 0 for row in rows for x in row[3:5]), table
+    raw = subprocess.run([MPIEXEC, "-n", "2", "benchmarks/.build/usr-bin/collectives_raw", "-o", "all_gather:4096:10"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert raw.returncode == 0 and "arrays=own" in raw.stdout, raw.stdout + raw.stderr
+    assert re.search(r"^result all_gather 4096 10 \d+\.\d+$", raw.stdout, re.M), raw.stdout
+
+
 def test_mixed_sequence_prints_every_cell_and_the_worst():
     proc = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "benchmarks/mixed_sequence.py", "--sizes", "64",
                            "--repeats", "2", "--seconds", "0.002"], cwd=ROOT, capture_output=True, text=True,
