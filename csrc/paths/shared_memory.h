@@ -35,9 +35,6 @@ int pd_shm_session_start(MPI_Comm world, double timeout);
 void pd_shm_session_stop(void);
 // The world ranks on this rank's node, as the session's start found them; 0: not known.
 int pd_shm_node_ranks(void);
-// Whether init made the session's segment (decided collectively: alike on every rank but one whose
-// set-up timed out).
-int pd_shm_session_made(void);
 // The shared-memory path: a group's channel is made with the group (collective over its members, at
 // init_process_group / new_group; a group that cannot use shared memory gets none and takes MPI's
 // paths) and released with it; its progress completes small collectives whose peers have posted.

@@ -360,8 +360,10 @@ PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         return NULL;
     }
     // Every rank takes world rank 0's path table (tuned.h), under init's deadline. It acts only on groups
-    // whose calls go through the segment's slots: without a segment, no collective for it.
-    if (pd_shm_session_made() && pd_tuned_share(pd_group_world_comm(), timeout) < 0) {
+    // whose calls go through the segment's slots, but every rank takes part whether or not its node made
+    // a segment (or it a heap): a world-wide collective is decided alike on every rank, and a node
+    // without one must not leave the others waiting in it.
+    if (pd_tuned_share(pd_group_world_comm(), timeout) < 0) {
         snprintf(init_failure, sizeof init_failure, "an earlier init_process_group did not complete "
                  "(another rank never called it, or it was interrupted)");
         release_slot(0);
