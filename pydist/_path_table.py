@@ -5,8 +5,9 @@ init_process_group reads it (rows_for_init) and hands the rows to C (csrc/paths/
 every rank world rank 0's table, so every choice made from it is the same on every rank. Without a table,
 or for a group size or collective it has no rows for, every path keeps its built-in choice.
 
-PYDIST_TUNE: unset, this machine's cached table if there is one; "off", none; a file's path, that table
-(a file that is not one is a ValueError at init); "force:PATH[,PATH...]", a table that sends every
+PYDIST_TUNE: unset, this machine's cached table if there is one (one that cannot be used, for any
+reason, is said once on stderr and left out); "off", none; a file's path, that table (world rank 0's
+is used: if it cannot be, init raises a ValueError naming the file on every rank); "force:PATH[,PATH...]", a table that sends every
 collective, at every size and on groups of 2 to 64 ranks, by the first of those paths it has (the others
 keep their built-in choice): to try a path, and for the conformance fuzzer, which runs its programs so.
 PYDIST_TUNE_DIR: where tables are cached (default $XDG_CACHE_HOME/pydist, else ~/.cache/pydist).
@@ -108,6 +109,8 @@ def read(path):
         table = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path} is not JSON: {e}") from None
+    except RecursionError:
+        raise ValueError(f"{path} is nested too deeply to be a path table") from None
     check(table, path)
     return table
 
@@ -123,8 +126,10 @@ def check(table, where="the path table"):
         bad("no 'tables'")
     n = 0
     for ranks_key, ops in tables.items():
-        if not (isinstance(ranks_key, str) and ranks_key.isdigit() and 2 <= int(ranks_key) <= MAX_RANKS):
-            bad(f"group size {ranks_key!r} is not a whole number from 2 to {MAX_RANKS}")
+        # one spelling per number ("2", never "02" beside it): two keys of one size would be two tables
+        if not (isinstance(ranks_key, str) and ranks_key.isascii() and ranks_key.isdigit() and
+                ranks_key == str(int(ranks_key)) and 2 <= int(ranks_key) <= MAX_RANKS):
+            bad(f"group size {ranks_key!r} is not a whole number from 2 to {MAX_RANKS}, written plainly")
         ranks = int(ranks_key)
         if not isinstance(ops, dict):
             bad(f"tables[{ranks_key!r}] is not an object")
@@ -179,32 +184,35 @@ _warned = set()
 
 
 def rows_for_init():
-    """The rows init_process_group hands to C: PYDIST_TUNE's table, or this machine's cached one; None for
-    none. A cached table that cannot be read is said once on stderr and left out; one named by
-    PYDIST_TUNE is a ValueError."""
+    """(rows, problem) for init_process_group: the C rows of PYDIST_TUNE's table or this machine's cached
+    one (None: no table), and why the table PYDIST_TUNE names cannot be used (None: it can). Nothing here
+    raises before MPI starts: init raises world rank 0's problem on every rank once MPI has, since only
+    rank 0's table is used. A cached table that cannot be used, for any reason, is said once on stderr
+    and left out."""
     setting = os.environ.get("PYDIST_TUNE", "")
     if setting == "off":
-        return None
+        return None, None
     if setting.startswith("force:"):
         try:
-            return rows(forcing(setting[len("force:"):]))
+            return rows(forcing(setting[len("force:"):])), None
         except ValueError as e:
-            raise ValueError(f"init_process_group(): PYDIST_TUNE={setting}: {e}") from None
+            return None, f"init_process_group(): PYDIST_TUNE={setting}: {e}"
     if setting:
         try:
-            return rows(read(setting))
+            return rows(read(setting)), None
         except OSError as e:
-            raise ValueError(f"init_process_group(): PYDIST_TUNE={setting}: {e.strerror or e}") from None
+            return None, f"init_process_group(): PYDIST_TUNE={setting}: {e.strerror or e}"
         except ValueError as e:
-            raise ValueError(f"init_process_group(): PYDIST_TUNE: {e}") from None
+            return None, f"init_process_group(): PYDIST_TUNE: {e}"
     try:
         path = cache_path()
-        return rows(read(path))
+        return rows(read(path)), None
     except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
-        if str(e) not in _warned:
-            _warned.add(str(e))
-            print(f"pydist: the cached path table is not used ({e}); `python -m pydist.tune` measures a new one",
+        return None, None
+    except Exception as e:   # whatever is wrong with a cache, the job goes on without it
+        why = f"{type(e).__name__}: {e}" if not isinstance(e, (OSError, ValueError)) else str(e)
+        if why not in _warned:
+            _warned.add(why)
+            print(f"pydist: the cached path table is not used ({why}); `python -m pydist.tune` measures a new one",
                   file=sys.stderr)
-        return None
+        return None, None

@@ -422,7 +422,11 @@ def init_process_group(backend="mpi", init_method=None, timeout=None, world_size
     if not _atexit_registered:   # before init: MPI may have started even if init then fails
         atexit.register(_C.finalize)
         _atexit_registered = True
-    _C.set_path_table(_path_table.rows_for_init())   # init gives every rank world rank 0's
+    table, problem = _path_table.rows_for_init()   # init gives every rank world rank 0's table
+    if problem is None:
+        _C.set_path_table(table)
+    else:
+        _C.path_table_unusable(problem)   # raised by init on every rank if this is world rank 0
     _tell_the_launcher_init_began(seconds)
     my_rank, size, _level = _C.init(seconds)
     announced, var, who = _launcher_size()

@@ -13,6 +13,8 @@ One target per decoder (DECODERS):
                                       as init_process_group checks them) and those pydist/_env.py reads
   trace                               a timeline file: trace_report.load, summary, merge([path])
   progress, record                    pydist.run.read_progress(folder), read_record(folder, rank)
+  pathtable                           a path table file (cached or PYDIST_TUNE's), as init reads it:
+                                      _path_table.read, rows, then _C.set_path_table
 Inputs are valid ones mutated (bit flips, bytes and words set to extremes, NaN and infinities, huge
 counts, truncation, extension, splices, structure-aware edits) and random ones. Every target holds its
 decoder to an independent reference as well: the verdict (accepted or refused) must be the reference's,
@@ -47,7 +49,7 @@ import warnings
 import zlib
 
 COMPRESSORS = ["none", "fp16", "bf16", "topk", "sign", "powersgd"]
-DECODERS = COMPRESSORS + ["checkpoint", "env", "trace", "progress", "record"]
+DECODERS = COMPRESSORS + ["checkpoint", "env", "trace", "progress", "record", "pathtable"]
 HANG_S = 60.0          # one input past this is a hang (an input takes well under 10 ms on a quiet machine)
 HARNESS_ERROR = 3      # a worker's exit status when the fuzzer itself failed
 SAVE_PER_KIND = 5      # failing inputs saved per (decoder, kind)
@@ -733,6 +735,104 @@ def run_record(case, data):
     if why is None and "rank" in got and got["rank"] != case["rank"]:
         why = f"rank {got['rank']!r} in the file of rank {case['rank']}"
     return ("failure:unchecked-field", why) if why else ("accepted", "")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The path table (pydist/_path_table.py): the file init reads, cached per machine or named by PYDIST_TUNE
+
+TABLE_FORMAT = "pydist path table 1"
+TABLE_OPS = ("all_reduce", "broadcast", "all_gather", "all_to_all", "reduce_scatter")   # tuned.h's order
+TABLE_PATHS = ("slots", "pair", "mpi", "ring", "shm")                                    # tuned.h's 1..5
+TABLE_BASES = [
+    {"format": TABLE_FORMAT, "host": "vm", "measured": "2026-12-01T00:00:00Z",
+     "tables": {"2": {"all_reduce": [[65536, "built-in"], [2097152, "shm"], [16777216, "built-in"],
+                                     [33554432, "ring"], [67108864, "built-in"]],
+                      "broadcast": [[32768, "built-in"], [65536, "slots"], [67108864, "pair"]],
+                      "all_to_all": [[67108864, "built-in"]],
+                      "reduce_scatter": [[32768, "built-in"], [65536, "ring"]]},
+                "3": {"all_gather": [[4096, "slots"], [1 << 20, "mpi"]]}},
+     "times": {"2": {"all_reduce": {"8": {"built-in": 2.6, "mpi": 6.4}}}}},
+    {"format": TABLE_FORMAT, "tables": {str(r): {op: [[1 << 62, "mpi"]] for op in TABLE_OPS} for r in (2, 4, 64)}},
+]
+# spellings of a group size: the plain one, and others of the same number that a table must not hold
+RANK_SPELLINGS = ["02", " 2", "2 ", "+2", "2.0", "\u0662", "0x2", "1", "1025", "-2", "", "two"]
+
+
+def make_pathtable_input(seed, i):
+    rng = _rng(seed, "pathtable", i)
+    base = json.loads(json.dumps(rng.choice(TABLE_BASES)))
+    if rng.random() < 0.15:   # a group size spelled otherwise, beside or instead of the plain one
+        key = rng.choice(list(base["tables"]))
+        spelled = rng.choice(RANK_SPELLINGS)
+        base["tables"][spelled] = base["tables"][key] if rng.random() < 0.5 else base["tables"].pop(key)
+        return {}, json.dumps(base).encode()
+    return {}, _make_json_input(rng, base)
+
+
+def _table_paths(op, ranks):
+    """The paths a row may name (tuned.c's path_allowed), besides "built-in"."""
+    allowed = {"slots", "mpi"}
+    if ranks == 2 and op in ("broadcast", "all_gather", "all_to_all"):
+        allowed.add("pair")
+    if op in ("all_reduce", "reduce_scatter"):
+        allowed.add("ring")
+    if op == "all_reduce":
+        allowed.add("shm")
+    return allowed
+
+
+def _pathtable_reference(data):
+    """(rows, None) when the rules take `data`: its C rows (ranks, op, path, upto) in tuned.c's order;
+    (None, why) when they refuse it."""
+    try:
+        table = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None, "not JSON"
+    if not isinstance(table, dict) or table.get("format") != TABLE_FORMAT or not isinstance(table.get("tables"), dict):
+        return None, "not a path table"
+    out = []
+    for key, ops in table["tables"].items():
+        if not (isinstance(key, str) and re.fullmatch(r"[1-9][0-9]*", key) and 2 <= int(key) <= 1024):
+            return None, f"group size {key!r}"
+        if not isinstance(ops, dict):
+            return None, "ops"
+        for op, rows in ops.items():
+            if op not in TABLE_OPS or not isinstance(rows, list) or not rows:
+                return None, f"op {op!r}"
+            last = 0
+            for row in rows:
+                if not (isinstance(row, list) and len(row) == 2 and type(row[0]) is int and type(row[1]) is str):
+                    return None, "row"
+                upto, path = row
+                if not (last < upto <= 1 << 62) or (path != "built-in" and path not in _table_paths(op, int(key))):
+                    return None, "row's size or path"
+                last = upto
+                out.append((int(key), TABLE_OPS.index(op), 0 if path == "built-in" else TABLE_PATHS.index(path) + 1,
+                            upto))
+    if len(out) > 2048:
+        return None, "too many rows"
+    return sorted(out, key=lambda r: (r[0], r[1], r[3])), None
+
+
+def run_pathtable(case, data):
+    from pydist import _C, _path_table
+    path = os.path.join(_folder(), "paths.json")
+    with open(path, "wb") as f:
+        f.write(data)
+    want, why = _pathtable_reference(data)
+    try:
+        _C.set_path_table(_path_table.rows(_path_table.read(path)))
+        got = [tuple(r) for r in _C.path_table()]
+    except (ValueError, OSError) as e:
+        return (f"rejected:{type(e).__name__}", "") if want is None else (
+            "failure:refused-a-valid-table", f"{type(e).__name__}: {str(e)[:150]}")
+    except Exception as e:
+        return f"failure:{type(e).__name__}", str(e)[:200]
+    finally:
+        _C.set_path_table(None)
+    if want is None:
+        return "failure:took-an-invalid-table", why
+    return ("accepted", "") if got == want else ("failure:wrong-rows", f"{got[:3]} ... against {want[:3]} ...")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -61,6 +61,8 @@ static PyMethodDef module_methods[] = {
          "set_shm_small_bytes(n) -> old: small collectives in shared memory up to n bytes per rank (0: off)"),
     {"set_path_table", pd_set_path_table, METH_O,
      "set_path_table(rows | None): the path table, rows (ranks, op, path, upto); init shares world rank 0's"},
+    {"path_table_unusable", pd_path_table_unusable, METH_O,
+     "path_table_unusable(message): no table, and why the one named cannot be used (init raises world rank 0's)"},
     {"path_table", pd_path_table, METH_NOARGS, "path_table() -> [(ranks, op, path, upto)]: the table in use"},
     FAST("reduce", pd_reduce, "reduce(tensor, dst, op, group, async_op) -> None | Work"),
     FAST("all_gather_into_tensor", pd_all_gather_into_tensor,

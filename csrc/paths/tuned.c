@@ -16,7 +16,8 @@
 #include <string.h>
 
 typedef struct {
-    int32_t n, unused;
+    int32_t n, unusable;       // unusable: the named table could not be used, and why (world rank 0's wins)
+    char why[512];
     PdTunedRow rows[PD_TUNE_MAX_ROWS];
 } Table;
 
@@ -60,6 +61,8 @@ static const char *invalid(const PdTunedRow *rows, int n) {
 }
 
 static void install(const PdTunedRow *rows, int n) {
+    table.unusable = 0;
+    table.why[0] = 0;
     if (rows != table.rows) {
         memcpy(table.rows, rows, sizeof *rows * (size_t)n);
     }
@@ -118,14 +121,39 @@ int pd_tuned_share(MPI_Comm world, double timeout) {
         // A rank whose own init timed out has gone on without this collective, as the segment's set-up
         // allows: init goes on, without a table (the built-in choices), and says so.
         PyErr_Clear();
-        install(table.rows, 0);
+        install(table.rows, 0);   // (and no verdict: rank 0's never came)
         fprintf(stderr, "pydist: the path table could not be shared at init (a rank did not take part); "
                         "using the built-in choices\n");
         return 0;
     }
     // rank 0's bytes, checked as every rank checks them: a table that is not one is no table anywhere
     install(shared.rows, invalid(shared.rows, shared.n) == NULL ? shared.n : 0);
+    if (shared.unusable) {   // rank 0's named table was unusable: every rank refuses alike, with its words
+        table.unusable = 1;
+        memcpy(table.why, shared.why, sizeof table.why);
+        table.why[sizeof table.why - 1] = 0;
+    }
     return 0;
+}
+
+const char *pd_tuned_unusable(void) {
+    return table.unusable ? table.why : NULL;
+}
+
+PyObject *pd_path_table_unusable(PyObject *self, PyObject *arg) {
+    (void)self;
+    if (!PyUnicode_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "path_table_unusable(): `message` must be a str");
+        return NULL;
+    }
+    const char *text = PyUnicode_AsUTF8(arg);
+    if (text == NULL) {
+        return NULL;
+    }
+    install(table.rows, 0);
+    table.unusable = 1;
+    snprintf(table.why, sizeof table.why, "%s", text);
+    Py_RETURN_NONE;
 }
 
 // _C.set_path_table(rows): rows a sequence of (ranks, op, path, upto) ints in increasing (ranks, op, upto),

@@ -40,11 +40,18 @@ typedef struct {
 int pd_tuned_path(int ranks, int op, size_t bytes);
 // The table's op for a SmallCall kind (algorithms/shm_small.h); -1 for the collectives it does not cover.
 int pd_tuned_op_of_kind(int kind);
-// At init (collective over the world, under its deadline): every rank takes world rank 0's table.
+// At init (collective over the world, under its deadline): every rank takes world rank 0's table, and
+// its verdict on a table the user named: then pd_tuned_unusable() is the same on every rank.
 int pd_tuned_share(MPI_Comm world, double timeout);
+// Why world rank 0's named table (PYDIST_TUNE=FILE) could not be used, once shared: init raises it as a
+// ValueError on every rank. NULL: it could.
+const char *pd_tuned_unusable(void);
 // _C.set_path_table(rows or None) -> None: this process's table (before init: what init shares if this is
 // world rank 0; after: every rank alike, between calls). _C.path_table() -> the rows.
 PyObject *pd_set_path_table(PyObject *self, PyObject *arg);
+// _C.path_table_unusable(message) -> None: this process's named table cannot be used (no table), and
+// why; set_path_table clears it.
+PyObject *pd_path_table_unusable(PyObject *self, PyObject *arg);
 PyObject *pd_path_table(PyObject *self, PyObject *unused);
 
 #endif  // PYDIST_PATHS_TUNED_H

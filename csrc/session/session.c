@@ -370,6 +370,12 @@ PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         pd_shm_session_stop();
         return NULL;
     }
+    if (pd_tuned_unusable() != NULL) {   // world rank 0's named table: the same error on every rank
+        PyErr_SetString(PyExc_ValueError, pd_tuned_unusable());
+        release_slot(0);
+        pd_shm_session_stop();
+        return NULL;
+    }
     pd_wait_set_cores(pd_shm_node_ranks());
     pd_set_session_timeout(timeout);
     pd_persist_read_env();

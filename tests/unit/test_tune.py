@@ -70,6 +70,46 @@ def test_every_rank_takes_world_rank_0s_table(tmp_path):
     assert mpmd("off", "force:ring,pair") == {0: [], 1: []}
 
 
+def test_a_named_table_that_cannot_be_used_is_the_same_error_on_every_rank(tmp_path):
+    """Only world rank 0's table is used: its file missing is a ValueError naming it on every rank, once
+    MPI has started (a rank that raised before MPI_Init left the others waiting in it); another rank's
+    missing file changes nothing."""
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(pt.forcing("mpi")))
+    missing = tmp_path / "missing.json"
+    def mpmd(first, second):
+        kw = popen_kwargs(MPIEXEC_TIMEOUT="120")
+        cmd = [MPIEXEC, "-n", "1", "-env", "PYDIST_TUNE", first, sys.executable, "-c", SAY_TABLE, ":",
+               "-n", "1", "-env", "PYDIST_TUNE", second, sys.executable, "-c", SAY_TABLE]
+        return subprocess.run(cmd, capture_output=True, timeout=150, **kw)
+    proc = mpmd(str(missing), str(good))
+    assert proc.returncode != 0 and "TABLE" not in proc.stdout, proc.stdout + proc.stderr
+    error = f"ValueError: init_process_group(): PYDIST_TUNE={missing}: No such file or directory"
+    assert proc.stderr.count(error) == 2, proc.stderr   # rank 0's words, on both ranks
+    forced = pt.rows(pt.forcing("mpi"))
+    assert tables_said(mpmd(str(good), str(missing))) == {0: forced, 1: forced}
+
+
+def test_a_cache_never_stops_a_job(tmp_path):
+    """Whatever is wrong with the cached table (nesting past Python's recursion limit, one group size
+    spelled twice), init says so once and goes on with the built-in choices."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    kw = popen_kwargs(PYDIST_TUNE_DIR=str(cache))
+    kw["env"].pop("PYDIST_TUNE", None)
+    where = subprocess.run([sys.executable, "-c", "from pydist import _path_table as pt; print(pt.cache_path())"],
+                           capture_output=True, timeout=60, **kw).stdout.strip()
+    rows = [[1 << 20, "mpi"]]
+    for text, said in [("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+                       (json.dumps({"format": pt.FORMAT, "tables": {"2": {"all_reduce": rows},
+                                                                    "02": {"all_reduce": rows}}}), "written plainly")]:
+        with open(where, "w") as f:
+            f.write(text)
+        proc = job(2, tmp_path, PYDIST_TUNE=None)
+        assert tables_said(proc) == {0: [], 1: []}, proc.stderr
+        assert proc.stderr.count("the cached path table is not used") == 2 and said in proc.stderr, proc.stderr
+
+
 def test_the_cache_is_used_never_through_a_link_and_a_bad_one_is_said_once(tmp_path):
     cache = tmp_path / "cache"
     kw = popen_kwargs(PYDIST_TUNE_DIR=str(cache))
