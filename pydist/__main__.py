@@ -2,8 +2,9 @@
 
 An exception or a non-zero sys.exit() on one rank prints a [rankN]-prefixed message and calls
 MPI_Abort, so mpiexec ends every rank within a second instead of leaving them waiting in their next
-collective. (init_process_group installs the same hook for exceptions; this also covers sys.exit and
-errors before init.)
+collective. (init_process_group installs the same hook for exceptions; this also covers sys.exit, and
+errors before init: such a rank joins MPI's start-up, where the others wait for it, and aborts the job
+from there, within 30 s.)
 
     mpiexec.mpich -n 4 python -m pydist train.py --epochs 5
 
@@ -14,7 +15,7 @@ import runpy
 import sys
 
 from . import _C
-from .distributed import _abort, _excepthook, _rank_prefix
+from .distributed import _abort, _abort_before_start, _excepthook, _rank_prefix
 
 
 def version():
@@ -51,10 +52,12 @@ def main():
                 sys.stderr.write(f"{_rank_prefix()}: {e.code}\n")
             sys.stderr.write(f"{_rank_prefix()}: exited with status {code}, aborting the job (MPI_Abort)\n")
             _abort(code, f"sys.exit({e.code!r})")
+            _abort_before_start(code)   # (returns only where MPI never started: a job of one)
         raise
     except BaseException:
         _excepthook(*sys.exc_info())
-        _C.abort(1)   # if MPI never started, there is nobody to abort: fall through
+        _C.abort(1)   # returns where MPI never started: the others wait for this rank in its start-up
+        _abort_before_start(1)
         return 1
     return 0
 

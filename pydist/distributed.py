@@ -344,7 +344,22 @@ def _abort(code, why=""):
         # python -m pydist.run --survive: MPI_Abort would end every rank. The record just written tells
         # the others: the asynchronous strategies carry on without a worker, the rest end in turn.
         os._exit(code)
-    _C.abort(code)
+    _C.abort(code)   # returns only where MPI has not started (or a forked child's)
+
+
+# How long a rank that failed before MPI started waits for the others in MPI's start-up, to abort them.
+_START_TO_ABORT_S = 30.0
+
+
+def _abort_before_start(code):
+    """python -m pydist, a rank that failed before MPI started in a job of several: the others wait for
+    it in MPI's start-up, which has no deadline, so it joins them there and aborts the job (at most
+    _START_TO_ABORT_S; then it exits, which ends the job too)."""
+    size, _, _ = _launcher_size()
+    if size > 1 and _C.parent_rank() is None and not os.environ.get("PYDIST_RUN_ATTEMPT_DIR"):
+        sys.stderr.write(f"{_rank_prefix()}: failed before MPI started; ending the job from MPI's start-up\n")
+        sys.stderr.flush()
+        _C.start_and_abort(code, _START_TO_ABORT_S)
 
 
 _atexit_registered = False

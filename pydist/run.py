@@ -12,6 +12,10 @@ any command. The program resumes from its checkpoint when it starts (pydist.trai
 When a rank dies (an exception, a non-zero exit, a signal, SIGKILL, or a host that stops answering,
 which its peers name), mpiexec ends the job and the launcher says which rank, on which host, why, and how
 many steps were lost since the newest checkpoint, then starts the job again, up to --max-restarts times.
+A rank that fails before it begins init_process_group ends the attempt at once (the others would wait for
+it in MPI's start-up). What a restart would only repeat is not restarted: a usage error (exit status 2),
+or several ranks failing the same way (the same status and last line: a missing file, a checkpoint of
+another model).
 A rank that fails twice running on the same host is left out, and a host that no longer answers (with
 --hosts) is dropped: the job goes on at fewer ranks, down to --min-ranks. It exits with the job's status:
 0 once a run finishes, else the failed rank's (128 + N for a signal N).
@@ -420,6 +424,7 @@ def rank_command(program):
 
 
 SURVIVE_ALONE_S = 20.0   # --survive: how long ranks may run on after every other rank has ended, one failed
+EARLY_GRACE_S = 1.0      # a rank that failed before init: how long the others may take to fail alike
 
 
 def _init_timeout(text):
@@ -601,7 +606,7 @@ class Launcher:
         say(f"{'starting' if attempt == 0 else 'restarting'} {self.world} rank(s) on {where}" +
             (f" (attempt {attempt + 1})" if attempt else ""))
         began = time.monotonic()
-        self.stuck, self.stuck_why = [], ""
+        self.stuck, self.stuck_why, self.ended_early = [], "", False
         proc = subprocess.Popen(cmd, env=env)
         try:
             while True:
@@ -622,6 +627,9 @@ class Launcher:
         - At start-up, MPI_Init waits for every rank with no deadline: once one rank has marked that it
           began init_process_group (rank-R.init) and a rank has not marked it within the first mark's
           timeout (30 minutes when it has none), that rank is stuck before it.
+        - A rank that failed before it began init_process_group (its record, and no mark) leaves the
+          others waiting in MPI's start-up, which hydra does not end: the attempt ends at once, and the
+          verdict is that rank's failure.
         - Under --survive (hydra's -disable-auto-cleanup), ranks that never end keep the job alive after
           every other rank has ended: once a rank has failed and the ranks still running have been the
           only ones left for SURVIVE_ALONE_S, they are stuck (waiting for ranks that are gone)."""
@@ -641,6 +649,19 @@ class Launcher:
                 say(f"rank(s) {', '.join(map(str, missing))} never began init_process_group, {now - first:.0f} s "
                     f"after the first rank did (its timeout {timeout:g} s): ending the attempt")
                 self.stuck, self.stuck_why = missing, "it never began init_process_group"
+        if not self.stuck and not self.ended_early:
+            ended = records(folder, self.world, self.run_id)
+            early = [rec for rec in ended if rec["status"] != 0 and rec["rank"] not in marks]
+            # (a second first: the ranks that fail the same way record it too, for the verdict)
+            if early and len(ended) < self.world and now - min(rec["ended"] for rec in early) > EARLY_GRACE_S:
+                self.ended_early = True
+                say(f"rank {early[0]['rank']} ended before it began init_process_group; the other ranks would "
+                    f"wait for it in MPI's start-up: ending the attempt")
+                done = {rec["rank"] for rec in ended}
+                for r in range(self.world):
+                    if r not in done:
+                        _kill_rank(folder, r)
+                threading.Thread(target=_end, args=(proc, 10.0), daemon=True).start()
         if self.args.survive and not self.stuck:
             ended = records(folder, self.world, self.run_id)
             if ended and len(ended) < self.world and any(rec["status"] != 0 for rec in ended):
@@ -718,6 +739,17 @@ class Launcher:
             if restarts >= self.args.max_restarts:
                 say(f"giving up after {restarts} restart(s) (--max-restarts {self.args.max_restarts}); exit status "
                     f"{status}")
+                return status
+            # A failure of the program itself, which a restart would only repeat and no host caused: a usage
+            # error (exit status 2, argparse's), or the same end (status and last line) on several ranks.
+            own = [rec for rec in gone if rec.get("signal") is None and rec["rank"] not in self.stuck]
+            if failure is not None and failure in own and failure["status"] == 2:
+                say("exit status 2 is a usage error (the program's arguments): not restarting; exit status 2")
+                return status
+            ends = {(rec["status"], rec.get("last_line")) for rec in own}
+            if len(own) >= 2 and len(ends) == 1 and own[0].get("last_line"):
+                say(f"{len(own)} ranks failed the same way: the program's own failure, which a restart would "
+                    f"repeat; not restarting; exit status {status}")
                 return status
             # Who takes part next: a rank that failed twice running on one host is left out, and a host
             # that does not answer is dropped.

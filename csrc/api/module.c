@@ -40,6 +40,8 @@ static PyMethodDef module_methods[] = {
     {"destroy", pd_destroy, METH_NOARGS, "destroy() -> None: free every group's communicator"},
     {"finalize", pd_finalize, METH_NOARGS, "finalize() -> None: MPI_Finalize, at interpreter exit"},
     FAST("abort", pd_abort, "abort(code): MPI_Abort(MPI_COMM_WORLD, code)"),
+    FAST("start_and_abort", pd_start_and_abort,
+         "start_and_abort(code, seconds): MPI_Init, then MPI_Abort (a rank that failed before starting MPI)"),
     {"forget_ranks", pd_forget_ranks, METH_O, "forget_ranks(world_ranks): the survivors go on without them "
                                              "(called by every survivor alike; exit skips MPI_Finalize)"},
     {"is_initialized", pd_is_initialized, METH_NOARGS, "is_initialized() -> bool"},

@@ -8,9 +8,13 @@
  * frees the communicators but leaves MPI running, so a later init_process_group works, as it does in
  * torch.
  */
+#include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "session/session.h"
 
@@ -208,11 +212,87 @@ static int requested_level(void) {
     return MPI_THREAD_MULTIPLE;
 }
 
+// ---------------------------------------------------------------------------------------------------
+// A deadline for MPI's start-up
+//
+// MPI_Init waits for every rank of the job, with no deadline of its own: a rank that failed before it
+// (a script's error before init_process_group) never comes, and hydra does not end a job for a process
+// that exits before its start-up began, so every other rank would wait for ever. A watchdog thread ends
+// this process once `seconds` pass without MPI_Init returning; the launcher then ends the job (hydra and
+// Open MPI's both do, for a process that had begun its start-up).
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+    int done, started;
+    struct timespec until;   // CLOCK_MONOTONIC
+    char message[400];
+} StartupWatch;
+
+static void *startup_watch_run(void *p) {
+    StartupWatch *w = p;
+    pthread_mutex_lock(&w->mu);
+    int rc = 0;
+    while (!w->done && rc != ETIMEDOUT) {
+        rc = pthread_cond_timedwait(&w->cv, &w->mu, &w->until);
+    }
+    int fire = !w->done;
+    pthread_mutex_unlock(&w->mu);
+    if (fire) {
+        ssize_t unused = write(STDERR_FILENO, w->message, strlen(w->message));
+        (void)unused;
+        _exit(1);
+    }
+    return NULL;
+}
+
+// Start the watch (seconds > 0); w->started says whether it runs (a thread that cannot start leaves the
+// start-up as unbounded as before, which is no worse).
+static void startup_watch_start(StartupWatch *w, double seconds, const char *message) {
+    memset(w, 0, sizeof *w);
+    snprintf(w->message, sizeof w->message, "%s", message);
+    pthread_condattr_t attr;
+    if (seconds <= 0 || pthread_condattr_init(&attr) != 0) {
+        return;
+    }
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, &attr);
+    pthread_condattr_destroy(&attr);
+    clock_gettime(CLOCK_MONOTONIC, &w->until);
+    double whole = seconds > 1e9 ? 1e9 : seconds;
+    w->until.tv_sec += (time_t)whole;
+    w->until.tv_nsec += (long)((whole - (double)(time_t)whole) * 1e9);
+    if (w->until.tv_nsec >= 1000000000L) {
+        w->until.tv_sec++;
+        w->until.tv_nsec -= 1000000000L;
+    }
+    w->started = pthread_create(&w->thread, NULL, startup_watch_run, w) == 0;
+    if (!w->started) {
+        pthread_cond_destroy(&w->cv);
+        pthread_mutex_destroy(&w->mu);
+    }
+}
+
+static void startup_watch_stop(StartupWatch *w) {
+    if (!w->started) {
+        return;
+    }
+    pthread_mutex_lock(&w->mu);
+    w->done = 1;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->thread, NULL);   // at once: it wakes on the signal
+    pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->mu);
+}
+
 // Start MPI (or adopt a running one: mpi4py may have started it) and check its thread level. We
 // release the GIL around MPI calls, so another thread may call in while one waits: MULTIPLE is what
 // we want; with SERIALIZED the wait loop keeps the GIL while it tests (wait.c), which serialises every
 // MPI call of ours; anything less cannot be made safe, and is refused.
-static int start_mpi(void) {
+static int start_mpi(double timeout) {
     int flag = 0, rc;
     if (MPI_Finalized(&flag) == MPI_SUCCESS && flag) {
         PyErr_SetString(pd_DistError, "init_process_group(): MPI has already been finalized in this "
@@ -224,9 +304,16 @@ static int start_mpi(void) {
         set_mpich_defaults();
         int hwloc_set = skip_hwloc_io();
         int required = requested_level(), provided = MPI_THREAD_SINGLE;
+        char message[400];
+        snprintf(message, sizeof message, "pydist: init_process_group(): MPI's start-up did not complete within "
+                 "%g s (its timeout): a rank never began it (it may have failed before init_process_group: "
+                 "see its output); this rank ends, and with it the job\n", timeout);
+        StartupWatch watch;
+        startup_watch_start(&watch, timeout, message);
         Py_BEGIN_ALLOW_THREADS
         rc = MPI_Init_thread(NULL, NULL, required, &provided);
         Py_END_ALLOW_THREADS
+        startup_watch_stop(&watch);
         if (hwloc_set) {
             unsetenv("HWLOC_COMPONENTS");   // not for processes this one starts later
         }
@@ -283,7 +370,7 @@ PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         return NULL;
     }
     Py_DECREF(settings);
-    if (start_mpi() < 0 || pd_ops_init() < 0) {
+    if (start_mpi(timeout) < 0 || pd_ops_init() < 0) {
         return NULL;
     }
     if ((rc = MPI_Comm_size(MPI_COMM_WORLD, &size)) != MPI_SUCCESS) {
@@ -504,6 +591,37 @@ PyObject *pd_abort(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     MPI_Finalized(&fin);
     if (init && !fin && !pd_mpi_inherited) {   // a forked child's failure is not the job's
         MPI_Abort(MPI_COMM_WORLD, (int)code);
+    }
+    Py_RETURN_NONE;
+}
+
+// _C.start_and_abort(code, seconds): a rank that fails before it started MPI, in a job of several, joins
+// MPI's start-up, where the others wait for it, and aborts the job from there; at most `seconds` (the
+// start-up's watch then ends this process, which ends the job as well).
+PyObject *pd_start_and_abort(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    long code = 1;
+    double seconds;
+    int init = 0, rc = MPI_SUCCESS;
+    if (pd_check_nargs(nargs, 2, "start_and_abort") < 0 || pd_arg_long(args[0], "start_and_abort", "code", &code) < 0 ||
+        ((seconds = PyFloat_AsDouble(args[1])) == -1.0 && PyErr_Occurred())) {
+        return NULL;
+    }
+    MPI_Initialized(&init);
+    if (!init && !pd_mpi_inherited) {
+        char message[200];
+        snprintf(message, sizeof message, "pydist: the other ranks did not join MPI's start-up within %g s; "
+                 "ending this rank, and with it the job\n", seconds);
+        StartupWatch watch;
+        startup_watch_start(&watch, seconds, message);
+        int provided;
+        Py_BEGIN_ALLOW_THREADS
+        rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SINGLE, &provided);
+        Py_END_ALLOW_THREADS
+        startup_watch_stop(&watch);
+        if (rc == MPI_SUCCESS) {
+            MPI_Abort(MPI_COMM_WORLD, (int)code);
+        }
     }
     Py_RETURN_NONE;
 }

@@ -11,6 +11,7 @@ PyObject *pd_destroy(PyObject *self, PyObject *unused);
 PyObject *pd_finalize(PyObject *self, PyObject *unused);
 PyObject *pd_forget_ranks(PyObject *self, PyObject *ranks);
 PyObject *pd_abort(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *pd_start_and_abort(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_get_rank(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_get_world_size(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_is_initialized(PyObject *self, PyObject *unused);
