@@ -13,7 +13,7 @@ setup-test:
 train: setup
 	mkdir -p results
 	cd results && UCX_ERROR_SIGNALS= mpiexec.mpich -n 2 ../.venv/bin/python -m pydist.train --model lenet5 \
-	  --epochs 5 --checkpoint lenet5.ckpt
+	  --epochs 5 --checkpoint lenet5.ckpt --overwrite
 
 # While editing: a core of every kind of test in about two minutes (scripts/check.sh says which).
 check:

@@ -33,7 +33,7 @@ def one(model, extra, case, args, kill_at):
     folder = tempfile.mkdtemp(prefix="pydist-failure-")
     strategy, survive = case.split("+")[0], ["--survive"] if case.endswith("+survive") else []
     train = ["-m", "pydist.train", "--model", model, *extra, "--strategy", strategy, "--epochs", str(args.epochs),
-             "--checkpoint", "run.ckpt", "--resume", "--checkpoint-every", str(args.every), "--no-progress",
+             "--checkpoint", "run.ckpt", "--resume-if-present", "--checkpoint-every", str(args.every), "--no-progress",
              "--metrics", "", "--plot", ""]
     cmd = [sys.executable, "-m", "pydist.run", "-n", str(args.ranks), *survive, "--run-dir", os.path.join(folder, "run"),
            "--", *train]

@@ -1,13 +1,13 @@
 """python -m pydist.run: start a job with MPICH's mpiexec, and when a rank dies, start it again from the
 newest checkpoint (an elastic launcher, as torchrun's agent is for torch, over MPI).
 
-    python -m pydist.run -n 3 --max-restarts 3 -- -m pydist.train --checkpoint run.ckpt --resume \\
+    python -m pydist.run -n 3 --max-restarts 3 -- -m pydist.train --checkpoint run.ckpt --resume-if-present \\
         --checkpoint-every 50
     python -m pydist.run -n 4 --min-ranks 2 --hosts a:2,b:2 -- train.py --epochs 10
 
 After `--` comes the program each rank runs: `-m MODULE ARGS` or `SCRIPT.py ARGS` (with this Python), or
 any command. The program resumes from its checkpoint when it starts (pydist.train: --checkpoint with
---resume; a script: Trainer.load when the file exists, or its own state: README "When a rank dies").
+--resume-if-present; a script: Trainer.load when the file exists, or its own state: README "When a rank dies").
 
 When a rank dies (an exception, a non-zero exit, a signal, SIGKILL, or a host that stops answering,
 which its peers name), mpiexec ends the job and the launcher says which rank, on which host, why, and how
@@ -741,13 +741,14 @@ class Launcher:
                     f"{status}")
                 return status
             # A failure of the program itself, which a restart would only repeat and no host caused: a usage
-            # error (exit status 2, argparse's), or the same end (status and last line) on several ranks.
-            own = [rec for rec in gone if rec.get("signal") is None and rec["rank"] not in self.stuck]
-            if failure is not None and failure in own and failure["status"] == 2:
+            # error (exit status 2, argparse's), or the same end (status and last line) on every rank that
+            # failed, two or more, none of them by a signal (a rank killed makes its peers fail alike after it).
+            own = [rec for rec in gone if rec["rank"] not in self.stuck]
+            if failure is not None and failure in own and failure["status"] == 2 and failure.get("signal") is None:
                 say("exit status 2 is a usage error (the program's arguments): not restarting; exit status 2")
                 return status
-            ends = {(rec["status"], rec.get("last_line")) for rec in own}
-            if len(own) >= 2 and len(ends) == 1 and own[0].get("last_line"):
+            ends = {(rec["status"], rec.get("signal"), rec.get("last_line")) for rec in own}
+            if len(own) >= 2 and len(ends) == 1 and own[0].get("signal") is None and own[0].get("last_line"):
                 say(f"{len(own)} ranks failed the same way: the program's own failure, which a restart would "
                     f"repeat; not restarting; exit status {status}")
                 return status

@@ -3,6 +3,7 @@
     mpiexec -n 2 python -m pydist.train --model lenet5 --epochs 5
     python -m pydist.train --model mlp --hidden 256 128 --epochs 3          # one process
     mpiexec -n 2 python -m pydist.train --checkpoint run.ckpt --resume      # continue a run
+    python -m pydist.run -n 2 -- -m pydist.train --checkpoint run.ckpt --resume-if-present   # elastic
     mpiexec -n 4 python -m pydist.train --strategy ps --servers 1           # another way to cooperate
     mpiexec -n 4 python -m pydist.train --strategy pipeline --stages 2 --micro-batches 8   # 2 stages x 2 replicas
 
@@ -17,7 +18,10 @@ names the first layer of stages 1 .. P-1) on R = P x replicas ranks; --batch-siz
 --batch-size is per rank (the global batch is R times it). Rank 0 prints a progress bar and one line
 per epoch, appends the metrics to --metrics (JSON lines) and, when matplotlib is installed, draws
 the loss and accuracy curves into --plot. --checkpoint is written atomically after every epoch (and
-every --checkpoint-every steps); --resume continues from it at any world size.
+every --checkpoint-every steps); --resume continues from it at any world size. A run never loses a
+checkpoint without being told: --resume of a file that is not there is an error (--resume-if-present
+starts afresh then, as a relaunched job's first attempt must), and a fresh run refuses to replace an
+existing --checkpoint unless --overwrite says so. Rank 0's file decides, on every rank alike.
 """
 import argparse
 import json
@@ -49,8 +53,13 @@ def parse_args(argv=None):
     ap.add_argument("--checkpoint-every", type=int, default=None, metavar="STEPS",
                     help="also write --checkpoint after every STEPS steps (counted over the whole run)")
     ap.add_argument("--resume", action="store_true",
-                    help="continue from --checkpoint if it exists, at any world size: with the next example of "
-                         "the epoch's order that it had not used")
+                    help="continue from --checkpoint (it must exist), at any world size: with the next example "
+                         "of the epoch's order that it had not used")
+    ap.add_argument("--resume-if-present", action="store_true",
+                    help="continue from --checkpoint if it exists, else start afresh (python -m pydist.run's "
+                         "relaunches)")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="start afresh even though --checkpoint exists, replacing it")
     ap.add_argument("--metrics", default="metrics.jsonl", help="JSON-lines file of per-epoch metrics ('' for none)")
     ap.add_argument("--plot", default="curves.png", help="PNG of the curves, if matplotlib is installed ('' for none)")
     ap.add_argument("--blas-threads", type=int, default=None, help="OpenBLAS threads per rank (default 1)")
@@ -92,8 +101,11 @@ def parse_args(argv=None):
         ap.error("--slow-rank and --slow-ms go together")
     if args.epochs < 0 or args.batch_size < 1:
         ap.error("--epochs must be >= 0 and --batch-size >= 1")
-    if args.resume and not args.checkpoint:
-        ap.error("--resume needs --checkpoint")
+    resumes = [name for name in ("resume", "resume_if_present", "overwrite") if getattr(args, name)]
+    if resumes and not args.checkpoint:
+        ap.error(f"--{resumes[0].replace('_', '-')} needs --checkpoint")
+    if len(resumes) > 1:
+        ap.error("--resume, --resume-if-present and --overwrite exclude each other")
     if args.checkpoint_every is not None and (args.checkpoint_every < 1 or not args.checkpoint):
         ap.error("--checkpoint-every needs --checkpoint and a number of steps >= 1")
     return args
@@ -185,7 +197,17 @@ def main(argv=None):
                       beta=args.beta, window=args.window, deterministic=args.deterministic, stages=args.stages,
                       micro_batches=args.micro_batches, schedule=args.schedule, split=args.split,
                       compression=args.compression, slow_rank=args.slow_rank, slow_ms=args.slow_ms)
-    if args.resume and checkpoint_on_rank0(args.checkpoint):
+    found = checkpoint_on_rank0(args.checkpoint) if args.checkpoint else False
+    refused = (f"--resume: there is no checkpoint at {args.checkpoint} (on rank 0); --resume-if-present starts "
+               f"afresh when there is none" if args.resume and not found else
+               f"{args.checkpoint} exists (on rank 0): --resume continues from it, --overwrite starts afresh and "
+               f"replaces it" if found and not (args.resume or args.resume_if_present or args.overwrite) else None)
+    if refused:   # decided from rank 0's answer: every rank leaves alike, before anything is written
+        if rank == 0:
+            print(f"python -m pydist.train: error: {refused}", file=sys.stderr, flush=True)
+        dist.destroy_process_group()
+        return 2
+    if found and not args.overwrite:
         trainer.load(args.checkpoint)
         if rank == 0:
             print(f"resumed from {args.checkpoint} at epoch {trainer.epoch}, step {trainer.step}"

@@ -165,7 +165,7 @@ def test_a_watcher_on_a_host_without_the_run_folder_makes_it_and_cleans_up(tmp_p
 def test_resume_where_only_rank_0_has_the_checkpoint(tmp_path):
     from pydist import _libraries
     train = [sys.executable, "-m", "pydist.train", "--model", "mlp", "--hidden", "16", "--batch-size", "128",
-             "--checkpoint", "run.ckpt", "--resume", "--no-progress", "--metrics", "", "--plot", ""]
+             "--checkpoint", "run.ckpt", "--resume-if-present", "--no-progress", "--metrics", "", "--plot", ""]
     a, b = tmp_path / "host-a", tmp_path / "host-b"   # each rank's own disk: the relative path differs
     a.mkdir()
     b.mkdir()

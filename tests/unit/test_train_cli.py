@@ -48,6 +48,30 @@ def test_two_ranks_train_and_report(tmp_path):
     assert [json.loads(line)["epoch"] for line in (tmp_path / "m.jsonl").read_text().splitlines()] == [1, 2, 3]
 
 
+def test_a_checkpoint_is_never_lost_without_being_told(tmp_path):
+    """--resume of a mistyped path is an error (it used to start afresh and, at its first checkpoint,
+    write over nothing the user meant); a fresh run refuses to replace an existing checkpoint unless
+    --overwrite says so; --resume-if-present starts afresh without one and resumes with one. Each refusal
+    comes before anything is written, one message from rank 0, exit status 2 (a usage error)."""
+    base = ["--model", "mlp", "--hidden", "16", "--batch-size", "500", "--metrics", "", "--plot", "", "--no-progress"]
+    proc = run(base + ["--epochs", "1", "--checkpoint", "typo.ckpt", "--resume"], tmp_path)
+    assert proc.returncode == 2 and not (tmp_path / "typo.ckpt").exists(), proc.stdout + proc.stderr
+    assert proc.stderr.count("error: --resume: there is no checkpoint at typo.ckpt (on rank 0)") == 1, proc.stderr
+    proc = run(base + ["--epochs", "1", "--checkpoint", "run.ckpt", "--resume-if-present"], tmp_path)
+    assert proc.returncode == 0 and "resumed" not in proc.stdout, proc.stdout + proc.stderr
+    written = (tmp_path / "run.ckpt").read_bytes()
+    proc = run(base + ["--epochs", "1", "--checkpoint", "run.ckpt"], tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("error: run.ckpt exists (on rank 0): --resume continues from it, --overwrite") == 1
+    assert (tmp_path / "run.ckpt").read_bytes() == written   # untouched
+    proc = run(base + ["--epochs", "2", "--checkpoint", "run.ckpt", "--resume-if-present"], tmp_path)
+    assert proc.returncode == 0 and "resumed from run.ckpt at epoch 1" in proc.stdout, proc.stdout + proc.stderr
+    proc = run(base + ["--epochs", "1", "--checkpoint", "run.ckpt", "--overwrite"], tmp_path)
+    assert proc.returncode == 0 and "resumed" not in proc.stdout, proc.stdout + proc.stderr
+    proc = run(base + ["--epochs", "1", "--checkpoint", "run.ckpt", "--overwrite", "--resume"], tmp_path, ranks=1)
+    assert proc.returncode == 2 and "exclude each other" in proc.stderr, proc.stderr
+
+
 def test_missing_data_is_one_clear_error(tmp_path):
     proc = run(["--data", str(tmp_path / "nowhere"), "--epochs", "1"], tmp_path, ranks=1)
     assert proc.returncode != 0
