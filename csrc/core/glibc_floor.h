@@ -4,8 +4,8 @@
  * (`make wheel` checks it with auditwheel show).
  *
  * fstat and fstatat became exported functions in glibc 2.33 (before, the headers inlined them to
- * __fxstat): here they are the system calls themselves, whose struct stat on x86-64 is
- * glibc's. shm_open and shm_unlink moved from librt into libc as GLIBC_2.34: glibc's own
+ * __fxstat): on x86-64 they are the system calls themselves, whose struct stat there is glibc's;
+ * elsewhere the kernel's struct may differ from glibc's, so they are libc's own calls. shm_open and shm_unlink moved from librt into libc as GLIBC_2.34: glibc's own
  * shm_open is open() under /dev/shm with O_NOFOLLOW | O_CLOEXEC, and that is what these do.
  *
  * glibc 2.38+ with _GNU_SOURCE (Python.h defines it) or C23 (GCC 15's default) renames sscanf and
@@ -24,8 +24,15 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+// (the kernel's struct stat is glibc's on x86-64 Linux alone: only there are the system calls used)
+#if defined(__linux__) && defined(__x86_64__) && defined(SYS_fstat) && defined(SYS_newfstatat)
+#define PD_RAW_STAT 1
+#else
+#define PD_RAW_STAT 0
+#endif
+
 static inline int pd_fstat(int fd, struct stat *st) {
-#ifdef SYS_fstat
+#if PD_RAW_STAT
     return (int)syscall(SYS_fstat, fd, st);
 #else
     return fstat(fd, st);
@@ -33,7 +40,7 @@ static inline int pd_fstat(int fd, struct stat *st) {
 }
 
 static inline int pd_fstatat(int dirfd, const char *path, struct stat *st, int flags) {
-#ifdef SYS_newfstatat
+#if PD_RAW_STAT
     return (int)syscall(SYS_newfstatat, dirfd, path, st, flags);
 #else
     return fstatat(dirfd, path, st, flags);

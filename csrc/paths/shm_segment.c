@@ -12,8 +12,11 @@
  *
  * Where that cannot work (no memfd_create; /proc hidden or another user's, on any rank) the ranks
  * fall back, all alike, to a named POSIX segment (shm_open), which rank 0 unlinks as soon as every
- * rank has opened it. A job killed inside that window leaves /dev/shm/pydist-<pid>-<n>: the first
- * segment a process makes therefore sweeps away every such name of ours whose pid no longer exists.
+ * rank has opened it. A job killed inside that window leaves /dev/shm/pydist-<ns>-<pid>-<n>, <ns> the
+ * inode of the maker's pid namespace: containers that share /dev/shm but not their pids never make
+ * the same name. The first segment a process makes sweeps away every such name of ours from its own
+ * pid namespace whose pid no longer exists; a name from another namespace (or of the older
+ * pydist-<pid>-<n> form) is never removed, as nothing here can prove its maker dead.
  *
  * Collective calls, all through the caller's interruptible wait: one broadcast (what rank 0 made) and
  * one all-reduce (every rank's outcome), and the same again when the named fallback is needed.
@@ -68,10 +71,18 @@ static int test_fallback(const char *which) {
 // ---------------------------------------------------------------------------------------------------
 // The named fallback's leftovers
 
-// Unlink /dev/shm/pydist-<pid>-<n> of ours whose process is gone (a job killed inside a named set-up).
-// A live pid keeps its name: that job may be setting it up right now.
+// This process's pid namespace: the inode of /proc/self/ns/pid, unique on the machine while it exists.
+// 0 where /proc does not say (named segments then carry 0, and the sweep removes none).
+static unsigned long long pid_namespace(void) {
+    struct stat st;
+    return pd_fstatat(AT_FDCWD, "/proc/self/ns/pid", &st, 0) == 0 ? (unsigned long long)st.st_ino : 0;
+}
+
+// Unlink /dev/shm/pydist-<ns>-<pid>-<n> of ours, from this pid namespace, whose process is gone (a job
+// killed inside a named set-up). A live pid keeps its name: that job may be setting it up right now.
 static void sweep_leftovers(void) {
-    DIR *dir = opendir("/dev/shm");
+    unsigned long long ours = pid_namespace();
+    DIR *dir = ours != 0 ? opendir("/dev/shm") : NULL;
     if (dir == NULL) {
         return;
     }
@@ -79,9 +90,11 @@ static void sweep_leftovers(void) {
     while ((e = readdir(dir)) != NULL) {
         int pid, used = 0;
         unsigned n;
+        unsigned long long ns;
         struct stat st;
-        if (sscanf(e->d_name, "pydist-%d-%u%n", &pid, &n, &used) != 2 || e->d_name[used] != 0 || pid <= 0) {
-            continue;
+        if (sscanf(e->d_name, "pydist-%llu-%d-%u%n", &ns, &pid, &n, &used) != 3 || e->d_name[used] != 0 ||
+            pid <= 0 || ns != ours) {
+            continue;   // not ours, or another namespace's pid, whose process kill() cannot see
         }
         if (pd_fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != geteuid()) {
             continue;
@@ -113,7 +126,7 @@ static int create(Msg *m, int named, int commit) {
         m->kind = KIND_MEMFD;
     } else {
         m->kind = KIND_NAMED;
-        snprintf(m->name, sizeof m->name, "/pydist-%d-%u", m->pid, names_made++);
+        snprintf(m->name, sizeof m->name, "/pydist-%llu-%d-%u", pid_namespace(), m->pid, names_made++);
         fd = pd_shm_open(m->name, O_CREAT | O_EXCL | O_RDWR, 0600);
         if (fd < 0) {
             m->name[0] = 0;   // not ours: nothing to unlink

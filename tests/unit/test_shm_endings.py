@@ -9,7 +9,7 @@ has mapped the segment and before the ranks confirm it (where a named segment st
 and say so on stderr; the test acts on that line.
 
 Other developers run jobs on this machine at the same time, so /dev/shm is compared only for this
-job's names: pydist's named segments are /dev/shm/pydist-<creator's pid>-<n>, and every rank writes
+job's names: pydist's named segments are /dev/shm/pydist-<pid namespace>-<creator's pid>-<n>, and every rank writes
 its pid to a file before it imports pydist. With memfd segments there is no name at all; the
 tests also read a live rank's /proc/<pid>/maps to see that the memfd is what it maps.
 """
@@ -26,6 +26,7 @@ import pytest
 from unit_helpers import MPIEXEC, popen_kwargs
 
 HARD_S = 120      # MPIEXEC_TIMEOUT: a hang guard only
+NS = os.stat("/proc/self/ns/pid").st_ino   # the jobs' pid namespace (this one's), in their segments' names
 
 PRELUDE = """
 import os, sys, threading, time
@@ -159,7 +160,7 @@ def alive(pid):
 
 def named_segments(pids):
     """This job's names in /dev/shm."""
-    return sorted(n for n in os.listdir("/dev/shm") if any(n.startswith(f"pydist-{p}-") for p in pids))
+    return sorted(n for n in os.listdir("/dev/shm") if any(n.startswith(f"pydist-{NS}-{p}-") for p in pids))
 
 
 def shared_mappings(pid):
@@ -331,26 +332,29 @@ def test_hidden_proc_falls_back_to_named_segments(tmp_path, jobs):
     pid0 = job.pids()[0]
     for r in range(3):
         line = (tmp_path / f"rank{r}.txt").read_text().strip()
-        assert line == f"6.0 6.0 ['/dev/shm/pydist-{pid0}-0', '/dev/shm/pydist-{pid0}-1']", line
+        assert line == f"6.0 6.0 ['/dev/shm/pydist-{NS}-{pid0}-0', '/dev/shm/pydist-{NS}-{pid0}-1']", line
     assert named_segments(job.pids()) == []
 
 
 def test_named_leftover_of_a_killed_job_is_swept_by_the_next(tmp_path, jobs):
     """Without memfd_create, a job killed inside a set-up leaves its name (this is the window memfd
     closes: the test can see a leak); the next job's init removes it, and leaves alone a name whose
-    process is alive."""
+    process is alive, and names it cannot prove dead: another pid namespace's (a container sharing
+    /dev/shm, where the same pid is another process) and the older form without a namespace."""
     (tmp_path / "first").mkdir()
     first = jobs(tmp_path / "first", 2, JOB, PYDIST_TEST_SEGMENT_FALLBACK="memfd", JOB_PAUSE="0:1")
     line = first.wait_for("pydist-test: paused in segment set-up 1 (rank 0,")
     assert "named" in line, line
     pid0 = first.pids()[0]
-    assert named_segments([pid0]) == [f"pydist-{pid0}-1"]
+    assert named_segments([pid0]) == [f"pydist-{NS}-{pid0}-1"]
     os.kill(pid0, signal.SIGKILL)
     assert first.finish() != 0
-    assert named_segments(first.pids()) == [f"pydist-{pid0}-1"]   # the named path's leak
+    assert named_segments(first.pids()) == [f"pydist-{NS}-{pid0}-1"]   # the named path's leak
 
-    live = f"/dev/shm/pydist-{os.getpid()}-999"   # a name whose process (this one) is alive
-    open(live, "w").close()
+    live = f"/dev/shm/pydist-{NS}-{os.getpid()}-999"   # a name whose process (this one) is alive
+    unprovable = [f"/dev/shm/pydist-{NS + 1}-{pid0}-7", f"/dev/shm/pydist-{pid0}-7"]   # dead here, maybe not there
+    for name in [live, *unprovable]:
+        open(name, "w").close()
     try:
         (tmp_path / "second").mkdir()
         second = jobs(tmp_path / "second", 2, """
@@ -361,8 +365,9 @@ def test_named_leftover_of_a_killed_job_is_swept_by_the_next(tmp_path, jobs):
         """)
         assert second.finish() == 0, second.output()
         assert named_segments([pid0]) == []
-        assert os.path.exists(live)
+        assert os.path.exists(live) and all(os.path.exists(n) for n in unprovable)
     finally:
-        os.unlink(live)
+        for name in [live, *unprovable]:
+            os.unlink(name)
         for name in named_segments([pid0]):
             os.unlink(f"/dev/shm/{name}")
