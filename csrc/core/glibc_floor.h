@@ -5,8 +5,9 @@
  *
  * fstat and fstatat became exported functions in glibc 2.33 (before, the headers inlined them to
  * __fxstat): on x86-64 they are the system calls themselves, whose struct stat there is glibc's;
- * elsewhere the kernel's struct may differ from glibc's, so they are libc's own calls. shm_open and shm_unlink moved from librt into libc as GLIBC_2.34: glibc's own
- * shm_open is open() under /dev/shm with O_NOFOLLOW | O_CLOEXEC, and that is what these do.
+ * elsewhere the kernel's struct may differ from glibc's, so they are libc's own calls. shm_open and
+ * shm_unlink moved from librt into libc as GLIBC_2.34: glibc's own shm_open is open() under /dev/shm
+ * with O_NOFOLLOW | O_CLOEXEC, and that is what these do.
  *
  * glibc 2.38+ with _GNU_SOURCE (Python.h defines it) or C23 (GCC 15's default) renames sscanf and
  * strtol to __isoc23_* (GLIBC_2.38), which differ only in taking a "0b" prefix; a file that calls them

@@ -39,7 +39,8 @@ ASYNC_EVERY = 100     # --checkpoint-every of the asynchronous case
 BATCH = 32            # per rank: 625 steps an epoch at 3 ranks, about 75 a second here
 EXAMPLES = 60000      # Fashion-MNIST's training set
 TRAIN = ["-m", "pydist.train", "--model", "mlp", "--hidden", "64", "--batch-size", str(BATCH), "--strategy",
-         "allreduce", "--epochs", "1", "--checkpoint", "run.ckpt", "--resume-if-present", "--checkpoint-every", str(EVERY),
+         "allreduce", "--epochs", "1", "--checkpoint", "run.ckpt", "--resume-if-present",
+         "--checkpoint-every", str(EVERY),
          "--no-progress", "--metrics", "", "--plot", ""]
 
 

@@ -14,7 +14,8 @@ from pydist.run import read_progress
 from unit_helpers import launch_run, subprocess_env
 
 TRAIN = ["-m", "pydist.train", "--model", "mlp", "--hidden", "64", "--epochs", "2", "--batch-size", "32",
-         "--checkpoint", "run.ckpt", "--resume-if-present", "--checkpoint-every", "20", "--no-progress", "--metrics", "",
+         "--checkpoint", "run.ckpt", "--resume-if-present",
+         "--checkpoint-every", "20", "--no-progress", "--metrics", "",
          "--plot", ""]
 ENV = subprocess_env(MPIEXEC_TIMEOUT="240")
 

@@ -210,7 +210,8 @@ def test_srun_without_pmi_is_refused_on_every_task_naming_the_fix(slurm, tmp_pat
 
 
 ELASTIC = ["-m", "pydist.train", "--model", "mlp", "--hidden", "64", "--epochs", "1", "--batch-size", "32",
-           "--checkpoint", "run.ckpt", "--resume-if-present", "--checkpoint-every", "20", "--no-progress", "--metrics", "",
+           "--checkpoint", "run.ckpt", "--resume-if-present",
+           "--checkpoint-every", "20", "--no-progress", "--metrics", "",
            "--plot", ""]
 
 

@@ -22,7 +22,8 @@ ENV = subprocess_env(MPIEXEC_TIMEOUT="240")
 # 0.55 s on a quiet machine, 50 steps of a 64-wide one only 40 ms, which a busy CI machine overran.
 HIDDEN, EVERY = 256, 200
 TRAIN = ["-m", "pydist.train", "--model", "mlp", "--hidden", str(HIDDEN), "--epochs", "1", "--batch-size", "32",
-         "--checkpoint", "run.ckpt", "--resume-if-present", "--checkpoint-every", str(EVERY), "--no-progress", "--metrics", "",
+         "--checkpoint", "run.ckpt", "--resume-if-present",
+         "--checkpoint-every", str(EVERY), "--no-progress", "--metrics", "",
          "--plot", ""]
 
 
