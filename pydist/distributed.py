@@ -349,6 +349,8 @@ def _abort(code, why=""):
 
 # How long a rank that failed before MPI started waits for the others in MPI's start-up, to abort them.
 _START_TO_ABORT_S = 30.0
+# Under pydist.run: how much longer than init's timeout a rank waits in MPI's start-up (the launcher's turn).
+_LAUNCHER_FIRST_S = 15.0
 
 
 def _abort_before_start(code):
@@ -443,7 +445,10 @@ def init_process_group(backend="mpi", init_method=None, timeout=None, world_size
     else:
         _C.path_table_unusable(problem)   # raised by init on every rank if this is world rank 0
     _tell_the_launcher_init_began(seconds)
-    my_rank, size, _level = _C.init(seconds)
+    # MPI's start-up within the same timeout; under pydist.run a little later, so that its launcher,
+    # which sees every rank's start (and names the ranks that never began), ends the attempt first
+    startup = seconds + _LAUNCHER_FIRST_S if seconds > 0 and os.environ.get("PYDIST_RUN_DIR") else seconds
+    my_rank, size, _level = _C.init(seconds, startup)
     announced, var, who = _launcher_size()
     if size == 1 and announced > 1:
         _C.destroy()

@@ -14,7 +14,7 @@ which its peers name), mpiexec ends the job and the launcher says which rank, on
 many steps were lost since the newest checkpoint, then starts the job again, up to --max-restarts times.
 A rank that fails before it begins init_process_group ends the attempt at once (the others would wait for
 it in MPI's start-up). What a restart would only repeat is not restarted: a usage error (exit status 2),
-or several ranks failing the same way (the same status and last line: a missing file, a checkpoint of
+or every rank failing the same way (the same status and last line: a missing file, a checkpoint of
 another model).
 A rank that fails twice running on the same host is left out, and a host that no longer answers (with
 --hosts) is dropped: the job goes on at fewer ranks, down to --min-ranks. It exits with the job's status:
@@ -741,16 +741,18 @@ class Launcher:
                     f"{status}")
                 return status
             # A failure of the program itself, which a restart would only repeat and no host caused: a usage
-            # error (exit status 2, argparse's), or the same end (status and last line) on every rank that
-            # failed, two or more, none of them by a signal (a rank killed makes its peers fail alike after it).
+            # error (exit status 2, argparse's), or the same end (status and last line) on every rank of the
+            # attempt, none by a signal (a rank killed, or hanging, makes its peers fail alike after it).
             own = [rec for rec in gone if rec["rank"] not in self.stuck]
             if failure is not None and failure in own and failure["status"] == 2 and failure.get("signal") is None:
-                say("exit status 2 is a usage error (the program's arguments): not restarting; exit status 2")
+                say("giving up: exit status 2 is a usage error (the program's arguments), which a restart "
+                    "repeats; exit status 2")
                 return status
             ends = {(rec["status"], rec.get("signal"), rec.get("last_line")) for rec in own}
-            if len(own) >= 2 and len(ends) == 1 and own[0].get("signal") is None and own[0].get("last_line"):
-                say(f"{len(own)} ranks failed the same way: the program's own failure, which a restart would "
-                    f"repeat; not restarting; exit status {status}")
+            if len(own) == self.world >= 2 and len(ends) == 1 and own[0].get("signal") is None and \
+                    own[0].get("last_line"):
+                say(f"giving up: all {len(own)} ranks failed the same way, the program's own failure, which a "
+                    f"restart repeats; exit status {status}")
                 return status
             # Who takes part next: a rank that failed twice running on one host is left out, and a host
             # that does not answer is dropped.

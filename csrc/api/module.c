@@ -36,7 +36,7 @@ static PyObject *simd_info(PyObject *self, PyObject *unused) {
 }
 
 static PyMethodDef module_methods[] = {
-    FAST("init", pd_init, "init(timeout_seconds) -> (rank, size, thread_level)"),
+    FAST("init", pd_init, "init(timeout_seconds, startup_seconds) -> (rank, size, thread_level)"),
     {"destroy", pd_destroy, METH_NOARGS, "destroy() -> None: free every group's communicator"},
     {"finalize", pd_finalize, METH_NOARGS, "finalize() -> None: MPI_Finalize, at interpreter exit"},
     FAST("abort", pd_abort, "abort(code): MPI_Abort(MPI_COMM_WORLD, code)"),

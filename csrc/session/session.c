@@ -345,15 +345,17 @@ static int start_mpi(double timeout) {
 static MPI_Comm pending_world = MPI_COMM_NULL, pending_ctl = MPI_COMM_NULL, pending_algo = MPI_COMM_NULL;
 static int ctl_made = 0;
 
-// _C.init(timeout_seconds) -> (rank, size, thread_level). timeout < 0: none.
+// _C.init(timeout_seconds, startup_seconds) -> (rank, size, thread_level): startup_seconds bounds MPI_Init
+// (init's timeout, or longer where a launcher bounds it first), timeout everything after. < 0: none.
 PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     int rc, size = 1;
-    if (pd_check_nargs(nargs, 1, "init") < 0) {
+    if (pd_check_nargs(nargs, 2, "init") < 0) {
         return NULL;
     }
-    double timeout = PyFloat_AsDouble(args[0]);
-    if ((timeout == -1.0 && PyErr_Occurred()) || pd_child_check_init() < 0) {
+    double timeout = PyFloat_AsDouble(args[0]), startup;
+    if ((timeout == -1.0 && PyErr_Occurred()) || ((startup = PyFloat_AsDouble(args[1])) == -1.0 && PyErr_Occurred()) ||
+        pd_child_check_init() < 0) {
         return NULL;
     }
     if (pd_initialized) {
@@ -370,7 +372,7 @@ PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         return NULL;
     }
     Py_DECREF(settings);
-    if (start_mpi(timeout) < 0 || pd_ops_init() < 0) {
+    if (start_mpi(startup) < 0 || pd_ops_init() < 0) {
         return NULL;
     }
     if ((rc = MPI_Comm_size(MPI_COMM_WORLD, &size)) != MPI_SUCCESS) {

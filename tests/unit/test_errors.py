@@ -471,7 +471,7 @@ def test_torch_non_contiguous_is_value_error_not_a_silent_copy():
 # name: (number of positional args, positions that must be C ints). Valid calls are never made here:
 # abort/finalize/init/destroy would end or change MPI, recv(src=-1) would block forever.
 C_FASTCALL = {
-    "init": 1, "abort": 1, "get_rank": 1, "get_world_size": 1, "send": 4, "recv": 4, "isend": 4,
+    "init": 2, "abort": 1, "start_and_abort": 2, "get_rank": 1, "get_world_size": 1, "send": 4, "recv": 4, "isend": 4,
     "irecv": 4, "barrier": 2, "broadcast": 4, "all_reduce": 4, "set_wait_mode": 1, "check_op": 2,
 }
 C_INT_ARGS = {
@@ -536,9 +536,13 @@ def test_c_noargs_functions_take_no_arguments(name):
 def test_c_init_wrong_types_and_second_init():
     for bad in ("1", None, [1.0], object()):
         with pytest.raises(TypeError):
-            _C.init(bad)
-    with pytest.raises(ValueError, match="already initialized"):
+            _C.init(bad, -1.0)
+        with pytest.raises(TypeError):
+            _C.init(-1.0, bad)
+    with pytest.raises(TypeError):
         _C.init(-1.0)
+    with pytest.raises(ValueError, match="already initialized"):
+        _C.init(-1.0, -1.0)
 
 
 @pytest.mark.parametrize("handle", [-1, 1, 7, _C.MAX_GROUPS, _C.MAX_GROUPS + 1, 2**40])
