@@ -18,6 +18,9 @@
 
 #include "session/session.h"
 
+#define PD_GLIBC_FLOOR_THREADS   // the start-up watchdog's thread (glibc_floor.h)
+#include "core/glibc_floor.h"
+
 #include "core/dtypes.h"
 #include "core/errors.h"
 #include "core/settings.h"

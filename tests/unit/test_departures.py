@@ -72,7 +72,9 @@ def test_init_timeout_leaves_nothing_half_made(tmp_path):
     """Rank 1 comes to init 5 s late; rank 0's init(timeout=1) fails with DistTimeoutError, its pending
     communicator duplications stay parked (MPI may still complete them; their handles are not on a
     dead stack), and a second init in that process refuses clearly instead of matching the wrong
-    operations. When rank 1 arrives, its init completes against rank 0's parked operations.
+    operations. When rank 1 arrives, its init completes against rank 0's parked operations, and goes
+    on without the path table, whose broadcast (every rank's, after the duplications) rank 0 never
+    joined: within rank 1's own timeout, saying so.
 
     MPI is started by mpi4py first (MPI_Init waits for every process, so only an MPI that is already
     running lets init_process_group's own rendezvous time out), which also checks that pydist adopts
@@ -104,7 +106,7 @@ def test_init_timeout_leaves_nothing_half_made(tmp_path):
             time.sleep(0.5)
         else:
             time.sleep(5.0)
-            dist.init_process_group(timeout=30)
+            dist.init_process_group(timeout=4.0)
             out(f"INIT {dist.get_rank()} {dist.get_world_size()} {C.mpi_info()['thread_level']}")
         os._exit(0)
     """, timeout=60, env_extra={"PYDIST_SHM_BYTES": "0"})
@@ -118,6 +120,7 @@ def test_init_timeout_leaves_nothing_half_made(tmp_path):
     assert r0[1] == "PARKED 3", r0    # the world's dup, its private one and the liveness channel's
     assert r0[2].startswith("SECOND DistError") and "earlier init_process_group did not complete" in r0[2], r0
     assert reports(tmp_path, 1) == ["INIT 1 2 3"], proc.stderr   # mpi4py asks for MPI_THREAD_MULTIPLE (3)
+    assert "the path table could not be shared at init (a rank did not take part)" in proc.stderr, proc.stderr
 
 
 def test_departure_ends_a_shared_memory_all_reduce(tmp_path):

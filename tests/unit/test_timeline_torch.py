@@ -27,7 +27,7 @@ for hook in (None, hooks.fp16()):
         model.register_comm_hook(None, hook)
     for step in range({STEPS}):
         model(torch.randn(16, 64)).sum().backward()
-print("params", sum(p.numel() for p in net.parameters()))
+print("params", sum(p.numel() for p in net.parameters()), flush=True)   # before MPI_Finalize's exit
 """
 
 
@@ -39,7 +39,7 @@ def test_ddp_buckets_and_backward_passes_on_every_rank(tmp_path):
     proc = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "job.py"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=90)
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
+    assert proc.returncode == 0 and "params " in out, out
     params = int(out.split("params ")[1].split()[0])
     trace = json.loads((tmp_path / "run.json").read_text())
     problems = validate(trace)
