@@ -170,13 +170,16 @@ if [ " ${NAMES[*]} " = " mpich5 impi standard openmpi5 openmpi4 " ]; then
   echo "-- wrong pairings"
   echo "   Open MPI's mpiexec, PYDIST_LIBMPI naming MPICH's library"
   init="import pydist as dist; dist.init_process_group()"
-  out=$( (open_mpi_env openmpi5; PYDIST_LIBMPI=$mpich/lib/libmpi.so.12 "$ompi/bin/mpiexec" -n 2 $PY -P -c "$init") 2>&1 || true)
+  # each rank says the refusal and exits 0: a rank that exited non-zero first would have the launcher
+  # end the other before it could print
+  said=$'import sys, pydist as dist\ntry:\n    dist.init_process_group()\nexcept dist.DistError as e:\n    sys.stderr.write(f"DistError: {e}\\n")'
+  out=$( (open_mpi_env openmpi5; PYDIST_LIBMPI=$mpich/lib/libmpi.so.12 "$ompi/bin/mpiexec" -n 2 $PY -P -c "$said") 2>&1 || true)
   for line in "started by Open MPI's mpiexec (OMPI_COMM_WORLD_SIZE=2)" "$mpich/bin/mpiexec -n 2 python" \
               "unset PYDIST_LIBMPI to run on the launcher's own library"; do
     [ "$(echo "$out" | grep -cF "$line")" = 2 ] || { echo "FAIL: not on both ranks: $line"; echo "$out"; exit 1; }
   done
   echo "   hydra, PYDIST_LIBMPI naming Open MPI's library"
-  out=$(MPIEXEC_TIMEOUT=60 PYDIST_LIBMPI=$ompi/lib/libmpi.so.40 "$mpich/bin/mpiexec" -n 2 $PY -P -c "$init" 2>&1 || true)
+  out=$(MPIEXEC_TIMEOUT=60 PYDIST_LIBMPI=$ompi/lib/libmpi.so.40 "$mpich/bin/mpiexec" -n 2 $PY -P -c "$said" 2>&1 || true)
   for line in "started by a PMI launcher" "is of Open MPI's ABI" "$ompi/bin/mpiexec -n 2 python"; do
     [ "$(echo "$out" | grep -cF "$line")" = 2 ] || { echo "FAIL: not on both ranks: $line"; echo "$out"; exit 1; }
   done
