@@ -116,4 +116,7 @@ def test_bad_arguments_are_clear():
     gloo = tdist.new_group(backend="gloo")
     with pytest.raises(ValueError, match="backend \"pydist\""):
         hooks._pydist_group(gloo, "fp16")
+    # every rank's gloo connections made before any rank closes its own: a rank that destroyed the group
+    # at once could close a connection its peer was still setting up ("Connection closed by peer")
+    tdist.barrier(group=gloo)
     tdist.destroy_process_group(gloo)
