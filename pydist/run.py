@@ -649,7 +649,8 @@ class Launcher:
                 say(f"rank(s) {', '.join(map(str, missing))} never began init_process_group, {now - first:.0f} s "
                     f"after the first rank did (its timeout {timeout:g} s): ending the attempt")
                 self.stuck, self.stuck_why = missing, "it never began init_process_group"
-        if not self.stuck and not self.ended_early:
+        ended = None   # the ranks' records, read at most once a poll, and only while something needs them
+        if not self.stuck and not self.ended_early and len(marks) < self.world:   # (every rank marked: none early)
             ended = records(folder, self.world, self.run_id)
             early = [rec for rec in ended if rec["status"] != 0 and rec["rank"] not in marks]
             # (a second first: the ranks that fail the same way record it too, for the verdict)
@@ -663,7 +664,7 @@ class Launcher:
                         _kill_rank(folder, r)
                 threading.Thread(target=_end, args=(proc, 10.0), daemon=True).start()
         if self.args.survive and not self.stuck:
-            ended = records(folder, self.world, self.run_id)
+            ended = ended if ended is not None else records(folder, self.world, self.run_id)
             if ended and len(ended) < self.world and any(rec["status"] != 0 for rec in ended):
                 alone = now - max(rec["ended"] for rec in ended)
                 if alone > SURVIVE_ALONE_S:
