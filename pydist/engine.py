@@ -439,6 +439,7 @@ class Trainer:
         if strategy == "pipeline":
             self.stages, self.split = self._pipeline_layout(options, batch_size)
         self.engine = _C.Engine(model.specs(), model.input_shape, batch_size)
+        self.engine.name = model.name   # recorded in checkpoints, with the strategy: a load into another names both
         self.engine.init_params(self.seed)
         self._broadcast_state()
         self._slow_ms = int(slow_ms) if slow_rank == self.rank else 0
@@ -819,8 +820,8 @@ class Trainer:
 
     def load(self, path):
         """Continue from a checkpoint: rank 0 reads it and every rank gets its state. A file that is
-        truncated, damaged (CRC32), of another format version or of another model is a ValueError
-        and leaves the trainer as it was. The checkpoint may come from another world size or batch size:
+        truncated, damaged (CRC32), of another format version, of another model or of another strategy is
+        a ValueError naming both, and leaves the trainer as it was. The checkpoint may come from another world size or batch size:
         training goes on from the next example of the epoch's order that it had not used
         (`resumed_from` says where and from which layout)."""
         path = os.fspath(path)
@@ -838,10 +839,16 @@ class Trainer:
                 error = e
         if self.world > 1:
             dist.broadcast(state, self._root, group=self.group)
+            if state[0] != 1:   # every rank raises rank 0's reason, not just that it failed
+                text = np.zeros(1024, np.uint8)
+                if error is not None:
+                    said = str(error).encode("utf-8", "replace")[:1023]
+                    text[:len(said)] = np.frombuffer(said, np.uint8)
+                dist.broadcast(text, self._root, group=self.group)
+                error = error or ValueError(text.tobytes().rstrip(b"\0").decode("utf-8", "replace") or
+                                            f"rank 0 could not load the checkpoint {path}")
         if error is not None:
             raise error
-        if state[0] != 1:
-            raise ValueError(f"rank 0 could not load the checkpoint {path}")
         self._broadcast_state()
         self.engine.strategy_restore()
         self.engine.momentum_started = bool(state[4])

@@ -208,7 +208,13 @@ def main(argv=None):
         dist.destroy_process_group()
         return 2
     if found and not args.overwrite:
-        trainer.load(args.checkpoint)
+        try:
+            trainer.load(args.checkpoint)
+        except ValueError as e:   # another model or strategy, a damaged file: the same on every rank, and
+            if rank == 0:         # no retry can help (pydist.run does not restart exit status 2)
+                print(f"python -m pydist.train: error: cannot resume: {e}", file=sys.stderr, flush=True)
+            dist.destroy_process_group()
+            return 2
         if rank == 0:
             print(f"resumed from {args.checkpoint} at epoch {trainer.epoch}, step {trainer.step}"
                   + resumed_where(trainer), flush=True)

@@ -281,7 +281,7 @@ def run_compressor(kind, case, data):
 # Checkpoints: Trainer.load at world size 1
 
 MAGIC = 0x50444350
-HEADER = {2: 56, 3: 104, 4: 128}   # csrc/engine/checkpoint.h
+HEADER = {2: 56, 3: 104, 4: 128, 5: 192}   # csrc/engine/checkpoint.h
 FIELDS = [(8, 8), (16, 8), (24, 8), (32, 8), (40, 8), (48, 8), (56, 8), (64, 8), (104, 8), (112, 8), (120, 8),
           (4, 4), (0, 4)]          # num_params, step, epoch, seed, hash, momentum flag, state ranks and bytes,
                                    # sample, world, global batch; version; magic
@@ -298,8 +298,9 @@ def _with_crc(data):
 
 
 def _checkpoint_bases():
-    """Valid checkpoints of the fuzzed model (version 4 with compression state, without, and the same as
-    versions 2 and 3) and one of another model; built once per process, the same in every process."""
+    """Valid checkpoints of the fuzzed model (version 5 with compression state, without, and the same as
+    versions 2, 3 and 4), one of another strategy and one of another model; built once per process, the
+    same in every process."""
     if _CKPT:
         return _CKPT
     import numpy as np
@@ -316,17 +317,19 @@ def _checkpoint_bases():
             t.save(os.path.join(folder, "a.ckpt"))
             with open(os.path.join(folder, "a.ckpt"), "rb") as f:
                 bases.append(f.read())
-        v4 = bases[0]
-        body = v4[128:-4]
-        bases.append(_with_crc(v4[:4] + (3).to_bytes(4, "little") + v4[8:104] + body + b"\0" * 4))
-        bases.append(_with_crc(v4[:4] + (2).to_bytes(4, "little") + v4[8:56] + bases[1][128:-4] + b"\0" * 4))
-        Trainer(mlp((9,)), batch_size=8).save(os.path.join(folder, "b.ckpt"))
-        with open(os.path.join(folder, "b.ckpt"), "rb") as f:
-            bases.append(f.read())
+        v5 = bases[0]
+        body = v5[192:-4]
+        bases.append(_with_crc(v5[:4] + (4).to_bytes(4, "little") + v5[8:128] + body + b"\0" * 4))
+        bases.append(_with_crc(v5[:4] + (3).to_bytes(4, "little") + v5[8:104] + body + b"\0" * 4))
+        bases.append(_with_crc(v5[:4] + (2).to_bytes(4, "little") + v5[8:56] + bases[1][192:-4] + b"\0" * 4))
+        for other in (Trainer(mlp((8,)), batch_size=8, seed=3, strategy="ring"), Trainer(mlp((9,)), batch_size=8)):
+            other.save(os.path.join(folder, "b.ckpt"))
+            with open(os.path.join(folder, "b.ckpt"), "rb") as f:
+                bases.append(f.read())
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     _CKPT["bases"] = bases
-    _CKPT["n"], _CKPT["hash"] = struct.unpack_from("<Q", v4, 8)[0], struct.unpack_from("<Q", v4, 40)[0]
+    _CKPT["n"], _CKPT["hash"] = struct.unpack_from("<Q", v5, 8)[0], struct.unpack_from("<Q", v5, 40)[0]
     return _CKPT
 
 
@@ -340,8 +343,9 @@ def make_checkpoint_input(seed, i):
     elif r < 0.55:   # header fields to extremes (and the name's bytes), the CRC made right or not
         b = bytearray(data)
         for _ in range(rng.randint(1, 3)):
-            if rng.random() < 0.15:
-                b[72 + rng.randrange(32)] = rng.choice([0, 0x20, 0x7E, 0x7F, 0xFF, 0x1F, ord("x")])
+            if rng.random() < 0.2:   # a byte of the compressor's, the model's or the strategy's name
+                b[rng.choice([72 + rng.randrange(32), 128 + rng.randrange(48), 176 + rng.randrange(16)])] = \
+                    rng.choice([0, 0x20, 0x7E, 0x7F, 0xFF, 0x1F, ord("x")])
                 continue
             at, size = rng.choice(FIELDS)
             if at + size <= len(b):
@@ -356,12 +360,13 @@ def make_checkpoint_input(seed, i):
         data = _mutate_bytes(rng, data, bases)
         data = _with_crc(data) if rng.random() < 0.5 and len(data) >= 4 else data
     else:
-        data = rng.randbytes(rng.choice([0, 3, 56, 128, len(data)]))
+        data = rng.randbytes(rng.choice([0, 3, 56, 128, 192, len(data)]))
     return {"name": f"c{i % 2}.ckpt"}, data
 
 
 def _checkpoint_reference(data, n, model_hash):
-    """None when checkpoint.c's rules (csrc/engine/checkpoint.h) take `data`, else why not."""
+    """None when checkpoint.c's rules (csrc/engine/checkpoint.h) take `data` into the fuzzed trainer
+    (strategy allreduce), else why not."""
     if len(data) < 56:
         return "short"
     magic, version = struct.unpack_from("<II", data)
@@ -369,11 +374,17 @@ def _checkpoint_reference(data, n, model_hash):
         return "magic, version or header"
     h = dict(zip(["num_params", "step", "epoch", "seed", "hash", "momentum"], struct.unpack_from("<6Q", data, 8)))
     ranks, each, name = (struct.unpack_from("<2Q", data, 56) + (data[72:104],)) if version >= 3 else (0, 0, bytes(32))
+    names = [name] + ([data[128:176], data[176:192]] if version >= 5 else [])
+    for field in names:
+        end = field.find(b"\0")
+        if end < 0 or any(c < 0x20 or c > 0x7E for c in field[:end]) or any(field[end:]):
+            return "name"
     if h["num_params"] != n or h["hash"] != model_hash:
         return "model"
-    end = name.find(b"\0")
-    if (ranks == 0) != (each == 0) or end < 0 or any(c < 0x20 or c > 0x7E for c in name[:end]) or any(name[end:]):
-        return "state size or name"
+    if version >= 5 and names[2].rstrip(b"\0") not in (b"", b"allreduce"):
+        return "strategy"
+    if (ranks == 0) != (each == 0):
+        return "state size"
     want = HEADER[version] + 8 * n + ranks * each + 4
     if ranks * each >= 2**64 or want >= 2**64:
         return "state size"

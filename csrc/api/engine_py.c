@@ -43,6 +43,7 @@ typedef struct {
     int slow_ms;           // sleep per step on this rank (straggler experiments)
     float *gathered;       // [2 * num_params]: what strategy_weights/state gather (MPI writes it; the
                            // engine owns it, so a parked request can never write freed memory)
+    char name[48];         // the model's name as checkpoints record it (printable ASCII; "" unnamed)
 } EngineObject;
 
 static PyTypeObject *EngineType;
@@ -268,6 +269,28 @@ static PyObject *get_momentum(EngineObject *e, void *c) { (void)c; return buffer
 static PyObject *get_num_params(EngineObject *e, void *c) { (void)c; return PyLong_FromLong(e->model.num_params); }
 static PyObject *get_classes(EngineObject *e, void *c) { (void)c; return PyLong_FromLong(e->model.classes); }
 static PyObject *get_max_batch(EngineObject *e, void *c) { (void)c; return PyLong_FromLong(e->model.max_batch); }
+// name: the model's name as checkpoints record it; any str is kept as its printable ASCII characters
+// (others become '?'), cut to 47, so that a header always holds it whole and the loader can check it.
+static PyObject *get_name(EngineObject *e, void *c) {
+    (void)c;
+    return PyUnicode_FromString(e->name);
+}
+
+static int set_name(EngineObject *e, PyObject *value, void *c) {
+    (void)c;
+    if (value == NULL || !PyUnicode_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "Engine.name must be a str");
+        return -1;
+    }
+    Py_ssize_t n = PyUnicode_GetLength(value), i = 0;
+    for (; i < n && i < (Py_ssize_t)sizeof e->name - 1; i++) {
+        Py_UCS4 ch = PyUnicode_READ_CHAR(value, i);
+        e->name[i] = ch >= 0x20 && ch < 0x7f ? (char)ch : '?';
+    }
+    memset(e->name + i, 0, sizeof e->name - (size_t)i);
+    return 0;
+}
+
 static PyObject *get_model_hash(EngineObject *e, void *c) {
     (void)c;
     return PyLong_FromUnsignedLongLong(model_hash(&e->model));
@@ -1044,6 +1067,12 @@ static PyObject *path_arg(PyObject *obj, const char *fn, const char *arg) {
     return bytes;
 }
 
+// The model's and the strategy's names into a checkpoint's header (zero-padded, as the loader checks).
+static void record_names(const EngineObject *e, CheckpointHeader *h) {
+    snprintf(h->model, sizeof h->model, "%s", e->name);
+    snprintf(h->strategy, sizeof h->strategy, "%s", e->has_strategy ? strategy_name(e->strategy.cfg.kind) : "");
+}
+
 // save(path, step, epoch, seed, sample, world, global_batch): params + momentum, atomically
 // (checkpoint.c). step and epoch are counts (>= 0); sample is the examples of the epoch's order
 // consumed (-1: unknown, as in a version 3 file); seed is any C long, stored as its 64 bits and given
@@ -1102,8 +1131,9 @@ static PyObject *engine_save(EngineObject *e, PyObject *const *args, Py_ssize_t 
     CheckpointHeader h = {CHECKPOINT_MAGIC, CHECKPOINT_VERSION, (uint64_t)e->model.num_params, (uint64_t)step,
                           (uint64_t)epoch, (uint64_t)seed, model_hash(&e->model), (uint64_t)started,
                           (uint64_t)ranks, ranks > 0 ? (uint64_t)(state.len / ranks) : 0, {0}, (uint64_t)sample,
-                          (uint64_t)world, (uint64_t)global_batch};
+                          (uint64_t)world, (uint64_t)global_batch, {0}, {0}};
     snprintf(h.compression, sizeof h.compression, "%s", compression);
+    record_names(e, &h);
     char err[1024];
     int rc, cause = 0;
     Py_BEGIN_ALLOW_THREADS
@@ -1141,7 +1171,8 @@ static PyObject *engine_load(EngineObject *e, PyObject *const *args, Py_ssize_t 
     }
     const char *path = PyBytes_AS_STRING(path_bytes);
     CheckpointHeader expect = {CHECKPOINT_MAGIC, CHECKPOINT_VERSION, (uint64_t)e->model.num_params, 0, 0, 0,
-                               model_hash(&e->model), 0, 0, 0, {0}, 0, 0, 0};
+                               model_hash(&e->model), 0, 0, 0, {0}, 0, 0, 0, {0}, {0}};
+    record_names(e, &expect);
     CheckpointHeader h;
     char err[1024];
     int rc = -1;
@@ -1278,6 +1309,7 @@ static PyGetSetDef engine_getset[] = {
     {"classes", (getter)get_classes, NULL, "number of output classes", NULL},
     {"max_batch", (getter)get_max_batch, NULL, "largest batch per call", NULL},
     {"model_hash", (getter)get_model_hash, NULL, "hash of the architecture (checkpoints)", NULL},
+    {"name", (getter)get_name, (setter)set_name, "the model's name as checkpoints record it", NULL},
     {"is_server", (getter)get_is_server, NULL, "this rank serves parameters (strategy ps)", NULL},
     {"compression_residual", (getter)get_compression_residual, NULL,
      "a copy of this rank's error-feedback residual (None without compression)", NULL},

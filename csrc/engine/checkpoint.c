@@ -5,7 +5,8 @@
  * values, then (version 3 on) state_ranks x state_bytes of the ranks' compression state, then the uint32
  * CRC32 of all those bytes; little-endian as in memory. Only rank 0 writes (every rank holds the same
  * weights; the ranks' compression states are gathered to it). Version 2 files (no state, a 56-byte
- * header) and version 3 files (no position in the epoch, a 104-byte header) still load.
+ * header), version 3 files (no position in the epoch, a 104-byte header) and version 4 files (no model
+ * or strategy name, a 128-byte header) still load.
  *
  * Why no DONE marker file (llm.c writes one after the checkpoint): the rename already makes the new
  * file appear whole or not at all, and a marker written after it would open a window (killed between
@@ -72,7 +73,8 @@ static uint32_t crc_update(uint32_t crc, const void *buf, size_t len) {
 }
 
 static size_t header_bytes(const CheckpointHeader *h) {
-    return h->version == 2 ? CHECKPOINT_V2_HEADER : h->version == 3 ? CHECKPOINT_V3_HEADER : sizeof *h;
+    return h->version == 2 ? CHECKPOINT_V2_HEADER : h->version == 3 ? CHECKPOINT_V3_HEADER
+           : h->version == 4 ? CHECKPOINT_V4_HEADER : sizeof *h;
 }
 
 static size_t state_total(const CheckpointHeader *h) {
@@ -151,24 +153,48 @@ out:
     return rc;
 }
 
-// What the header says, checked before anything is allocated or read on its word: the model's, every
-// field in the range save() writes, and the file exactly as long as the header makes it (so a crafted
-// count is never an allocation). -1 with err.
+// A name field as save() writes it: printable characters, then zeros to the end (at least one).
+static int name_ok(const char *name, size_t size) {
+    size_t len = strnlen(name, size);
+    int ok = len < size;
+    for (size_t i = 0; ok && i < size; i++) {
+        ok = i < len ? name[i] >= 0x20 && name[i] < 0x7f : name[i] == 0;
+    }
+    return ok;
+}
+
+// "model NAME " when the name is known, for the messages below.
+static const char *named(const char *what, const char *name, char *buf, size_t len) {
+    if (name[0] == '\0') {
+        return "";
+    }
+    snprintf(buf, len, "%s %s, ", what, name);
+    return buf;
+}
+
+// What the header says, checked before anything is allocated or read on its word: the model's and the
+// strategy's, every field in the range save() writes, and the file exactly as long as the header makes
+// it (so a crafted count is never an allocation). -1 with err.
 static int header_check(const char *path, const CheckpointHeader *h, const CheckpointHeader *expect,
                         uint64_t file_bytes, char *err, size_t errlen) {
-    const char *name = h->compression;
-    size_t name_len = strnlen(name, sizeof h->compression);
-    int name_ok = name_len < sizeof h->compression;
-    for (size_t i = 0; name_ok && i < sizeof h->compression; i++) {   // printable, then zeros, as save() pads it
-        name_ok = i < name_len ? name[i] >= 0x20 && name[i] < 0x7f : name[i] == 0;
-    }
+    int names_ok = name_ok(h->compression, sizeof h->compression) &&
+                   (h->version < 5 || (name_ok(h->model, sizeof h->model) && name_ok(h->strategy, sizeof h->strategy)));
+    char saved[80], ours[80];
     uint64_t state, want;
-    if (h->num_params != expect->num_params || h->model_hash != expect->model_hash) {
-        snprintf(err, errlen, "%s was saved from a different model (%llu parameters, model hash %016llx; this "
-                 "model has %llu, %016llx)", path, (unsigned long long)h->num_params,
-                 (unsigned long long)h->model_hash, (unsigned long long)expect->num_params,
+    if (!names_ok) {
+        snprintf(err, errlen, "%s is damaged: its compressor, model or strategy name is not printable text", path);
+    } else if (h->num_params != expect->num_params || h->model_hash != expect->model_hash) {
+        snprintf(err, errlen, "%s was saved from a different model (%s%llu parameters, model hash %016llx); this "
+                 "is %s%llu parameters, model hash %016llx", path, named("model", h->model, saved, sizeof saved),
+                 (unsigned long long)h->num_params, (unsigned long long)h->model_hash,
+                 named("model", expect->model, ours, sizeof ours), (unsigned long long)expect->num_params,
                  (unsigned long long)expect->model_hash);
-    } else if ((h->state_ranks == 0) != (h->state_bytes == 0) || !name_ok ||
+    } else if (h->strategy[0] != '\0' && expect->strategy[0] != '\0' && strcmp(h->strategy, expect->strategy) != 0) {
+        // each strategy keeps its own state in the file (the servers' weights, the average, the center)
+        snprintf(err, errlen, "%s was saved by strategy %s (model %s); this trainer's strategy is %s (model %s): "
+                 "resume it with strategy %s, or start afresh with another checkpoint path", path, h->strategy,
+                 h->model[0] ? h->model : "?", expect->strategy, expect->model[0] ? expect->model : "?", h->strategy);
+    } else if ((h->state_ranks == 0) != (h->state_bytes == 0) ||
                __builtin_mul_overflow(h->state_ranks, h->state_bytes, &state) ||
                __builtin_add_overflow(state, header_bytes(h) + 2 * h->num_params * sizeof(float) + sizeof(uint32_t),
                                       &want)) {

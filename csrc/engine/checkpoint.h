@@ -9,8 +9,8 @@
 #include <stdint.h>
 
 #define CHECKPOINT_MAGIC 0x50444350u   // "PDCP"
-#define CHECKPOINT_VERSION 4u   // 2 added the CRC32 trailer, 3 the ranks' compression state, 4 the position in
-                                // the epoch's order and the layout; 1 is refused
+#define CHECKPOINT_VERSION 5u   // 2 added the CRC32 trailer, 3 the ranks' compression state, 4 the position in
+                                // the epoch's order and the layout, 5 the model's and strategy's names; 1 is refused
 
 typedef struct {
     uint32_t magic, version;
@@ -27,10 +27,16 @@ typedef struct {
     // version 4: where the epoch's global sample order stopped (examples of it consumed), so a run resumes
     // with its next unseen example at any world size; and the layout that saved it, for the record
     uint64_t sample, world, global_batch;
-} CheckpointHeader;       // 128 bytes (version 2: the first 56, 3: 104), no padding: every byte is in the CRC32
+    // version 5: the model and the strategy that saved it, by name (printable, then zeros; "" unknown), so
+    // that a load into another model or strategy is refused naming both
+    char model[48];
+    char strategy[16];
+} CheckpointHeader;       // 192 bytes (version 2: the first 56, 3: 104, 4: 128), no padding: every byte is in
+                          // the CRC32
 
 #define CHECKPOINT_V2_HEADER 56
 #define CHECKPOINT_V3_HEADER 104
+#define CHECKPOINT_V4_HEADER 128
 
 // Write header + params + momentum + CRC32 to `path` atomically: a temporary file in the same folder
 // (a random name created with O_EXCL | O_NOFOLLOW, so a planted symlink is never followed), fsync, rename
@@ -42,10 +48,11 @@ typedef struct {
 int checkpoint_save(const char *path, const CheckpointHeader *h, const float *params, const float *momentum,
                     const void *state, char *err, size_t errlen);
 
-// Read a checkpoint written by checkpoint_save (version 2, 3 or 4; before 4, h->sample is UINT64_MAX:
-// unknown) into caller-allocated buffers of h->num_params floats, and the compression state into *state
+// Read a checkpoint written by checkpoint_save (version 2 to 5; before 4, h->sample is UINT64_MAX:
+// unknown; before 5, h->model and h->strategy are "") into caller-allocated buffers of h->num_params floats, and the compression state into *state
 // (malloc'd, the caller frees it; NULL when the file has none). `path` must be a regular file; the
-// header read must match `expect` in magic, num_params and model_hash, hold every field in the range
+// header read must match `expect` in magic, num_params and model_hash, and in strategy where both name
+// one, hold every field in the range
 // save writes (step, epoch, position <= INT64_MAX, a printable compressor name), the file must be
 // exactly as long as its header says (checked before anything is allocated), and its CRC32 must match;
 // otherwise -1 with `err` saying why (the buffers may then hold part of the file: the caller keeps its

@@ -21,7 +21,7 @@ from helpers import parallel_assert
 HIDDEN, SGD, SEED = (15,), dict(lr=0.05, momentum=0.9, weight_decay=1e-4), 5
 GLOBAL = 24                        # a global batch every R of 1-4 divides
 N = 20 * GLOBAL + 10               # 20 steps an epoch at R x B = 24, and a remainder
-HEADER = 128                       # csrc/engine/checkpoint.h, format 4
+HEADER = 192                       # csrc/engine/checkpoint.h, format 5
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ class KeepsCheckpointAt(Trainer):
 def read_checkpoint(path, n):
     """(params, momentum, step, epoch, sample, world, global_batch) straight from the file's bytes."""
     raw = open(path, "rb").read()
-    assert raw[:4] == b"PCDP" and int.from_bytes(raw[4:8], "little") == 4
+    assert raw[:4] == b"PCDP" and int.from_bytes(raw[4:8], "little") == 5
     head = np.frombuffer(raw[8:HEADER], np.uint8)
     u64 = lambda at: int(np.frombuffer(raw[at:at + 8], np.uint64)[0])   # offsets as in CheckpointHeader
     params = np.frombuffer(raw[HEADER:HEADER + 4 * n], np.float32)

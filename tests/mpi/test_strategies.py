@@ -241,3 +241,29 @@ def test_checkpoint_saves_what_the_strategy_evaluates(strategy, options, data, t
         first.train_steps(x, y, 0, 6, 10)
         second.train_steps(x, y, 0, 6, 10)
         parallel_assert(np.array_equal(first.weights(), second.weights()), "ps resumed differs from uninterrupted")
+
+
+def test_a_checkpoint_of_another_strategy_is_refused_on_every_rank(data, tmp_path_factory):
+    """A checkpoint records its strategy: loading an allreduce checkpoint into a downpour trainer (whose
+    file holds the servers' state, not a replica) is refused on every rank with the same message,
+    naming both strategies, and the trainers keep their weights."""
+    x, y = data
+    R = dist.get_world_size()
+    path = [str(tmp_path_factory.getbasetemp() / "strategy.ckpt")]
+    dist.broadcast_object_list(path, 0)
+    first = trainer("allreduce")
+    first.train_steps(x, y, 0, 0, 2)
+    first.save(path[0])
+    other = trainer("downpour", window=2) if R > 1 else trainer("ring")
+    before = other.params.copy()
+    try:
+        other.load(path[0])
+        said = ""
+    except ValueError as e:
+        said = str(e)
+    want = f"saved by strategy allreduce (model mlp-15); this trainer's strategy is {other.strategy} (model mlp-15)"
+    parallel_assert(want in said, f"rank {dist.get_rank()} said {said!r}")
+    messages = [None] * R
+    dist.all_gather_object(messages, said)
+    parallel_assert(len(set(messages)) == 1, f"the ranks said different things: {messages}")
+    parallel_assert(np.array_equal(other.params, before), "a refused checkpoint changed the weights")

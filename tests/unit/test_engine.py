@@ -378,7 +378,7 @@ def test_progress_lines_without_tqdm_start_at_a_resumed_step_and_show_real_losse
     assert done == [10, 13, 16, 19, 20], err
 
 
-HEADER = 128   # csrc/engine/checkpoint.h: CheckpointHeader; then params, momentum, a CRC32
+HEADER = 192   # csrc/engine/checkpoint.h: CheckpointHeader; then params, momentum, a CRC32
 
 
 def test_checkpoint_refuses_another_model_and_damaged_files(tmp_path):
@@ -403,7 +403,7 @@ def test_checkpoint_refuses_another_model_and_damaged_files(tmp_path):
         "momentum_byte": (flipped(HEADER + 4 * n + 4 * 7), "damaged"),
         "step_field": (flipped(16), "damaged"),      # the header is covered as well
         "crc_byte": (flipped(len(data) - 1), "damaged"),
-        "version_1": (data[:4] + (1).to_bytes(4, "little") + data[8:], "format version 1;.*reads versions 2 to 4"),
+        "version_1": (data[:4] + (1).to_bytes(4, "little") + data[8:], "format version 1;.*reads versions 2 to 5"),
         "not_ours": (b"\x89PNG" + data[4:], "not a pydist checkpoint"),
     }
     for name, (content, match) in damaged.items():
@@ -433,6 +433,29 @@ def test_checkpoint_refuses_another_model_and_damaged_files(tmp_path):
     old = Trainer(lenet5(), batch_size=8, seed=4).load(tmp_path / "v3.ckpt")
     assert np.array_equal(old.params, t.params) and (old.step, old.epoch) == (t.step, t.epoch)
     assert old.resumed_from is None and old.position(64) == 0
+    # and a version 4 file (a 128-byte header: no model or strategy name, so neither is checked)
+    v4 = data[:4] + (4).to_bytes(4, "little") + data[8:128] + body
+    (tmp_path / "v4.ckpt").write_bytes(v4 + zlib.crc32(v4).to_bytes(4, "little"))
+    old = Trainer(lenet5(), batch_size=8, seed=4).load(tmp_path / "v4.ckpt")
+    assert np.array_equal(old.params, t.params) and old.resumed_from is not None
+
+
+def test_checkpoint_records_model_and_strategy_and_refuses_another(tmp_path):
+    """A checkpoint names the model and the strategy that saved it; a load into another model or
+    another strategy is refused naming both, and the trainer is left as it was."""
+    t = Trainer(mlp((8,)), batch_size=8, strategy="ring")
+    t.save(tmp_path / "a.ckpt")
+    data = (tmp_path / "a.ckpt").read_bytes()
+    assert data[128:176].rstrip(b"\0") == b"mlp-8" and data[176:192].rstrip(b"\0") == b"ring"
+    other = Trainer(mlp((8,)), batch_size=8, seed=5)   # allreduce
+    before = other.params.copy()
+    with pytest.raises(ValueError, match=r"a\.ckpt was saved by strategy ring \(model mlp-8\); this trainer's "
+                                         r"strategy is allreduce \(model mlp-8\)"):
+        other.load(tmp_path / "a.ckpt")
+    assert np.array_equal(other.params, before)
+    with pytest.raises(ValueError, match=r"different model \(model mlp-8, \d+ parameters.*this is model mlp-9, "):
+        Trainer(mlp((9,)), batch_size=8, strategy="ring").load(tmp_path / "a.ckpt")
+    assert Trainer(mlp((8,)), batch_size=8, strategy="ring").load(tmp_path / "a.ckpt").step == 0
 
 
 def test_checkpoint_save_never_follows_a_planted_symlink(tmp_path):
@@ -505,13 +528,16 @@ def test_crafted_checkpoint_headers_are_refused_before_any_allocation(tmp_path):
             out[at:at + size] = value.to_bytes(size, "little")
         return with_crc(bytes(out))
 
-    RANKS, BYTES, NAME, MOMENTUM, STEP, SAMPLE, WORLD = 56, 64, 72, 48, 16, 104, 112
+    RANKS, BYTES, NAME, MOMENTUM, STEP, SAMPLE, WORLD, MODEL, STRATEGY = 56, 64, 72, 48, 16, 104, 112, 128, 176
     crafted = {
         "state_huge": (fields((RANKS, 2**24, 8)), "truncated"),
         "state_wraps": (fields((RANKS, 2, 8), (BYTES, 2**63, 8)), "compression state's size"),   # 2 x 2^63: 0
         "state_terabyte": (fields((BYTES, 2**40, 8)), "truncated"),
         "state_without_ranks": (fields((RANKS, 0, 8)), "compression state's size"),
-        "name_unprintable": (fields((NAME, 0xFF, 1)), "compression state's size or name"),
+        "name_unprintable": (fields((NAME, 0xFF, 1)), "compressor, model or strategy name"),
+        "model_unterminated": (fields((MODEL, int.from_bytes(b"m" * 48, "little"), 48)), "name"),
+        "strategy_unprintable": (fields((STRATEGY + 3, 0x07, 1)), "name"),
+        "strategy_other": (fields((STRATEGY, int.from_bytes(b"average", "little"), 16)), "strategy average"),
         "name_unterminated": (fields((NAME, int.from_bytes(b"x" * 32, "little"), 32)), "name"),
         "momentum_flag": (fields((MOMENTUM, 2, 8)), "momentum flag"),
         "step_negative": (fields((STEP, 2**63, 8)), "step"),

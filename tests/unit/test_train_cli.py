@@ -70,6 +70,16 @@ def test_a_checkpoint_is_never_lost_without_being_told(tmp_path):
     assert proc.returncode == 0 and "resumed" not in proc.stdout, proc.stdout + proc.stderr
     proc = run(base + ["--epochs", "1", "--checkpoint", "run.ckpt", "--overwrite", "--resume"], tmp_path, ranks=1)
     assert proc.returncode == 2 and "exclude each other" in proc.stderr, proc.stderr
+    # a checkpoint of another strategy or model: one message naming both, exit status 2, the file kept
+    written = (tmp_path / "run.ckpt").read_bytes()
+    for other, said in ((["--strategy", "ring"], "saved by strategy allreduce (model mlp-16); this trainer's "
+                                                  "strategy is ring (model mlp-16)"),
+                        (["--hidden", "17"], "saved from a different model (model mlp-16, ")):
+        proc = run(base + ["--epochs", "2", "--checkpoint", "run.ckpt", "--resume"] + other, tmp_path)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert proc.stderr.count("python -m pydist.train: error: cannot resume: ") == 1, proc.stderr
+        assert said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert (tmp_path / "run.ckpt").read_bytes() == written
 
 
 def test_missing_data_is_one_clear_error(tmp_path):
