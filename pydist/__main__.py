@@ -15,7 +15,7 @@ import runpy
 import sys
 
 from . import _C
-from .distributed import _abort, _abort_before_start, _excepthook, _rank_prefix
+from .distributed import _abort, _abort_before_start, _ending_words, _excepthook, _rank_prefix
 
 
 def version():
@@ -50,7 +50,7 @@ def main():
         if code != 0:
             if not isinstance(e.code, int):
                 sys.stderr.write(f"{_rank_prefix()}: {e.code}\n")
-            sys.stderr.write(f"{_rank_prefix()}: exited with status {code}, aborting the job (MPI_Abort)\n")
+            sys.stderr.write(f"{_rank_prefix()}: exited with status {code}, {_ending_words()}\n")
             _abort(code, f"sys.exit({e.code!r})")
             _abort_before_start(code)   # (returns only where MPI never started: a job of one)
         raise

@@ -6,10 +6,12 @@ defaults, groups, warnings and docstrings. Everything that touches memory or MPI
 call) is one Python frame and one C call.
 """
 import atexit
+import contextlib
 import datetime
 import enum
 import operator
 import os
+import signal
 import stat
 import sys
 import time
@@ -312,10 +314,20 @@ def _excepthook(exc_type, exc, tb):
     MPI_Finalize here would leave the other ranks blocked forever in their next collective.
     """
     prefix = _rank_prefix()
-    text = "".join(traceback.format_exception(exc_type, exc, tb))
-    text = "".join(f"{prefix}: {line}\n" for line in text.rstrip("\n").split("\n"))
     # A child made from a rank prints its traceback and exits alone: the job is not its to end.
     aborting = _C.is_initialized() and _C.get_world_size(0) > 1 and _C.parent_rank() is None
+    if aborting:
+        # Ctrl-C comes to a rank more than once (the terminal's, mpiexec's, a watcher's): the next must not
+        # cut this report and the abort after it short
+        with contextlib.suppress(ValueError):   # (not the main thread)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if issubclass(exc_type, KeyboardInterrupt) and tb is not None:
+        # Ctrl-C reaches every rank at once: one line each, saying where it was, not R tracebacks
+        last = traceback.extract_tb(tb)[-1]
+        text = f"KeyboardInterrupt in {last.name} ({os.path.basename(last.filename)}:{last.lineno})"
+    else:
+        text = "".join(traceback.format_exception(exc_type, exc, tb))
+    text = "".join(f"{prefix}: {line}\n" for line in text.rstrip("\n").split("\n"))
     streams = [sys.stderr]
     if aborting and sys.__stderr__ is not None and sys.stderr is not sys.__stderr__:
         # A hook that called us captures sys.stderr to print it once we return (torch.distributed's
@@ -324,10 +336,26 @@ def _excepthook(exc_type, exc, tb):
     for stream in streams:
         stream.write(text)
         if aborting:
-            stream.write(f"{prefix}: unhandled exception, aborting the job (MPI_Abort)\n")
+            interrupted = issubclass(exc_type, KeyboardInterrupt)
+            stream.write(f"{prefix}: {'interrupted' if interrupted else 'unhandled exception'}, "
+                         f"{_ending_words(interrupted)}\n")
         stream.flush()
     if aborting:
         _abort(1, f"{exc_type.__name__}: {exc}")
+
+
+def _surviving():
+    """Under python -m pydist.run --survive a failing rank ends alone (_abort), not the job."""
+    return bool(os.environ.get("PYDIST_RUN_ATTEMPT_DIR")) and os.environ.get("PYDIST_SURVIVE") == "1"
+
+
+def _ending_words(interrupted=False):
+    """What this rank's end does to the job, for its last line."""
+    if not _surviving():
+        return "aborting the job (MPI_Abort)"
+    # Ctrl-C ends the whole job anyway; anything else under --survive ends this rank alone
+    return "ending this rank" if interrupted else \
+        "ending this rank alone (pydist.run --survive: the job goes on without it where it can)"
 
 
 def _abort(code, why=""):
@@ -340,7 +368,7 @@ def _abort(code, why=""):
     sys.stdout.flush()
     sys.stderr.flush()
     time.sleep(0.2)
-    if os.environ.get("PYDIST_RUN_ATTEMPT_DIR") and os.environ.get("PYDIST_SURVIVE") == "1":
+    if _surviving():
         # python -m pydist.run --survive: MPI_Abort would end every rank. The record just written tells
         # the others: the asynchronous strategies carry on without a worker, the rest end in turn.
         os._exit(code)

@@ -458,6 +458,7 @@ class Trainer:
         # and a loaded checkpoint set it; a checkpoint of format 3 or older (anchor None) derives it from
         # the step count, as they were written. `resumed_from`: the loaded checkpoint's position and layout.
         self._anchor, self._n, self.resumed_from = (0, 0, 0), None, None
+        self.left_behind = []   # under `survive`: the world ranks training went on without, in order
 
     def _set_strategy(self):
         options, strategy = self.options, self.strategy
@@ -500,7 +501,9 @@ class Trainer:
         self.engine.params[:] = self.engine.strategy_weights()   # the center, from the servers
         self.engine.strategy_restore()
         self._anchor = (self.epoch, self.step, sample)
-        if self.rank == 0:
+        self.left_behind += dead
+        if self.rank == 0:   # the job's own word, which python -m pydist.run's verdict takes
+            run.report(without=sorted(self.left_behind))
             print(f"pydist: training goes on with {self.workers} worker{'s' if self.workers != 1 else ''} (ranks {', '.join(map(str, survivors))}) "
                   f"from example {sample} of epoch {self.epoch + 1}", file=sys.stderr, flush=True)
         return True
@@ -818,10 +821,12 @@ class Trainer:
         if self.rank == 0:   # to python -m pydist.run, if it started the job
             run.report(checkpoint=os.path.abspath(path), checkpoint_step=self.step)
 
-    def load(self, path):
+    def load(self, path, strict=True):
         """Continue from a checkpoint: rank 0 reads it and every rank gets its state. A file that is
-        truncated, damaged (CRC32), of another format version, of another model or of another strategy is
-        a ValueError naming both, and leaves the trainer as it was. The checkpoint may come from another world size or batch size:
+        truncated, damaged (CRC32), of another format version or of another model is a ValueError
+        (another model's names both), and leaves the trainer as it was. So is one another strategy saved,
+        unless `strict=False`: then its weights and momentum (what that strategy evaluates: the center,
+        the average) are taken into this one, to evaluate them or to train on another way. The checkpoint may come from another world size or batch size:
         training goes on from the next example of the epoch's order that it had not used
         (`resumed_from` says where and from which layout)."""
         path = os.fspath(path)
@@ -831,7 +836,7 @@ class Trainer:
         error, compression = None, None
         if self.rank == 0:
             try:
-                step, epoch, seed, compression, where = self.engine.load(path)
+                step, epoch, seed, compression, where = self.engine.load(path, bool(strict))
                 state[:5] = (1, step, epoch, seed, self.engine.momentum_started)
                 state[5] = self._compression_fits(compression, path)
                 state[6:] = where if where is not None else (-1, -1, -1)

@@ -18,17 +18,21 @@ or every rank failing the same way (the same status and last line: a missing fil
 another model).
 A rank that fails twice running on the same host is left out, and a host that no longer answers (with
 --hosts) is dropped: the job goes on at fewer ranks, down to --min-ranks. It exits with the job's status:
-0 once a run finishes, else the failed rank's (128 + N for a signal N).
+0 once a run finishes, else the failed rank's (128 + N for a signal N). Ctrl-C ends every rank (SIGINT to
+mpiexec, SIGTERM 10 s later) and says in one line which checkpoint and records it kept; exit status 130.
 
 --survive (for the asynchronous strategies: downpour, adag, aeasgd, dynsgd; needs hydra's mpiexec, MPICH's
 or Intel MPI's, since Open MPI's ends the whole job when a rank dies): mpiexec runs with
 -disable-auto-cleanup, so a worker's end does not end the job; the watcher records it and exits with a
 status rather than the signal, the servers learn of it from that record within a second, hand its
-unfinished block to the other workers, and the job finishes without it (exit status 0). A server's
-death, or any rank's in another strategy, still ends the job and restarts it. A rank that dies outside
-any collective (after the last one) costs the survivors 3 s at exit, never a hang. The verdict comes from
-this launch's records alone: the job finished without the dead ranks when every rank's end is recorded
-and every other rank ended cleanly.
+unfinished block to the other workers, and the job finishes without it (exit status 0). The job needs
+its servers and its program: what training did not go on without fails the job as it would without
+--survive (restarted, then given up with the failed rank's status): a server's death, any rank's in
+another strategy, and a failure outside training (rank 0's script raising after fit(), a worker's after
+the last training call). A rank that dies outside any collective (after the last one) costs the
+survivors 3 s at exit, never a hang. The verdict comes from this launch's records and the job's own
+word: it finished without the dead ranks when every rank's end is recorded, every other rank ended
+cleanly, and training reported going on without each of them.
 
 The run's folder (--run-dir, or a temporary pydist-run-* one) holds the ranks' records and rank 0's
 progress; it is cleared after a clean finish (the temporary one removed) and kept, and named, after a
@@ -154,7 +158,8 @@ def _finite(value):
 
 def read_progress(folder, run_id=None):
     """The job's progress as rank 0 last reported it (report()), validated: a dict with `step` (and, once
-    a checkpoint was written, `checkpoint`, a path, and `checkpoint_step`), `restart` and `run_id`; {}
+    a checkpoint was written, `checkpoint`, a path, and `checkpoint_step`; under --survive, once training
+    went on without some ranks, `without`, their world ranks), `restart` and `run_id`; {}
     when there is no report, or one that is malformed, or (with `run_id`) one of another launch."""
     state = _read_json(os.path.join(folder, PROGRESS))
     if state is None or (run_id is not None and state.get("run_id") != run_id):
@@ -165,6 +170,9 @@ def read_progress(folder, run_id=None):
             out[key] = state[key]
     if _count(state.get("step")) is not None:
         out["step"] = state["step"]
+    without = state.get("without")
+    if isinstance(without, list) and len(without) < 1 << 20 and all(_count(r) is not None for r in without):
+        out["without"] = without   # --survive: the world ranks the job says it went on without
     if _count(state.get("checkpoint_step")) is not None and isinstance(state.get("checkpoint"), str):
         out["checkpoint_step"], out["checkpoint"] = state["checkpoint_step"], state["checkpoint"][:4096]
     return out
@@ -424,7 +432,8 @@ def rank_command(program):
 
 
 SURVIVE_ALONE_S = 20.0   # --survive: how long ranks may run on after every other rank has ended, one failed
-EARLY_GRACE_S = 1.0      # a rank that failed before init: how long the others may take to fail alike
+EARLY_GRACE_S = 3.0      # a rank that failed before init: how long the others may take to fail alike
+INTERRUPT_GRACE_S = 10.0   # Ctrl-C: how long the ranks have to end on their SIGINT before SIGTERM
 
 
 def _init_timeout(text):
@@ -499,8 +508,10 @@ def main(argv=None):
                          "mpiexec of the MPICH pydist runs on)")
     ap.add_argument("--run-dir", default=None, help="folder for the ranks' reports (default: a temporary one)")
     ap.add_argument("--survive", action="store_true",
-                    help="the asynchronous strategies carry on without a worker that dies (mpiexec "
-                         "-disable-auto-cleanup; PYDIST_SURVIVE=1 for the ranks); anything else still restarts")
+                    help="the asynchronous strategies carry on without a worker that dies while training runs "
+                         "(mpiexec -disable-auto-cleanup; PYDIST_SURVIVE=1 for the ranks); a server's death, "
+                         "or a failure training did not go on without (rank 0's script after fit()), still "
+                         "fails the job and restarts it")
     ap.add_argument("--probe-timeout", type=float, default=20.0,
                     help="seconds a host gets to answer before a restart (with --hosts; default 20)")
     args = ap.parse_args(argv[:at])
@@ -617,10 +628,39 @@ class Launcher:
                     pass
                 if not self.stuck:
                     self.watch_for_stuck(folder, proc)
-        except BaseException:   # Ctrl-C: mpiexec got it too; do not leave it behind
+        except KeyboardInterrupt:
+            self.interrupt(proc, folder)
+            raise
+        except BaseException:
             _end(proc)
             raise
         return rc, folder, time.monotonic() - began
+
+    def interrupt(self, proc, folder):
+        """Ctrl-C (or SIGINT) on the launcher: end every rank. mpiexec gets SIGINT, as from a terminal (a
+        rank may catch KeyboardInterrupt to save its state), INTERRUPT_GRACE_S to end the job, then
+        SIGTERM; a rank of this host still running with no record of its end is killed."""
+        signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C must not cut this short
+        with contextlib.suppress(OSError):
+            proc.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=INTERRUPT_GRACE_S)
+        ended = {rec["rank"] for rec in records(folder, self.world, self.run_id)}
+        for r in range(self.world):
+            if r not in ended:
+                _kill_rank(folder, r)
+        _end(proc)
+
+    def interrupted(self):
+        """After interrupt(): one line saying what was kept, and exit status 130 (as a shell gives SIGINT)."""
+        progress = read_progress(self.folder, self.run_id)
+        kept = (f"the newest checkpoint, step {progress['checkpoint_step']} ({progress['checkpoint']}), and "
+                if progress.get("checkpoint_step") is not None else "no checkpoint (none was written); ")
+        say(f"interrupted: every rank ended; kept {kept}the ranks' records in {self.folder}")
+        if not self.own_folder:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.folder, LAUNCHER_MARK))
+        return 130
 
     def watch_for_stuck(self, folder, proc):
         """While mpiexec runs: end the job when a rank is known never to arrive, where nothing else would.
@@ -688,6 +728,8 @@ class Launcher:
     def run(self):
         try:
             return self.finish(self.attempts())
+        except KeyboardInterrupt:
+            return self.interrupted()
         except BaseException:
             self.finish(1)
             raise
@@ -707,14 +749,19 @@ class Launcher:
                 say(f"finished: {self.world} rank(s), {restarts} restart(s)" +
                     (f", {lost_total} step(s) recomputed" if restarts else ""))
                 return 0
-            # --survive: the job finished without some ranks when every rank's end is recorded and every
-            # rank left ended cleanly (hydra's status is then the dead ones')
-            if self.args.survive and gone and len(ended) == self.world and len(gone) < self.world:
+            # --survive: the job finished without some ranks when every rank's end is recorded, every rank
+            # left ended cleanly (hydra's status is then the dead ones'), and the job itself said it went on
+            # without each of them (the Trainer's report): rank 0's program failing outside training, or a
+            # worker after the last training call, is a failure of the job, not one it carried on through
+            carried = set(progress.get("without", ()))
+            if self.args.survive and gone and len(ended) == self.world and len(gone) < self.world and \
+                    all(rec["rank"] in carried for rec in gone):
                 for rec in gone:
                     say(f"rank {rec['rank']} (host {rec['host']}, pid {rec['pid']}) {describe(rec)}, "
                         f"{rec['ended'] - rec['started']:.1f} s into the run; the job carried on without it")
                 say(f"finished: {self.world - len(gone)} of {self.world} rank(s) to the end, {restarts} restart(s)")
                 return 0
+            not_carried = self.args.survive and gone and len(gone) < self.world
             failure = first_failure(folder, self.world, self.run_id)
             stuck = [rec for rec in ended if rec["rank"] in self.stuck]
             if stuck:   # the others' ends (timeouts, the launcher's kill) follow from it
@@ -729,6 +776,9 @@ class Launcher:
                 say(f"rank {failure['rank']} (host {failure['host']}, pid {failure['pid']}) {why}, "
                     f"{failure['ended'] - failure['started']:.1f} s into the run")
                 status = failure["status"]
+                if not_carried and failure["rank"] not in carried and failure["rank"] not in self.stuck:
+                    say(f"training did not go on without rank {failure['rank']} (--survive carries on only "
+                        f"without workers that die while training runs): the job failed")
             lost = None
             if "step" in progress:
                 ckpt = progress.get("checkpoint_step")

@@ -27,6 +27,14 @@ Faults (`fault=`), each at step `at` of the job (counted over the whole run, bot
   diskfull  the checkpoint folder fills up: it is a 1 MiB tmpfs mounted for the run, and a filler file
             takes all of it; with repeat=once it is deleted as soon as a rank has ended, as an operator
             would free the space
+  usage     every rank leaves with exit status 2 after init_process_group, as a refused command line does
+            (pydist.train's --resume of another model's checkpoint): the launcher gives up at once
+  same      every rank fails the same way before init_process_group (a missing input file): the
+            launcher gives up at once, with no restart and no host left out
+  after     the rank raises once its training is over (after its last fit()): under --survive too, a
+            failure of the job (training never went on without it), restarted from the last checkpoint
+  interrupt Ctrl-C: SIGINT to the launcher's whole process group, as a terminal sends it: every rank
+            ends, the launcher names what it kept in one line and exits with status 130
 `repeat=always` makes the fault come back in every attempt (the launcher must give up). The rest of a
 line: the strategy (synchronous: allreduce, ring, central; asynchronous, one server: downpour, adag,
 aeasgd, dynsgd), n ranks (2-4), fits (fit() once, or twice: to epoch 3, then on to 6), survive
@@ -73,7 +81,8 @@ SLOW_MS = {"sync": 1, "async": 2}   # the faulty rank's pace (ms per step)
 TIMEOUT_S = 10.0     # the job's init_process_group(timeout=): a wait that long means a rank is missing
 SYNC = ("allreduce", "ring", "central")            # bitwise repeatable: checkpoints compared to a clean run's
 ASYNC = ("downpour", "adag", "aeasgd", "dynsgd")   # one server (the last rank); --survive carries on
-FAULTS = ("kill", "stop", "exit", "raise", "hang", "diskfull")
+FAULTS = ("kill", "stop", "exit", "raise", "hang", "diskfull", "usage", "same", "after", "interrupt")
+EVERY_RANK = ("usage", "same")   # faults of every rank at once (the spec's rank is 0)
 DISK_BYTES = 1 << 20
 
 
@@ -152,8 +161,8 @@ def random_spec(rng, fault):
         spec["code"] = rng.choice((3, 7, 42, 99))
     if fault == "hang" and rng.random() < 0.25:
         spec["at"] = "init"
-    if fault in ("diskfull", "none"):
-        spec["rank"] = 0   # rank 0 writes the checkpoints
+    if fault in ("diskfull", "none") + EVERY_RANK:
+        spec["rank"] = 0   # rank 0 writes the checkpoints; the others' faults are every rank's
     return spec
 
 
@@ -234,10 +243,19 @@ def job():
         Events(work, attempt, spec["rank"])("fault")
         while True:   # never arrives: the others' init_process_group(timeout=) ends their wait
             time.sleep(3600)
+    if fault_here and spec["fault"] == "same":   # every rank, before MPI: the input a job cannot do without
+        Events(work, attempt, int(os.environ.get("PMI_RANK", "0")))("fault")
+        raise FileNotFoundError(2, "No such file or directory", "/chaos/train-images.idx")
     import pydist as dist
     from pydist.engine import Trainer
     dist.init_process_group(timeout=TIMEOUT_S)
     rank = dist.get_rank()
+    if fault_here and spec["fault"] == "usage":   # every rank alike, as a refused command line leaves
+        Events(work, attempt, rank)("fault")
+        if rank == 0:
+            print("chaos.py --job: error: --resume: the checkpoint is another model's", file=sys.stderr, flush=True)
+        dist.destroy_process_group()
+        sys.exit(2)
     log = Events(work, attempt, rank)
     # The rank the fault is for is paced (a sleep per step: no CPU, no change to the numbers), so that a
     # fault from inside or outside can land in the middle of its training calls
@@ -267,6 +285,9 @@ def job():
     for epochs in ((FIRST_FIT_EPOCHS, EPOCHS) if spec["fits"] == 2 else (EPOCHS,)):
         trainer.fit(x, y, epochs, checkpoint=checkpoint, checkpoint_every=every, progress=False)
         log("fitted", step=trainer.step, epochs=epochs)
+    if fault_here and spec["fault"] == "after" and rank == spec["rank"]:
+        log("fault")
+        raise RuntimeError("chaos: an exception after training")
     dist.destroy_process_group()
 
 
@@ -331,6 +352,8 @@ def bound_s(spec):
     attempt = 25 + (TIMEOUT_S if spec["fault"] == "hang" else 0) + spec["stop"]
     if spec["fault"] == "hang" and spec["survive"]:   # the launcher ends ranks left running alone after that
         attempt += run.SURVIVE_ALONE_S
+    if spec["fault"] == "interrupt":   # the ranks' time to end on their SIGINT
+        attempt += run.INTERRUPT_GRACE_S
     return 30 + (spec["restarts"] + 1) * attempt
 
 
@@ -457,6 +480,7 @@ class Outside:
     def __init__(self, spec, work, run_dirs):
         self.spec, self.work, self.run_dirs = spec, work, run_dirs
         self.done, self.fired_in, self.cont_at, self.filler = [], set(), None, None
+        self.launcher = None   # its pid: a Ctrl-C goes to its process group
 
     def attempt_dir(self, attempt):
         for folder in self.run_dirs():
@@ -480,7 +504,7 @@ class Outside:
             os.unlink(self.filler)   # the operator frees the space; the restart can write again
             self.done.append({"what": "freed", "t": time.time()})
             self.filler = None
-        if kind not in ("kill", "stop", "diskfull"):
+        if kind not in ("kill", "stop", "diskfull", "interrupt"):
             return
         attempt = self.current_attempt()
         if attempt in self.fired_in or (attempt > 0 and spec["repeat"] == "once"):
@@ -491,6 +515,15 @@ class Outside:
             self.fired_in.add(attempt)
             if self.filler is None:
                 self.fill()
+            return
+        if kind == "interrupt":   # as a terminal's Ctrl-C: to every process of the launcher's group
+            self.fired_in.add(attempt)
+            try:
+                os.killpg(self.launcher, signal.SIGINT)
+                delivered = True
+            except ProcessLookupError:
+                delivered = False
+            self.done.append({"what": "interrupt", "t": time.time(), "attempt": attempt, "delivered": delivered})
             return
         pid = self.rank_pid(attempt)
         if pid is None:
@@ -565,8 +598,11 @@ def run_scenario(spec, folder, clean, keep):
     outside = Outside(spec, work, run_dirs)
     started = time.monotonic()
     with open(log_path, "w") as log:
+        # (SIGINT as a terminal leaves it: this soak may run in the background, where the shell ignores it)
         launcher = subprocess.Popen(launcher_command(spec, work, run_dir), cwd=work, env=env, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        outside.launcher = launcher.pid
         hung = False
         while launcher.poll() is None:
             if time.monotonic() - started > bound:
@@ -613,7 +649,9 @@ def run_scenario(spec, folder, clean, keep):
 
 def verdict(rc, output):
     """What the launcher said came of the job: finished, restarted, carried on, restarted+carried on,
-    gave up (or failed: a non-zero exit without its giving up)."""
+    gave up, interrupted (or failed: a non-zero exit without its giving up)."""
+    if rc == 130 and "pydist.run: interrupted: every rank ended; kept " in output:
+        return "interrupted"
     if rc != 0:
         return "gave up" if "giving up" in output else "failed"
     restarts = re.findall(r"finished: .*?(\d+) restart\(s\)", output)
@@ -649,6 +687,16 @@ def check_blame(spec, happened, output):
             ok = any(r == rank and f"exited with status {spec['code']}" in why for r, why in lines)
         elif kind == "raise":
             ok = any(r == rank and "RuntimeError: chaos" in why for r, why in lines)
+        elif kind == "usage":
+            ok = any("exited with status 2" in why for _, why in lines)
+        elif kind == "same":
+            ok = any("FileNotFoundError" in why and "train-images.idx" in why for _, why in lines)
+        elif kind == "after":
+            ok = any(r == rank and "chaos: an exception after training" in why for r, why in lines)
+        elif kind == "interrupt":   # no rank to blame: one line naming what was kept, no traceback of its own
+            said = re.findall(r"^pydist\.run: interrupted: every rank ended; kept .*$", output, re.M)
+            ok = len(said) == 1 and not re.search(r"^Traceback", output, re.M)
+            lines = said or lines
         elif kind == "hang":
             # the timeout it caused, or the launcher's word that it never arrived (before init, or left
             # running alone under --survive)
@@ -658,6 +706,8 @@ def check_blame(spec, happened, output):
         if not ok and kind != "stop":
             failures.append(("verdict", f"attempt {attempt + 1}: the launcher did not name the {kind} of rank {rank}; "
                              f"it said: {lines or 'nothing of a rank'}"))
+    if kind in EVERY_RANK and "restarting" in output:
+        failures.append(("verdict", "a failure every rank had alike was restarted (a restart repeats it)"))
     return failures
 
 
@@ -670,8 +720,18 @@ def what_happened(spec, work, outside):
     folder = os.path.join(work, "events")
     attempts = sorted({int(name[1:].split("-")[0]) for name in os.listdir(folder)}) if os.path.isdir(folder) else []
     hits = []   # (attempt, time)
-    if kind in ("exit", "raise", "hang"):
+    if kind in ("exit", "raise", "hang", "after"):
         hits = [(a, ev["t"]) for a in attempts for ev in read_events(work, a, rank) if ev["ev"] == "fault"]
+    elif kind in EVERY_RANK:   # once an attempt, whichever rank met it first
+        firsts = {}
+        for a in attempts:
+            for r in range(spec["n"]):
+                for ev in read_events(work, a, r):
+                    if ev["ev"] == "fault":
+                        firsts[a] = min(firsts.get(a, ev["t"]), ev["t"])
+        hits = sorted(firsts.items())
+    elif kind == "interrupt":
+        hits = [(d["attempt"], d["t"]) for d in outside if d["what"] == "interrupt" and d["delivered"]]
     elif kind in ("kill", "stop"):
         hits = [(d["attempt"], d["t"]) for d in outside if d["what"] == kind and d["delivered"]]
     elif kind == "diskfull":
@@ -720,7 +780,11 @@ def expected(spec, happened):
     kind = spec["fault"]
     if kind in ("none", "stop"):
         return {"finished"}, 0
-    status = {"kill": 128 + signal.SIGKILL, "exit": spec["code"], "raise": 1}.get(kind)
+    if kind in EVERY_RANK + ("interrupt",):   # the first attempt meets it (or the job ended before Ctrl-C came)
+        if not happened["hits"]:
+            return {"finished"}, 0
+        return ({"interrupted"}, 130) if kind == "interrupt" else ({"gave up"}, 2 if kind == "usage" else 1)
+    status = {"kill": 128 + signal.SIGKILL, "exit": spec["code"], "raise": 1, "after": 1}.get(kind)
     worker = spec["strategy"] in ASYNC and spec["rank"] < spec["n"] - 1
     survivable = spec["survive"] and worker and kind in ("kill", "exit", "raise")
     outcomes = set()
@@ -750,7 +814,7 @@ def expected(spec, happened):
 def load(path):
     """(step, epoch, params, momentum) of a checkpoint, read by a Trainer at world size 1."""
     from pydist.engine import Trainer
-    t = Trainer(model(), batch_size=BATCH).load(path)
+    t = Trainer(model(), batch_size=BATCH).load(path, strict=False)   # (whichever strategy saved it)
     return t.step, t.epoch, t.params.copy(), t.engine.momentum.copy()
 
 
@@ -806,7 +870,7 @@ def check_leftovers(work, tmp, got, output, strays, shm="/dev/shm"):
         found.append(f"beside the checkpoint: {', '.join(beside)}")
     in_tmp = sorted(os.listdir(tmp))
     runs = [d for d in in_tmp if d.startswith("pydist-run-")]
-    if got == "gave up":
+    if got in ("gave up", "interrupted"):
         unnamed = [d for d in runs if os.path.join(tmp, d) not in output]
         if unnamed:
             found.append(f"$TMPDIR: {', '.join(unnamed)} kept after the failure but not named in the output")

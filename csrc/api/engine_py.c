@@ -1156,13 +1156,16 @@ static PyObject *engine_save(EngineObject *e, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
-// load(path) -> (step, epoch, seed, compression, position): params, momentum and momentum_started from a
-// checkpoint; compression: None, or (name, ranks, state bytes) as save() was given them; position:
-// (sample, world, global_batch) as save() was given them, or None from a file of version 2 or 3
+// load(path[, strict]) -> (step, epoch, seed, compression, position): params, momentum and
+// momentum_started from a checkpoint; compression: None, or (name, ranks, state bytes) as save() was given
+// them; position: (sample, world, global_batch) as save() was given them, or None from a file of version 2
+// or 3. strict (default true): a file another strategy saved is refused; false takes its weights.
 static PyObject *engine_load(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
     const char *fn = "Engine.load";
     PyObject *path_bytes;
-    if (pd_check_nargs(nargs, 1, fn) < 0 || (path_bytes = path_arg(args[0], fn, "path")) == NULL) {
+    int strict = 1;
+    if (nargs_either(nargs, 1, 2, fn) < 0 || (nargs == 2 && (strict = PyObject_IsTrue(args[1])) < 0) ||
+        (path_bytes = path_arg(args[0], fn, "path")) == NULL) {
         return NULL;
     }
     if (engine_enter(e, fn) < 0) {
@@ -1173,6 +1176,9 @@ static PyObject *engine_load(EngineObject *e, PyObject *const *args, Py_ssize_t 
     CheckpointHeader expect = {CHECKPOINT_MAGIC, CHECKPOINT_VERSION, (uint64_t)e->model.num_params, 0, 0, 0,
                                model_hash(&e->model), 0, 0, 0, {0}, 0, 0, 0, {0}, {0}};
     record_names(e, &expect);
+    if (!strict) {
+        expect.strategy[0] = '\0';   // (an empty name is never compared)
+    }
     CheckpointHeader h;
     char err[1024];
     int rc = -1;
@@ -1292,7 +1298,7 @@ static PyMethodDef engine_methods[] = {
            "save(path, step, epoch, seed, sample, world, global_batch[, params, momentum, momentum_started[, state, "
            "compression, ranks]]): "
            "atomic checkpoint"),
-    METHOD("load", engine_load, "load(path) -> (step, epoch, seed, compression, position)"),
+    METHOD("load", engine_load, "load(path[, strict]) -> (step, epoch, seed, compression, position)"),
     {"compression_state", (PyCFunction)engine_compression_state, METH_NOARGS,
      "compression_state() -> this rank's compression state as a checkpoint keeps it (bytes), or None"},
     METHOD("set_compression_state", engine_set_compression_state,

@@ -192,7 +192,7 @@ static int header_check(const char *path, const CheckpointHeader *h, const Check
     } else if (h->strategy[0] != '\0' && expect->strategy[0] != '\0' && strcmp(h->strategy, expect->strategy) != 0) {
         // each strategy keeps its own state in the file (the servers' weights, the average, the center)
         snprintf(err, errlen, "%s was saved by strategy %s (model %s); this trainer's strategy is %s (model %s): "
-                 "resume it with strategy %s, or start afresh with another checkpoint path", path, h->strategy,
+                 "resume it with strategy %s (Trainer.load(path, strict=False) takes its weights into another)", path, h->strategy,
                  h->model[0] ? h->model : "?", expect->strategy, expect->model[0] ? expect->model : "?", h->strategy);
     } else if ((h->state_ranks == 0) != (h->state_bytes == 0) ||
                __builtin_mul_overflow(h->state_ranks, h->state_bytes, &state) ||

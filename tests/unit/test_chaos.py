@@ -1,6 +1,6 @@
 """The fault-injection soak of python -m pydist.run (tests/chaos.py, issue 41 part 3): its checks on
-their own (each must be able to fail), then a bounded soak of 8 scenarios from a fixed seed, one of
-each fault kind at least, that must end with no failure.
+their own (each must be able to fail), then a bounded soak of 10 scenarios from a fixed seed, one of
+each fault kind, that must end with no failure.
 
 The soak runs every scenario in a private mount namespace (root, or unprivileged user namespaces);
 where the machine has neither it is SKIPPED with a reason that starts "NOT RUN (chaos)", so that it
@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import chaos  # noqa: E402
 from unit_helpers import subprocess_env  # noqa: E402
 
-SEED, RUNS = 45, 8   # diskfull, kill, stop, hang, raise, exit, kill, exit; sync and async, both hosts layouts
+SEED, RUNS = 40, 10   # every fault kind once; sync and async, both hosts layouts, with and without --survive
 
 
 def test_a_scenarios_line_gives_it_back_and_a_bad_one_is_refused():
@@ -59,6 +59,14 @@ def test_every_fault_kind_comes_once_in_each_stretch():
      {"carried on", "restarted+carried on"}, 0),
     ("strategy=adag n=3 survive=1 fault=kill rank=2", [[0, True]], {"restarted"}, 0),
     ("strategy=downpour n=3 survive=0 fault=kill rank=0", [[0, True]], {"restarted"}, 0),
+    # what a restart would only repeat is given up at once, whatever --max-restarts says
+    ("strategy=allreduce n=3 fault=usage restarts=3", [[0, None]], {"gave up"}, 2),
+    ("strategy=adag n=3 survive=1 fault=same restarts=3", [[0, None]], {"gave up"}, 1),
+    # a failure after training is the job's, --survive or not: restarted (the resumed job has nothing left)
+    ("strategy=adag n=3 survive=1 fault=after rank=1 restarts=1", [[0, False]], {"restarted"}, 0),
+    ("strategy=ring n=2 fault=after rank=0 restarts=0", [[0, False]], {"gave up"}, 1),
+    ("strategy=ring n=2 fault=interrupt at=50", [[0, None]], {"interrupted"}, 130),
+    ("strategy=ring n=2 fault=interrupt at=5000", [], {"finished"}, 0),
 ])
 def test_expected_verdicts_follow_the_launchers_rules(line, hits, verdicts, status):
     assert chaos.expected(chaos.parse_spec(line), {"hits": hits}) == (verdicts, status)
@@ -96,6 +104,21 @@ def test_the_launchers_words_are_read():
     assert chaos.check_blame(kill, {"hits": [[0, None]]}, RESTARTED)[0][0] == "verdict"
     exit3 = chaos.parse_spec("strategy=adag n=3 survive=1 fault=exit code=3 rank=1")
     assert chaos.check_blame(exit3, {"hits": [[0, True]]}, CARRIED_ON) == []
+    # Ctrl-C: one line of the launcher's naming what it kept, and no traceback of its own
+    interrupted = ("pydist.run: starting 2 rank(s) on this machine\n[rank0]: KeyboardInterrupt in _fit (engine.py:1)\n"
+                   "pydist.run: interrupted: every rank ended; kept no checkpoint (none was written); the ranks' "
+                   "records in /tmp/pydist-run-x\n")
+    assert chaos.verdict(130, interrupted) == "interrupted" and chaos.verdict(130, "Traceback") == "failed"
+    ctrl_c = chaos.parse_spec("strategy=ring n=2 fault=interrupt at=50")
+    assert chaos.check_blame(ctrl_c, {"hits": [[0, None]]}, interrupted) == []
+    assert chaos.check_blame(ctrl_c, {"hits": [[0, None]]}, interrupted + "Traceback (most recent call last):\n")
+    # a failure every rank had alike, restarted, is a wrong verdict
+    usage = chaos.parse_spec("strategy=ring n=2 fault=usage")
+    said = ("pydist.run: starting 2 rank(s) on this machine\n"
+            "pydist.run: rank 0 (host vm, pid 5) exited with status 2, 1.0 s into the run\n")
+    assert chaos.check_blame(usage, {"hits": [[0, None]]}, said) == []
+    restarted = said + "pydist.run: restarting 2 rank(s) on this machine (attempt 2)\n"
+    assert "was restarted" in chaos.check_blame(usage, {"hits": [[0, None]]}, restarted)[-1][1]
 
 
 def test_a_death_is_placed_against_the_servers_training_calls():

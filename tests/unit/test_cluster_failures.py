@@ -234,5 +234,5 @@ def test_an_asynchronous_job_whose_hosts_ranks_die_finishes_on_the_others(hosts,
     assert trained and all(a == b for a, b in trained), out
     assert re.search(r"training goes on with 2 workers \(ranks 0, 1, 4\)", out), out
     assert "finished: 3 of 5 rank(s) to the end, 0 restart(s)" in out, out
-    t = Trainer(mlp((64,)), batch_size=BATCH).load(tmp_path / "run.ckpt")
+    t = Trainer(mlp((64,)), batch_size=BATCH).load(tmp_path / "run.ckpt", strict=False)   # (an asynchronous strategy saved it)
     assert t.epoch == 1 and (t.resumed_from["world_size"], t.resumed_from["global_batch"]) == (3, 2 * BATCH), out

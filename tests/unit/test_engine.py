@@ -456,6 +456,12 @@ def test_checkpoint_records_model_and_strategy_and_refuses_another(tmp_path):
     with pytest.raises(ValueError, match=r"different model \(model mlp-8, \d+ parameters.*this is model mlp-9, "):
         Trainer(mlp((9,)), batch_size=8, strategy="ring").load(tmp_path / "a.ckpt")
     assert Trainer(mlp((8,)), batch_size=8, strategy="ring").load(tmp_path / "a.ckpt").step == 0
+    # strict=False takes another strategy's weights (to evaluate them, or train on another way); never
+    # another model's
+    taken = Trainer(mlp((8,)), batch_size=8, seed=5).load(tmp_path / "a.ckpt", strict=False)
+    assert np.array_equal(taken.params, t.params)
+    with pytest.raises(ValueError, match="different model"):
+        Trainer(mlp((9,)), batch_size=8).load(tmp_path / "a.ckpt", strict=False)
 
 
 def test_checkpoint_save_never_follows_a_planted_symlink(tmp_path):

@@ -1,7 +1,8 @@
 """python -m pydist.run, the elastic launcher, as a user runs it (issue 27, part 2): a rank SIGKILLed in
 the middle of an epoch costs at most --checkpoint-every steps and the run ends with the weights of an
 uninterrupted run, bit for bit; a rank that keeps failing is left out and the job goes on at fewer
-ranks, down to --min-ranks; the failed rank's exit status comes through when the launcher gives up."""
+ranks, down to --min-ranks; the failed rank's exit status comes through when the launcher gives up;
+Ctrl-C ends every rank and says in one line what it kept."""
 import os
 import re
 import signal
@@ -9,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 import time
+
+import pytest
 
 from pydist.run import read_progress
 from unit_helpers import launch_run, subprocess_env
@@ -138,3 +141,43 @@ def test_a_rank_that_ucx_ended_for_its_dead_peer_is_not_blamed(tmp_path):
     assert first_failure(tmp_path, 3)["rank"] == 1
     (tmp_path / "rank-1.json").unlink()   # only the consequence recorded: it is all there is to say
     assert first_failure(tmp_path, 3)["rank"] == 2
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"python" in f.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("how", ["launcher", "terminal"])
+def test_ctrl_c_ends_every_rank_and_says_what_it_kept(tmp_path, how):
+    """SIGINT to the launcher alone (kill -INT), or to its whole process group as a terminal's Ctrl-C
+    sends it: every rank ends, the launcher prints one line naming the checkpoint and the records it
+    kept, no traceback of its own, exit status 130. (It used to end in a raw KeyboardInterrupt
+    traceback.)"""
+    proc = launch(["-n", "2"], tmp_path, [*TRAIN, "--epochs", "20"], start_new_session=True)   # (the last --epochs)
+    deadline = time.monotonic() + 120
+    while (read_progress(tmp_path / "run").get("checkpoint_step") or 0) < 20 and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.02)
+    pids = [int((tmp_path / "run" / "attempt-0" / f"rank-{r}.pid").read_text().split()[0]) for r in range(2)]
+    if how == "launcher":
+        proc.send_signal(signal.SIGINT)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    said = [line for line in out.splitlines() if line.startswith("pydist.run: ")]
+    assert said[-1].startswith("pydist.run: interrupted: every rank ended; kept the newest checkpoint, step "), out
+    assert f"(" + str(tmp_path / "run.ckpt") + f"), and the ranks' records in {tmp_path / 'run'}" in said[-1], out
+    assert said[:-1] == ["pydist.run: starting 2 rank(s) on this machine"], out   # nothing else of its own
+    assert not any(line.startswith("Traceback") for line in out.splitlines()), out   # (ranks' are [rankN]:)
+    time.sleep(0.5)
+    assert not any(_alive(pid) for pid in pids), out
+    step = int(re.search(r"kept the newest checkpoint, step (\d+)", said[-1]).group(1))
+    check = subprocess.run([sys.executable, "-c", "from pydist.engine import Trainer, mlp; "
+                            f"print(Trainer(mlp((64,)), batch_size=32).load({str(tmp_path / 'run.ckpt')!r}).step)"],
+                           env=ENV, capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0 and int(check.stdout) >= step, check.stdout + check.stderr

@@ -52,9 +52,11 @@ def test_survive_a_rank_dead_after_the_last_collective_leaves_no_survivor_waitin
     """)
     began = time.monotonic()
     rc, out = launch(["-n", "3", "--survive", "--max-restarts", "0"], tmp_path, [job])
-    assert rc == 0, out
-    assert re.search(r"rank 2 \(host \S+, pid \d+\) was killed by signal 9 \(SIGKILL\).*carried on without it", out), out
-    assert re.search(r"finished: 2 of 3 rank\(s\) to the end", out), out
+    # no training went on without it (no Trainer said so): a failure of the job, which ends at once
+    assert rc == 128 + 9, out
+    assert re.search(r"rank 2 \(host \S+, pid \d+\) was killed by signal 9 \(SIGKILL\)", out), out
+    assert "training did not go on without rank 2" in out and "carried on without it" not in out, out
+    assert "rank 0 done" in out and "rank 1 done" in out, out
     assert "rank 2 ended without reaching exit" in out, out   # why the survivors skipped MPI_Finalize
     assert time.monotonic() - began < 60, out
 
@@ -72,6 +74,29 @@ def test_survive_a_rank_dead_between_two_collectives_fails_the_next_one_and_ends
     assert rc == 7, out
     assert re.search(r"rank 1 \(host \S+, pid \d+\) exited with status 7", out), out
     assert "giving up after 0 restart(s)" in out, out
+
+
+def test_survive_rank_0_failing_outside_training_fails_the_job(tmp_path):
+    # Before: "aborting the job (MPI_Abort)", then "the job carried on without it", and exit status 0.
+    job = script(tmp_path, """
+        from pydist.engine import Trainer, mlp
+        rng = np.random.default_rng(0)
+        x = rng.random((1536, 1, 28, 28), dtype=np.float32)
+        y = rng.integers(0, 10, 1536).astype(np.int32)
+        t = Trainer(mlp(hidden=(16,)), batch_size=16, strategy="dynsgd")
+        t.fit(x, y, epochs=1, progress=False)
+        if rank == 0:
+            raise RuntimeError("the report could not be written")
+        print(f"rank {rank} done", flush=True)
+    """)
+    rc, out = launch(["-n", "3", "--survive", "--max-restarts", "0"], tmp_path, [job])
+    assert rc == 1, out
+    assert "[rank0]: RuntimeError: the report could not be written" in out, out
+    assert "ending this rank alone" in out and "aborting the job" not in out, out
+    assert re.search(r"rank 0 \(host \S+, pid \d+\) exited with status 1: RuntimeError: the report could not be "
+                     r"written", out), out
+    assert "training did not go on without rank 0" in out and "giving up after 0 restart(s)" in out, out
+    assert "carried on without it" not in out and "finished" not in out.replace("unfinished", ""), out
 
 
 # --- wrong verdicts --------------------------------------------------------------------------------------
