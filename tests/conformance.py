@@ -657,9 +657,68 @@ class Message(Call):
         return f"{a['dtype']}[{a['count']}]"
 
 
+class CompressedSum(Call):
+    """The compressed sum of pydist.torch.hooks and Compressor.allreduce_sum on the group: with one spec and
+    buffer length on every member, the float32 sum, in group-rank order, of what each member's payload
+    decodes to (rebuilt here with Compressor.encode and decode_add); with one member (`odd`) whose spec or
+    length differs, a DistError on every member before any payload moves (flag 1), its buffer untouched.
+    Blocking only: there is no async_op form."""
+    name = "compressed_sum"
+    weight = 1.5
+    sync_only = True
+    SPECS = ["fp16", "bf16", "topk:0.25", "topk:0.5", "sign"]
+
+    def draw(self, rng, size, n):
+        a = {"dtype": "float32", "count": int(rng.choice([1, 7, 100, 257, 4093])), "special": 0.0, "op": "SUM",
+             "spec": str(rng.choice(self.SPECS)), "ring": bool(rng.random() < 0.5), "odd": -1}
+        if n > 1 and rng.random() < 0.4:   # one member compresses differently: another spec, or one entry more
+            a["odd"] = int(rng.integers(0, n))
+            a["odd_spec"] = str(rng.choice(self.SPECS))
+            a["odd_count"] = a["count"] + (a["odd_spec"] == a["spec"])
+        return a
+
+    def bytes(self, a, n):
+        return 4 * a["count"] * (n + 2)
+
+    def layout(self, a, i):
+        return (a["odd_spec"], a["odd_count"]) if i == a["odd"] else (a["spec"], a["count"])
+
+    def run(self, c):
+        spec, count = self.layout(c.a, c.i)
+        x, flag = c.data(c.i, count=count), np.zeros(1, np.int64)
+        return {"spec": spec, "x": x, "ring": c.a["ring"], "flag": flag}, [x, flag]
+
+    def call(self, kw, group):
+        import pydist as dist
+        from pydist import _C
+        from pydist.distributed import _group_handle
+        handle = 0 if group is None else _group_handle(group, "compressed_sum")
+        try:
+            _C.Compressor(kw["spec"], kw["x"].size).allreduce_sum(kw["x"], handle, kw["ring"])
+        except dist.DistError as e:
+            if "the group's ranks have" not in str(e):
+                raise
+            kw["flag"][0] = 1
+
+    def expect(self, c):
+        a = c.a
+        if a["odd"] >= 0:
+            return [c.data(c.i, count=self.layout(a, c.i)[1]), np.ones(1, np.int64)]
+        from pydist import _C
+        out = np.zeros(a["count"], np.float32)
+        for j in range(c.n):
+            z = _C.Compressor(a["spec"], a["count"])
+            z.decode_add(z.encode(c.data(j)), out)
+        return [out, np.zeros(1, np.int64)]
+
+    def describe(self, a):
+        odd = f", group rank {a['odd']}: {a['odd_spec']}[{a['odd_count']}]" if a["odd"] >= 0 else ""
+        return f"{a['spec']}[{a['count']}]{', ring' if a['ring'] else ''}{odd}"
+
+
 CALLS = {cls.name: cls() for cls in [Barrier, Broadcast, AllReduce, Reduce, AllGather, AllGatherIntoTensor,
                                      Gather, Scatter, ReduceScatter, ReduceScatterTensor, AllToAll,
-                                     AllToAllSingle, Message]}
+                                     AllToAllSingle, Message, CompressedSum]}
 
 
 def op_of(name):
@@ -704,7 +763,8 @@ def generate(seed, size, length=None):
         if cost > budget:
             continue
         budget -= cost
-        mode = {r: "async" if rng.random() < p_async else "sync" for r in members}
+        mode = {r: "async" if rng.random() < p_async and not getattr(call, "sync_only", False) else "sync"
+                for r in members}
         items.append(Item(len(items), name, gi, members, args, mode))
     actions = [schedule(rng, items, r) for r in range(size)]
     prog = Program(seed, size, groups, items, actions)
@@ -876,6 +936,9 @@ def run_program(prog, dist):
                     got = dist.recv(**kw, group=group, tag=iid)
                     if got != kw["src"]:
                         raise AssertionError(f"item {iid}: recv returned source {got}, want {kw['src']}")
+                continue
+            if getattr(CALLS[it.call], "sync_only", False):   # a call of its own (compressed_sum)
+                CALLS[it.call].call(kw, group)
                 continue
             fn = getattr(dist, it.call)
             if verb == "start":

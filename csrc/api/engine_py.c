@@ -567,6 +567,91 @@ static int split_arg(PyObject *obj, long stages, const char *fn, int **out) {
 // how this engine's train_steps cooperate from now on, on a private copy of the group's communicator (so
 // its messages never meet the user's). compression: as compress/compress.h spells it ("none" when left
 // out). Collective over the group. group -1: alone.
+// What every rank of a strategy's group must set alike, for agree_config: its fields' names and the
+// numbers that stand for them (floats by their bits).
+static const char *const CONFIG_FIELDS[] = {
+    "strategy", "servers", "period", "warmup", "momentum placement", "beta", "window", "deterministic",
+    "pipeline stages", "micro-batches", "pipeline schedule", "the pipeline's split", "compression",
+    "topk ratio", "powersgd rank", "parameter count", "model (its layers' hash)", "lr", "momentum",
+    "dampening", "weight decay", "nesterov",
+};
+enum { CONFIG_COUNT = sizeof CONFIG_FIELDS / sizeof *CONFIG_FIELDS };
+
+static uint64_t float_bits(double v) {
+    uint64_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    return bits;
+}
+
+// One field's value for a message, as the user gave it.
+static void config_value(int field, uint64_t v, char *buf, size_t len) {
+    double d;
+    memcpy(&d, &v, sizeof d);
+    if (field == 0) {
+        snprintf(buf, len, "%s", strategy_name((StrategyKind)v));
+    } else if (field == 12) {
+        CompressSpec spec = {(CompressKind)v, 0.0, 0};
+        compress_name(&spec, buf, len);
+        char *colon = strchr(buf, ':');
+        if (colon != NULL) {
+            *colon = '\0';
+        }
+    } else if (field == 5 || field == 13 || (field >= 17 && field <= 20)) {
+        snprintf(buf, len, "%g", d);
+    } else if (field == 11 || field == 16) {
+        snprintf(buf, len, "%016llx", (unsigned long long)v);
+    } else {
+        snprintf(buf, len, "%llu", (unsigned long long)v);
+    }
+}
+
+// Every rank of the group sets the same strategy, options, compression, SGD and model (one small
+// all-reduce on the strategy's communicator, before any rank acts on them): else every rank raises the
+// same ValueError naming what differs. Ranks whose Trainers differ would otherwise exchange what each
+// reads its own way (fp16 payloads read as bf16, a server's shard of another size) or wait in
+// different collectives. 0, or -1 with the error set.
+static int agree_config(EngineObject *e, long group, int rank, int size, const StrategyConfig *cfg,
+                        const SgdConfig *sgd) {
+    uint64_t split = 14695981039346656037ull;   // FNV-1a of the stage boundaries (none: the basis)
+    for (int i = 0; cfg->split != NULL && i <= cfg->stages; i++) {
+        split = (split ^ (uint64_t)(uint32_t)cfg->split[i]) * 1099511628211ull;
+    }
+    const uint64_t mine[CONFIG_COUNT] = {
+        (uint64_t)cfg->kind, (uint64_t)cfg->servers, (uint64_t)cfg->period, (uint64_t)cfg->warmup,
+        (uint64_t)cfg->placement, float_bits(cfg->beta), (uint64_t)cfg->window, (uint64_t)cfg->deterministic,
+        (uint64_t)cfg->stages, (uint64_t)cfg->micro_batches, (uint64_t)cfg->schedule, split,
+        (uint64_t)cfg->compression.kind, cfg->compression.kind == COMPRESS_TOPK ? float_bits(cfg->compression.ratio) : 0,
+        cfg->compression.kind == COMPRESS_POWERSGD ? (uint64_t)cfg->compression.rank : 0,
+        (uint64_t)e->model.num_params, model_hash(&e->model), float_bits(sgd->lr), float_bits(sgd->momentum),
+        float_bits(sgd->dampening), float_bits(sgd->weight_decay), (uint64_t)sgd->nesterov,
+    };
+    uint64_t lo[CONFIG_COUNT], hi[CONFIG_COUNT];
+    int differs = -1;
+    Comm c = pd_comm_for(e->strategy_comm, rank, size);
+    PdSyncContext sync = {(PyObject *)e, group, NULL, 0};
+    c.ctx = &sync;
+    sync.released = PyEval_SaveThread();
+    int rc = comm_agree(&c, mine, CONFIG_COUNT, lo, hi, &differs);
+    PyEval_RestoreThread(sync.released);
+    if (rc < 0) {
+        if (rc == -2 && !PyErr_Occurred()) {
+            pd_raise_mpi(c.mpi_rc, c.mpi_call);
+        }
+        return -1;
+    }
+    if (differs >= 0) {
+        char a[64], b[64];
+        config_value(differs, lo[differs], a, sizeof a);
+        config_value(differs, hi[differs], b, sizeof b);
+        // (said as the Trainer, which every user of set_strategy is)
+        PyErr_Format(PyExc_ValueError, "Trainer: the group's ranks set up different Trainers: their %s differs (%s "
+                     "and %s). Every rank must construct its Trainer alike: the same model, strategy and options, "
+                     "compression and SGD settings", CONFIG_FIELDS[differs], a, b);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *engine_set_strategy(EngineObject *e, PyObject *const *args, Py_ssize_t nargs) {
     const char *fn = "Engine.set_strategy";
     long group, servers, period, warmup, placement, slow_ms, window, deterministic, stages, micro_batches, schedule;
@@ -667,6 +752,12 @@ static PyObject *engine_set_strategy(EngineObject *e, PyObject *const *args, Py_
     StrategyConfig cfg = {(StrategyKind)kind, (int)servers, (int)period, (int)warmup, (MomentumPlacement)placement,
                           (float)beta, (int)window, (int)deterministic, (int)stages, (int)micro_batches,
                           (PipelineSchedule)schedule, split, compression, 0};
+    if (agree_config(e, group, rank, size, &cfg, &sgd) < 0) {
+        PyMem_Free(split);
+        drop_strategy(e);
+        e->busy = 0;
+        return NULL;
+    }
     char err[512];
     int created = strategy_create(&e->strategy, &cfg, &sgd, pd_comm_for(e->strategy_comm, rank, size), &e->model, err,
                                   sizeof err);

@@ -72,6 +72,58 @@ void compress_name(const CompressSpec *spec, char *buf, size_t len) {
     }
 }
 
+void compress_fingerprint(const Compressor *z, uint64_t out[COMPRESS_FINGERPRINT]) {
+    uint64_t ratio = 0, matrices = 14695981039346656037ull;   // FNV-1a over powersgd's (offset, rows, cols)
+    if (z->spec.kind == COMPRESS_TOPK) {
+        memcpy(&ratio, &z->spec.ratio, sizeof ratio);   // (a positive double's bits order as it does)
+    }
+    for (int i = 0; i < z->num_matrices; i++) {
+        const long v[3] = {z->matrices[i].offset, z->matrices[i].rows, z->matrices[i].cols};
+        for (int j = 0; j < 3; j++) {
+            matrices = (matrices ^ (uint64_t)v[j]) * 1099511628211ull;
+        }
+    }
+    out[0] = (uint64_t)z->spec.kind;
+    out[1] = ratio;
+    out[2] = z->spec.kind == COMPRESS_POWERSGD ? (uint64_t)z->spec.rank : 0;
+    out[3] = (uint64_t)z->n;
+    out[4] = (uint64_t)compress_payload_bytes(z, 0, z->n);
+    out[5] = matrices;
+}
+
+void compress_disagreement(const uint64_t *lo, const uint64_t *hi, int field, char *buf, size_t len) {
+    char a[64], b[64];
+    switch (field) {
+    case 0: {
+        CompressSpec x = {(CompressKind)lo[0], 0.0, 0}, y = {(CompressKind)hi[0], 0.0, 0};
+        compress_name(&x, a, sizeof a);
+        compress_name(&y, b, sizeof b);
+        for (char *name = a; name != NULL; name = name == a ? b : NULL) {   // the kinds alone, no parameters
+            char *colon = strchr(name, ':');
+            if (colon != NULL) {
+                *colon = '\0';
+            }
+        }
+        snprintf(buf, len, "compressors of different kinds (%s to %s)", a, b);
+        break;
+    }
+    case 1: {
+        double x, y;
+        memcpy(&x, &lo[1], sizeof x);
+        memcpy(&y, &hi[1], sizeof y);
+        snprintf(buf, len, "topk ratios from %g to %g", x, y);
+        break;
+    }
+    case 2: snprintf(buf, len, "powersgd ranks from %llu to %llu", (unsigned long long)lo[2], (unsigned long long)hi[2]);
+        break;
+    case 3: snprintf(buf, len, "buffers of %llu to %llu entries", (unsigned long long)lo[3], (unsigned long long)hi[3]);
+        break;
+    case 4: snprintf(buf, len, "payloads of %llu to %llu bytes", (unsigned long long)lo[4], (unsigned long long)hi[4]);
+        break;
+    default: snprintf(buf, len, "powersgd matrices of different shapes or places"); break;
+    }
+}
+
 // The matrices that lie wholly inside [lo, lo + len): one run [*first, *last) (they are in buffer
 // order), and where the first one's Q starts in z->q.
 static void matrices_in(const Compressor *z, long lo, long len, int *first, int *last, long *q_first) {
@@ -93,7 +145,7 @@ static long factors_len(const Compressor *z, int first, int last) {
 
 int compressor_create(Compressor *z, const CompressSpec *spec, long n, const CompressMatrix *matrices,
                       int num_matrices, uint64_t seed) {
-    *z = (Compressor){.spec = *spec, .n = n};
+    *z = (Compressor){.spec = *spec, .n = n, .agree_each_sum = 1};
     if (spec->kind == COMPRESS_NONE) {
         return 0;
     }

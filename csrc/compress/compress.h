@@ -60,9 +60,14 @@ typedef struct {
     // (whose owner a request given up is parked with), so a failed wait never leaves MPI a freed block.
     void *buffer;
     size_t buffer_bytes;
-    // Why the last compressed sum refused another rank's payload: the text its comm_fail names as the
-    // failed call, so it lives as long as the compressor; empty when none was refused.
-    char refused[320];
+    // Why the last compressed sum refused another rank's payload, or the ranks' compressors disagreed:
+    // the text its comm_fail names as the failed call, so it lives as long as the compressor; empty when
+    // none was refused.
+    char refused[400];
+    // compress_allreduce_sum first checks that every rank of the group has this spec on this buffer (one
+    // small all-reduce): 1 from compressor_create; 0 where the caller agreed it once for the compressor's
+    // life (a strategy, whose whole configuration every rank agrees on when it is set)
+    int agree_each_sum;
 } Compressor;
 
 // Parse `text` ("fp16", "topk:0.01", ...). 0, or -1 with a message in err.
@@ -85,6 +90,13 @@ void compress_state_load(Compressor *z, const void *in);
 // A block of at least `bytes` for payloads and factors in flight, kept (and grown, never shrunk) with the
 // compressor. NULL: out of memory.
 void *compress_buffer(Compressor *z, size_t bytes);
+
+// What every rank of a compressed sum must have alike, as numbers (compress_fingerprint): the kind, topk's
+// ratio (its bits), powersgd's rank, the buffer's entries, one payload's bytes, and a hash of powersgd's
+// matrices. compress_disagreement says in words how the smallest and largest values over the ranks differ.
+enum { COMPRESS_FINGERPRINT = 6 };
+void compress_fingerprint(const Compressor *z, uint64_t out[COMPRESS_FINGERPRINT]);
+void compress_disagreement(const uint64_t *lo, const uint64_t *hi, int field, char *buf, size_t len);
 
 // Bytes of one rank's payload for the entries [lo, lo + len) of the buffer.
 size_t compress_payload_bytes(const Compressor *z, long lo, long len);

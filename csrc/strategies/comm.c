@@ -230,6 +230,37 @@ int comm_allreduce_max_int(Comm *c, int *value) {
     return rc;
 }
 
+int comm_agree(Comm *c, const uint64_t *mine, int n, uint64_t *lo, uint64_t *hi, int *differs) {
+    uint64_t both[2 * COMM_AGREE_MAX];
+    *differs = -1;
+    if (n < 0 || n > COMM_AGREE_MAX) {
+        return comm_fail(c, MPI_ERR_COUNT, "comm_agree (more values than COMM_AGREE_MAX)");
+    }
+    for (int i = 0; i < n; i++) {
+        both[i] = mine[i];
+        both[n + i] = ~mine[i];   // the largest complement is the complement of the smallest
+    }
+    if (c->size > 1) {
+        MPI_Request req = MPI_REQUEST_NULL;
+        double t0 = now();
+        c->lock(c->ctx);
+        int rc = collective(c, &req, MPI_Iallreduce(MPI_IN_PLACE, both, 2 * n, MPI_UINT64_T, MPI_MAX, c->comm, &req),
+                            "MPI_Iallreduce");
+        c->seconds += now() - t0;
+        if (rc < 0) {
+            return rc;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        hi[i] = both[i];
+        lo[i] = ~both[n + i];
+        if (*differs < 0 && lo[i] != hi[i]) {
+            *differs = i;
+        }
+    }
+    return 0;
+}
+
 int comm_bcast(Comm *c, float *buf, long n, int root) {
     if (c->size == 1) return 0;
     MPI_Request req = MPI_REQUEST_NULL;

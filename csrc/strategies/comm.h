@@ -9,6 +9,8 @@
 #ifndef PYDIST_STRATEGIES_COMM_H
 #define PYDIST_STRATEGIES_COMM_H
 
+#include <stdint.h>
+
 #include "core/mpi_calls.h"
 
 #include "paths/algorithms/ring.h"
@@ -78,6 +80,12 @@ int comm_allreduce_sum(Comm *c, float *buf, long n);
 int comm_allreduce_sum_shm(Comm *c, float *buf, long n);
 int comm_ring_allreduce_sum(Comm *c, float *buf, long n, float *tmp);
 int comm_allreduce_max_int(Comm *c, int *value);
+// Whether every rank holds the same n (<= COMM_AGREE_MAX) values: one all-reduce (MAX of each value
+// and of its complement), after which every rank holds each value's smallest (lo) and largest (hi)
+// over the group, and *differs is the first i where they differ (-1: every rank agrees). Every rank
+// learns the same, so every rank can refuse alike.
+#define COMM_AGREE_MAX 32
+int comm_agree(Comm *c, const uint64_t *mine, int n, uint64_t *lo, uint64_t *hi, int *differs);
 // MPI's broadcast (counted as a flat tree: the root sends the buffer to each other rank).
 int comm_bcast(Comm *c, float *buf, long n, int root);
 // Bytes (a compressed payload) to one rank, and every rank's `bytes` into all[R x bytes] in rank order,

@@ -13,6 +13,7 @@
 
 #include "compress/encodings.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "engine/blas.h"
@@ -118,7 +119,32 @@ static int powersgd_sum(Compressor *z, Comm *c, float *buf, long n, int ring) {
     return 0;
 }
 
+// Every rank of the group has z's spec on a buffer of z's length (compress.h's fingerprint), or every
+// rank refuses alike, before any payload moves: ranks that compressed differently would exchange
+// payloads each reads by its own spec (fp16 read as bf16 passes every check) or of different lengths.
+static int agree(Compressor *z, Comm *c) {
+    uint64_t mine[COMPRESS_FINGERPRINT], lo[COMPRESS_FINGERPRINT], hi[COMPRESS_FINGERPRINT];
+    int differs;
+    compress_fingerprint(z, mine);
+    int rc = comm_agree(c, mine, COMPRESS_FINGERPRINT, lo, hi, &differs);
+    if (rc < 0 || differs < 0) {
+        return rc;
+    }
+    char how[128], name[64];
+    compress_disagreement(lo, hi, differs, how, sizeof how);
+    compress_name(&z->spec, name, sizeof name);
+    snprintf(z->refused, sizeof z->refused, "the compressed sum: the group's ranks have %s (every rank must "
+             "compress the same buffer with the same spec; this rank: %s on %ld entries)", how, name, z->n);
+    return comm_fail(c, MPI_ERR_OTHER, z->refused);
+}
+
 int compress_allreduce_sum(Compressor *z, Comm *c, float *buf, long n, int ring) {
+    if (z->agree_each_sum && c->size > 1) {
+        int rc = agree(z, c);
+        if (rc < 0) {
+            return rc;
+        }
+    }
     switch (z->spec.kind) {
     case COMPRESS_NONE: {
         float *tmp = ring ? compress_buffer(z, sizeof(float) * (size_t)(ring_floats(c, n, 1) + 1)) : NULL;

@@ -72,6 +72,7 @@ static int create_compressor(Strategy *s, const Model *m) {
     }
     int rc = compressor_create(&s->z, &s->cfg.compression, s->n, mats, count, 0x636f6d7072657373ull);
     free(mats);
+    s->z.agree_each_sum = 0;   // every rank agreed the whole configuration when it was set (Engine.set_strategy)
     return rc < 0 ? -2 : 0;
 }
 

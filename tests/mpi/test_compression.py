@@ -13,8 +13,9 @@ at every world size of tests/run_mpi.py, each checked against a reference comput
 - every rank gets bitwise the same sum; the bytes each strategy reports per step are the payloads'
   exact sizes; a resumed run (allreduce, central, ps) continues bit for bit from its checkpoint;
 - a strategy that takes no compression, and a malformed compressor, are clear errors;
-- a malformed payload from another rank is a DistError on every rank that decodes it, never a write out
-  of bounds, and leaves the sum's buffer and the group as they were.
+- ranks with different compressors (kind, ratio, rank, buffer) are a DistError on every rank before any
+  payload moves, and Trainers set up differently a ValueError on every rank; either leaves the buffers
+  and the group as they were.
 """
 import math
 
@@ -301,24 +302,67 @@ def test_malformed_compression_is_a_clear_error():
         _C.Compressor("fp16", 4).decode_add(b"abc", np.zeros(4, np.float32))
 
 
+# (rank 0's and the others' compressor, the others' buffer length, what every rank is told differs)
+MISMATCHED = [
+    ("fp16", "bf16", 8, "compressors of different kinds (fp16 to bf16)"),   # the same bytes: it summed silently
+    ("fp16", "topk:0.25", 8, "compressors of different kinds (fp16 to topk)"),   # it crashed the topk ranks
+    ("sign", "fp16", 300, "compressors of different kinds (fp16 to sign)"),
+    ("topk:0.1", "topk:0.2", 40, "topk ratios from 0.1 to 0.2"),
+    ("powersgd:1", "powersgd:2", 64, "powersgd ranks from 1 to 2"),
+    ("fp16", "fp16", 9, "buffers of 8 to 9 entries"),
+    ("none", "fp16", 8, "compressors of different kinds (none to fp16)"),
+]
+
+
 @pytest.mark.world_size(min=2)
-def test_a_malformed_payload_from_another_rank_is_a_dist_error():
-    # Rank 0 compresses with fp16, the others with topk: the same 16 bytes for 8 entries. Rank 0's halves
-    # of 1.0 read as topk pairs give index 0x3c003c00, far outside the 8 entries (it crashed the ranks that
-    # decoded it); rank 0 reads the others' pairs as 16-bit values, all valid.
+@pytest.mark.parametrize("first, others, n_others, said", MISMATCHED)
+def test_ranks_with_different_compressors_all_refuse_before_any_payload_moves(first, others, n_others, said):
+    """Every rank checks that the group's compressors agree (spec and buffer) before exchanging: each
+    rank used to read the others' payloads by its own spec, so fp16 against bf16 returned two different
+    sums, and fp16 against topk raised on one side while the other went on."""
     r = dist.get_rank()
-    z = _C.Compressor("fp16" if r == 0 else "topk:0.25", 8)
-    x = np.ones(8, np.float32) if r == 0 else np.arange(8, dtype=np.float32)
+    n = 8 if r == 0 else n_others
+    matrices = [(0, 8, 8)] if n == 64 else []
+    z = _C.Compressor(first if r == 0 else others, n, matrices) if matrices else \
+        _C.Compressor(first if r == 0 else others, n)
+    x = np.arange(n, dtype=np.float32)
     before, error = x.copy(), None
     try:
         z.allreduce_sum(x, 0, False)
     except dist.DistError as e:
         error = str(e)
-    want = "group rank 0 sent a malformed payload: topk pair 0 has index 1006648320, outside [0, 8)"
-    ok = error is None if r == 0 else (error is not None and want in error and np.array_equal(x, before))
+    ok = error is not None and f"the group's ranks have {said}" in error and np.array_equal(x, before)
     parallel_assert(ok, f"rank {r} raised {error!r} and left {x} (from {before})")
     ones = np.ones(3, np.float32)
     dist.all_reduce(ones)   # the group is as usable as before
+    parallel_assert(ones.tolist() == [dist.get_world_size()] * 3, f"the all-reduce after gave {ones}")
+    same = _C.Compressor("fp16", 8)   # and a compressor every rank has alike sums
+    y = np.ones(8, np.float32)
+    same.allreduce_sum(y, 0, False)
+    parallel_assert(np.array_equal(y, np.full(8, dist.get_world_size(), np.float32)), f"the agreed sum gave {y}")
+
+
+@pytest.mark.world_size(min=2)
+@pytest.mark.parametrize("mine, theirs, said", [
+    (dict(compression="fp16"), dict(compression="bf16"), "their compression differs (fp16 and bf16)"),
+    (dict(compression="topk:0.1"), dict(compression="topk:0.2"), "their topk ratio differs (0.1 and 0.2)"),
+    (dict(compression=None), dict(compression="sign"), "their compression differs (none and sign)"),
+    (dict(lr=0.05), dict(lr=0.1), "their lr differs (0.05 and 0.1)"),
+    (dict(strategy="allreduce"), dict(strategy="ring"), "their strategy differs (allreduce and ring)"),
+])
+def test_ranks_that_construct_different_trainers_all_refuse(mine, theirs, said):
+    """Set-up agrees the whole configuration once (strategy, options, compression, SGD, model) on every
+    rank, so the training steps need no check of their own."""
+    args = dict(dict(strategy="allreduce", compression=None, lr=0.05), **(mine if dist.get_rank() == 0 else theirs))
+    try:
+        Trainer(mlp(HIDDEN), batch_size=BATCH, seed=5, **args)
+        error = None
+    except ValueError as e:
+        error = str(e)
+    parallel_assert(error is not None and said in error and "Every rank must construct its Trainer alike" in error,
+                    f"rank {dist.get_rank()} raised {error!r}")
+    ones = np.ones(3, np.float32)
+    dist.all_reduce(ones)
     parallel_assert(ones.tolist() == [dist.get_world_size()] * 3, f"the all-reduce after gave {ones}")
 
 
