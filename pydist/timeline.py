@@ -106,23 +106,33 @@ def stop():
     mine = part_path(path, rank)
     extra = {"host": socket.gethostname(), "pid": os.getpid(),
              "groups": {str(k): v for k, v in _C.timeline_groups().items()}}
-    events, dropped = _C.timeline_write(mine, f"rank {rank} ({extra['host']})", json.dumps(extra)[1:-1])
-    if dropped:
-        print(f"pydist: timeline: rank {rank} kept {events} events and dropped {dropped} past max_events",
-              file=sys.stderr)
-    size = dist.get_world_size()
+    failed, data = None, None
     try:
+        events, dropped = _C.timeline_write(mine, f"rank {rank} ({extra['host']})", json.dumps(extra)[1:-1])
+        if dropped:
+            print(f"pydist: timeline: rank {rank} kept {events} events and dropped {dropped} past max_events",
+                  file=sys.stderr)
         # the files of ranks on other hosts reach rank 0 through MPI (it may not see their disks)
-        data = None
         if _hosts[rank] != _hosts[0]:
             with open(mine, "rb") as f:
                 data = f.read()
-        parts = [None] * size if rank == 0 else None
-        dist.gather_object(data, parts, dst=0)
+    except OSError as e:   # this rank's disk: every rank hears of it below, and raises alike
+        failed = f"rank {rank} could not write its part of the timeline ({mine}): {e.strerror or e}"
+    size = dist.get_world_size()
+    try:
+        failures = [None] * size
+        dist.all_gather_object(failures, failed)
+        if not any(failures):
+            parts = [None] * size if rank == 0 else None
+            dist.gather_object(data, parts, dst=0)
     except Exception as e:   # a rank has died: keep what was written
         print(f"pydist: timeline: rank {rank} wrote {mine}; the ranks could not meet to merge ({e}); merge with "
               f"python -m pydist.timeline merge {part_path(path, '*')} -o {path}", file=sys.stderr)
         return mine
+    failures = [f for f in failures if f]
+    if failures:   # the same error on every rank; the parts written stay, for a merge by hand
+        more = f" (and {len(failures) - 1} more rank(s))" if len(failures) > 1 else ""
+        raise OSError(f"timeline: {failures[0]}{more}; the timeline was not merged (the parts written are kept)")
     if rank != 0:
         if data is not None:
             os.remove(mine)   # rank 0 has it

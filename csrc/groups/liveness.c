@@ -77,7 +77,6 @@ int pd_liveness_start(MPI_Comm comm) {
     world_size = size;
     departures = 0;
     forgotten = 0;
-    ctl = comm;
     const char *survive = getenv("PYDIST_SURVIVE"), *folder = getenv("PYDIST_RUN_ATTEMPT_DIR");
     const int read_records = survive != NULL && strcmp(survive, "1") == 0 && folder != NULL && *folder != '\0';
     if (read_records && (records = PyMem_RawMalloc(strlen(folder) + 1)) != NULL) {
@@ -85,9 +84,17 @@ int pd_liveness_start(MPI_Comm comm) {
     }
     if (from_record == NULL || (read_records && records == NULL)) {
         PyErr_NoMemory();
-        return -1;
+        return -1;   // (the caller frees comm: it is not ours yet)
     }
+    ctl = comm;
     return 0;
+}
+
+void pd_liveness_stop(void) {
+    if (ctl != MPI_COMM_NULL) {
+        MPI_Comm_free(&ctl);   // no request is ever left on it: notices are probed for
+    }
+    ctl = MPI_COMM_NULL;
 }
 
 static void departed(int world_rank, int by_record) {

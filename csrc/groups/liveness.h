@@ -8,6 +8,7 @@
 #include "core/base.h"
 
 int pd_liveness_start(MPI_Comm ctl);     // at init, with the control communicator (takes it)
+void pd_liveness_stop(void);             // an init that every rank gave up: the channel goes on every rank
 void pd_liveness_poll(void);             // receive the notices that have arrived (GIL held)
 int pd_liveness_departures(void);        // how many ranks have left
 double pd_liveness_left(int world_rank); // MPI_Wtime() when that rank's notice arrived; 0: still here

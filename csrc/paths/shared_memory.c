@@ -151,10 +151,9 @@ static int session_start(MPI_Comm world, double timeout) {
     node_of = NULL;
     world_size = 0;
     node_ranks = 0;
-    if (pd_env_bytes("PYDIST_SHM_BYTES", 1) == 0) {
-        snprintf(unavailable, sizeof unavailable, "PYDIST_SHM_BYTES=0 turns it off");
-        return 0;   // no collective at all: init is only its communicators' duplication
-    }
+    // A rank's own PYDIST_SHM_BYTES=0 turns its node's segment off, decided on the node below: it takes part
+    // in the world's collectives here whatever its setting, or a node set otherwise would wait for it.
+    int off = pd_env_bytes("PYDIST_SHM_BYTES", 1) == 0;
     // Init's own collectives have completed here, but a rank whose init timed out has gone on without
     // them: meet first through our interruptible wait, then split (blocking in MPI).
     if ((rc = MPI_Ibarrier(world, &req)) != MPI_SUCCESS) {
@@ -191,6 +190,14 @@ static int session_start(MPI_Comm world, double timeout) {
     if (wait_op(&req, 0, "init_process_group", timeout) < 0) {
         MPI_Comm_free(&node);
         return -1;   // nodes leaked on purpose: MPI may still write it
+    }
+    MPI_Allreduce(MPI_IN_PLACE, &off, 1, MPI_INT, MPI_MAX, node);   // blocking: the node's ranks are all here
+    if (off) {   // this node has no segment: its groups use MPI's paths, as decided alike on each of its ranks
+        MPI_Comm_free(&node);
+        PyMem_RawFree(nodes);
+        node_ranks = 0;
+        snprintf(unavailable, sizeof unavailable, "PYDIST_SHM_BYTES=0 turns it off");
+        return 0;
     }
     node_of = nodes;
     world_size = wsize;

@@ -9,6 +9,7 @@
  * torch.
  */
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -348,6 +349,83 @@ static int start_mpi(double timeout) {
 static MPI_Comm pending_world = MPI_COMM_NULL, pending_ctl = MPI_COMM_NULL, pending_algo = MPI_COMM_NULL;
 static int ctl_made = 0;
 
+// Set-up steps only this rank can fail (its private communicator, its liveness channel) do not end its
+// init on the spot: the other ranks would then wait for it in the node's segment and the path table's
+// broadcast until init's timeout. The failure is kept (keep_failure), this rank takes part in every
+// collective of init, and agree_init then tells every rank of the first failure at once, so that every
+// rank raises the same error.
+//
+// Test knob (tests/unit/test_setup_agreement.py): PYDIST_TEST_FAIL_SETUP=private_comm or =liveness makes
+// that step fail on this rank, as if out of memory.
+static int test_fail(const char *step) {
+    const char *v = getenv("PYDIST_TEST_FAIL_SETUP");
+    if (v != NULL && strcmp(v, step) == 0) {
+        PyErr_SetString(PyExc_MemoryError, "out of memory (PYDIST_TEST_FAIL_SETUP)");
+        return 1;
+    }
+    return 0;
+}
+
+// The raised error, as text into kept (the first failure only), and cleared.
+static void keep_failure(char *kept, size_t len, int rank, const char *step) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *text = value != NULL ? PyObject_Str(value) : NULL;
+    const char *utf8 = text != NULL ? PyUnicode_AsUTF8(text) : NULL;
+    if (kept[0] == '\0') {
+        snprintf(kept, len, "world rank %d could not set up %s: %s: %s", rank, step,
+                 type != NULL ? ((PyTypeObject *)type)->tp_name : "error", utf8 != NULL ? utf8 : "?");
+    }
+    Py_XDECREF(text);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    PyErr_Clear();
+}
+
+// What is left of init's timeout (< 0: none) since `start`: its steps after MPI's start-up share one
+// deadline, so that a rank that never comes costs the others one timeout, not one per step.
+static double time_left(double start, double timeout) {
+    if (timeout < 0) {
+        return -1.0;
+    }
+    double left = timeout - (MPI_Wtime() - start);
+    return left > 0 ? left : 0.0;
+}
+
+// Every rank learns whether any rank kept a failure (one all-reduce of the lowest failed rank) and, if
+// one did, that rank's words (one broadcast). 0: none failed; 1: one did (its words in `kept` on every
+// rank); -1: the exchange itself failed (raised).
+static int agree_init(MPI_Comm world, int rank, double timeout, char *kept, size_t len) {
+    static int first;             // static: a wait given up leaves the request parked and MPI writing here
+    static char words[256];
+    first = kept[0] ? rank : INT_MAX;
+    for (int round = 0; round < 2; round++) {
+        MPI_Request req = MPI_REQUEST_NULL;
+        int rc = round == 0 ? MPI_Iallreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, world, &req)
+                            : MPI_Ibcast(words, (int)sizeof words, MPI_CHAR, first, world, &req);
+        if (rc != MPI_SUCCESS) {
+            pd_raise_mpi(rc, round == 0 ? "MPI_Iallreduce" : "MPI_Ibcast");
+            return -1;
+        }
+        PdWaitSpec spec = {"init_process_group", timeout, NULL, NULL, 0.0};
+        if (pd_wait(&req, MPI_STATUS_IGNORE, &spec) < 0) {
+            if (req != MPI_REQUEST_NULL) {
+                pd_park(req, NULL, 0);
+            }
+            return -1;
+        }
+        if (round == 0 && first == INT_MAX) {
+            return 0;
+        }
+        if (round == 0) {
+            snprintf(words, sizeof words, "%s", kept);   // (read only on the rank that broadcasts)
+        }
+    }
+    snprintf(kept, len, "%s", words);
+    return 1;
+}
+
 // _C.init(timeout_seconds, startup_seconds) -> (rank, size, thread_level): startup_seconds bounds MPI_Init
 // (init's timeout, or longer where a launcher bounds it first), timeout everything after. < 0: none.
 PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -425,29 +503,30 @@ PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         return NULL;
     }
     pending_world = MPI_COMM_NULL;
-    if (pd_private_comm_adopt(0, pending_algo) < 0) {   // group_setup finds it made
+    int world_rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    char kept[256] = "";   // this rank's first failed step (agree_init)
+    if (test_fail("private_comm") || pd_private_comm_adopt(0, pending_algo) < 0) {   // group_setup finds it made
+        keep_failure(kept, sizeof kept, world_rank, "its private communicator");
         MPI_Comm_free(&pending_algo);
-        release_slot(0);
-        if (want_ctl) MPI_Comm_free(&pending_ctl);
-        return NULL;
     }
     pending_algo = MPI_COMM_NULL;
     if (want_ctl) {
         if ((rc = MPI_Comm_set_errhandler(pending_ctl, MPI_ERRORS_RETURN)) != MPI_SUCCESS) {
             pd_raise_mpi(rc, "MPI_Comm_set_errhandler");
         }
-        if (rc != MPI_SUCCESS || pd_liveness_start(pending_ctl) < 0) {
+        if (rc != MPI_SUCCESS || test_fail("liveness") || pd_liveness_start(pending_ctl) < 0) {
+            keep_failure(kept, sizeof kept, world_rank, "its liveness channel (how it learns of dead ranks)");
             MPI_Comm_free(&pending_ctl);
-            release_slot(0);
-            return NULL;
+        } else {
+            pending_ctl = MPI_COMM_NULL;
+            ctl_made = 1;
         }
-        pending_ctl = MPI_COMM_NULL;
-        ctl_made = 1;
     }
     // The shared-memory segment of the node's ranks (collective; on failure pydist says so once and
     // uses MPI's all-reduce instead).
     pd_stall_read_env();   // before the segment: its board is written only when the inspector is on
-    if (pd_shm_session_start(pd_group_world_comm(), timeout) < 0) {
+    if (pd_shm_session_start(pd_group_world_comm(), time_left(start, timeout)) < 0) {
         release_slot(0);
         return NULL;
     }
@@ -455,7 +534,7 @@ PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     // whose calls go through the segment's slots, but every rank takes part whether or not its node made
     // a segment (or it a heap): a world-wide collective is decided alike on every rank, and a node
     // without one must not leave the others waiting in it.
-    if (pd_tuned_share(pd_group_world_comm(), timeout) < 0) {
+    if (pd_tuned_share(pd_group_world_comm(), time_left(start, timeout)) < 0) {
         snprintf(init_failure, sizeof init_failure, "an earlier init_process_group did not complete "
                  "(another rank never called it, or it was interrupted)");
         release_slot(0);
@@ -464,6 +543,22 @@ PyObject *pd_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     if (pd_tuned_unusable() != NULL) {   // world rank 0's named table: the same error on every rank
         PyErr_SetString(PyExc_ValueError, pd_tuned_unusable());
+        release_slot(0);
+        pd_shm_session_stop();
+        return NULL;
+    }
+    int failed = agree_init(pd_group_world_comm(), world_rank, time_left(start, timeout), kept, sizeof kept);
+    if (failed != 0) {   // every rank alike: the same words, or the exchange itself failed (its error raised)
+        if (failed > 0) {
+            PyErr_Format(pd_DistError, "init_process_group(): %s", kept);
+        } else {
+            snprintf(init_failure, sizeof init_failure, "an earlier init_process_group did not complete "
+                     "(another rank never called it, or it was interrupted)");
+        }
+        if (failed > 0 && ctl_made) {   // every rank drops its channel: no exit barrier waits for one that has none
+            pd_liveness_stop();
+            ctl_made = 0;
+        }
         release_slot(0);
         pd_shm_session_stop();
         return NULL;

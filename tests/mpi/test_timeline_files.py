@@ -102,3 +102,32 @@ def test_a_link_where_rank_0_writes_another_hosts_file(monkeypatch):
         shutil.rmtree(own, ignore_errors=True)
         if rank == 0:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.world_size(min=2)
+def test_a_rank_that_cannot_write_its_part_is_the_same_error_on_every_rank():
+    """The last rank's part cannot be written (its folder is gone when the region ends, as a full or
+    read-only disk would refuse it): it used to raise alone while rank 0 waited for its part in the
+    merge until the timeout. Now every rank raises the same OSError naming that rank, and the group goes
+    on working."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    folder = shared_dir()
+    own = tempfile.mkdtemp(prefix="pydist-timeline-own-") if rank == size - 1 else folder
+    said = None
+    try:
+        with dist.timeline(os.path.join(own, "run.json")):
+            dist.all_reduce(np.ones(4, np.float32))
+            if rank == size - 1:
+                shutil.rmtree(own)
+    except OSError as e:
+        said = str(e)
+    every = [None] * size
+    dist.all_gather_object(every, said)
+    want = f"timeline: rank {size - 1} could not write its part of the timeline"
+    parallel_assert(len(set(every)) == 1 and said is not None and said.startswith(want) and "was not merged" in said,
+                    f"the ranks said {every}")
+    x = np.ones(3, np.float32)
+    dist.all_reduce(x)
+    parallel_assert(x.tolist() == [size] * 3, f"the all-reduce after gave {x}")
+    if rank == 0:
+        shutil.rmtree(folder, ignore_errors=True)
