@@ -385,7 +385,19 @@ def first_failure(folder, ranks, run_id=None):
     # A rank that UCX ended because its peer had died (dead_peer_pid) is never the cause, however the
     # two watchers' ends were ordered (both within a few ms of the death)
     causes = [rec for rec in failed if not rec.get("dead_peer_pid")] or failed
-    return min(causes, key=lambda rec: rec["ended"]) if causes else None
+    first = min(causes, key=lambda rec: rec["ended"]) if causes else None
+    # MPI fails a rank whose peer has just been killed, and that rank can record its end a few ms before
+    # the killed one's watcher wakes to record its death: a death by a signal that soon after a
+    # communication error is its cause. (A rank killed because another aborted ends 0.2 s or more after
+    # it: _abort waits that long after recording its end.)
+    if first is not None and first.get("signal") is None and re.search(r"\bDist\w*Error\b", first["last_line"]):
+        killed = [rec for rec in causes if rec.get("signal") and 0 <= rec["ended"] - first["ended"] < PEER_DEATH_S]
+        if killed:
+            return min(killed, key=lambda rec: rec["ended"])
+    return first
+
+
+PEER_DEATH_S = 0.1   # first_failure: a signal death this soon after a communication error caused it
 
 
 def records(folder, ranks, run_id=None):

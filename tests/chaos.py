@@ -255,7 +255,10 @@ def job():
         if rank == 0:
             print("chaos.py --job: error: --resume: the checkpoint is another model's", file=sys.stderr, flush=True)
         dist.destroy_process_group()
-        sys.exit(2)
+        # (not sys.exit: between simulated hosts the finalize guard ends a hung MPI_Finalize with status 0,
+        # which would hide the 2; scripts/cluster_finalize_guard.c)
+        sys.stdout.flush()
+        os._exit(2)
     log = Events(work, attempt, rank)
     # The rank the fault is for is paced (a sleep per step: no CPU, no change to the numbers), so that a
     # fault from inside or outside can land in the middle of its training calls

@@ -143,6 +143,30 @@ def test_a_rank_that_ucx_ended_for_its_dead_peer_is_not_blamed(tmp_path):
     assert first_failure(tmp_path, 3)["rank"] == 2
 
 
+def test_a_rank_that_mpi_failed_for_its_killed_peer_is_not_blamed(tmp_path):
+    """A server SIGKILLed under --survive: MPI failed a worker's call ("Invalid communicator") and its
+    record's end came 2 ms before the killed server's watcher woke to record the death (a soak run named
+    the worker). A signal death that soon after a communication error is its cause; one 0.2 s later (a
+    rank the launcher killed after another aborted) is not."""
+    import json
+    from pydist.run import first_failure
+    error = "DistBackendError: the training step's communication failed: Other MPI error, error stack:"
+    records = [{"rank": 2, "status": 1, "signal": None, "ended": 32.391, "pid": 6, "last_line": error},
+               {"rank": 3, "status": 137, "signal": 9, "ended": 32.393, "pid": 7, "last_line": ""},
+               {"rank": 0, "status": 1, "signal": None, "ended": 34.469, "pid": 4, "last_line": "DistError: x"}]
+    for rec in records:
+        (tmp_path / f"rank-{rec['rank']}.json").write_text(json.dumps(rec))
+    assert first_failure(tmp_path, 4)["rank"] == 3
+    records[1]["ended"] = 32.6   # killed after rank 2 aborted the job: rank 2 is the cause
+    (tmp_path / "rank-3.json").write_text(json.dumps(records[1]))
+    assert first_failure(tmp_path, 4)["rank"] == 2
+    records[0]["last_line"] = "ValueError: a bad argument"   # not a communication error: the first end stands
+    (tmp_path / "rank-2.json").write_text(json.dumps(dict(records[0], rank=2, ended=32.391)))
+    records[1]["ended"] = 32.393
+    (tmp_path / "rank-3.json").write_text(json.dumps(records[1]))
+    assert first_failure(tmp_path, 4)["rank"] == 2
+
+
 def _alive(pid):
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
