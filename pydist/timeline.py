@@ -117,7 +117,7 @@ def stop():
             with open(mine, "rb") as f:
                 data = f.read()
     except OSError as e:   # this rank's disk: every rank hears of it below, and raises alike
-        failed = f"rank {rank} could not write its part of the timeline ({mine}): {e.strerror or e}"
+        failed = (e.errno, f"rank {rank} could not write its part of the timeline ({mine}): {e.strerror or e}")
     size = dist.get_world_size()
     try:
         failures = [None] * size
@@ -130,9 +130,10 @@ def stop():
               f"python -m pydist.timeline merge {part_path(path, '*')} -o {path}", file=sys.stderr)
         return mine
     failures = [f for f in failures if f]
-    if failures:   # the same error on every rank; the parts written stay, for a merge by hand
-        more = f" (and {len(failures) - 1} more rank(s))" if len(failures) > 1 else ""
-        raise OSError(f"timeline: {failures[0]}{more}; the timeline was not merged (the parts written are kept)")
+    if failures:   # the same error on every rank (its errno gives the same subclass: IsADirectoryError, ...);
+        more = f" (and {len(failures) - 1} more rank(s))" if len(failures) > 1 else ""   # the parts stay
+        code, words = failures[0]
+        raise OSError(code, f"timeline: {words}{more}; the timeline was not merged (the parts written are kept)")
     if rank != 0:
         if data is not None:
             os.remove(mine)   # rank 0 has it
