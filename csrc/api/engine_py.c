@@ -590,12 +590,7 @@ static void config_value(int field, uint64_t v, char *buf, size_t len) {
     if (field == 0) {
         snprintf(buf, len, "%s", strategy_name((StrategyKind)v));
     } else if (field == 12) {
-        CompressSpec spec = {(CompressKind)v, 0.0, 0};
-        compress_name(&spec, buf, len);
-        char *colon = strchr(buf, ':');
-        if (colon != NULL) {
-            *colon = '\0';
-        }
+        snprintf(buf, len, "%s", compress_kind_name((CompressKind)v));
     } else if (field == 5 || field == 13 || (field >= 17 && field <= 20)) {
         snprintf(buf, len, "%g", d);
     } else if (field == 11 || field == 16) {

@@ -61,6 +61,17 @@ int compress_parse(const char *text, CompressSpec *spec, char *err, size_t errle
     return -1;
 }
 
+const char *compress_kind_name(CompressKind kind) {
+    switch (kind) {
+    case COMPRESS_FP16: return "fp16";
+    case COMPRESS_BF16: return "bf16";
+    case COMPRESS_TOPK: return "topk";
+    case COMPRESS_SIGN: return "sign";
+    case COMPRESS_POWERSGD: return "powersgd";
+    default: return "none";
+    }
+}
+
 void compress_name(const CompressSpec *spec, char *buf, size_t len) {
     switch (spec->kind) {
     case COMPRESS_FP16: snprintf(buf, len, "fp16"); break;
@@ -92,19 +103,10 @@ void compress_fingerprint(const Compressor *z, uint64_t out[COMPRESS_FINGERPRINT
 }
 
 void compress_disagreement(const uint64_t *lo, const uint64_t *hi, int field, char *buf, size_t len) {
-    char a[64], b[64];
     switch (field) {
     case 0: {
-        CompressSpec x = {(CompressKind)lo[0], 0.0, 0}, y = {(CompressKind)hi[0], 0.0, 0};
-        compress_name(&x, a, sizeof a);
-        compress_name(&y, b, sizeof b);
-        for (char *name = a; name != NULL; name = name == a ? b : NULL) {   // the kinds alone, no parameters
-            char *colon = strchr(name, ':');
-            if (colon != NULL) {
-                *colon = '\0';
-            }
-        }
-        snprintf(buf, len, "compressors of different kinds (%s to %s)", a, b);
+        snprintf(buf, len, "compressors of different kinds (%s to %s)", compress_kind_name((CompressKind)lo[0]),
+                 compress_kind_name((CompressKind)hi[0]));
         break;
     }
     case 1: {

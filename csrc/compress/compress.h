@@ -72,6 +72,8 @@ typedef struct {
 
 // Parse `text` ("fp16", "topk:0.01", ...). 0, or -1 with a message in err.
 int compress_parse(const char *text, CompressSpec *spec, char *err, size_t errlen);
+// The kind's name alone, without its parameters ("topk").
+const char *compress_kind_name(CompressKind kind);
 // The spec as the command line spells it, into buf.
 void compress_name(const CompressSpec *spec, char *buf, size_t len);
 
