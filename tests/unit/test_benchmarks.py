@@ -262,14 +262,15 @@ def test_cluster_model_quick(tmp_path):
     """benchmarks/cluster_model.py on simulated hosts at two link rates (tiny sizes and few steps: the
     figures are the benchmark's business, the test checks it runs end to end): the fitted model, a
     table of measured against predicted Tsync, the speed-up table, cluster.png; no cluster left up."""
-    from test_cluster import REASON
+    from test_cluster import REASON, cluster_to_ourselves
     if REASON is not None:
         pytest.skip(f"NOT RUN (several hosts): {REASON}")
     env = dict(os.environ, PYDIST_CLUSTER_FINALIZE_GUARD="1")
-    proc = subprocess.run([sys.executable, "benchmarks/cluster_model.py", "--rates", "100mbit", "1gbit",
-                           "--sizes", "246824", "1048576", "--batches", "16", "64", "--steps", "3", "--reps", "3",
-                           "--out-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
+    with cluster_to_ourselves():   # (lane 1's cluster tests use the same hosts)
+        proc = subprocess.run([sys.executable, "benchmarks/cluster_model.py", "--rates", "100mbit", "1gbit",
+                               "--sizes", "246824", "1048576", "--batches", "16", "64", "--steps", "3",
+                               "--reps", "3", "--out-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     fit = re.search(r"alpha ([\d.]+) ms, eta ([\d.]+), host ([\d.]+) Gbit/s \(fitted to 4 points\)", proc.stdout)
     assert fit and float(fit.group(2)) > 0 and float(fit.group(3)) > 0, proc.stdout

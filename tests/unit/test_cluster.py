@@ -9,6 +9,8 @@ never mistaken for a pass.
 One cluster for the whole module (a fixture), brought down first in case an earlier run left one, and
 brought down at the end, which the last test checks leaves nothing behind.
 """
+import contextlib
+import fcntl
 import os
 import re
 import shutil
@@ -49,6 +51,32 @@ pytestmark = pytest.mark.skipif(REASON is not None, reason=f"NOT RUN (several ho
 # and all work is done by then.
 ENV = dict(os.environ, PYTHONPATH=ROOT, PYDIST_CLUSTER_FINALIZE_GUARD="1", PYTHONFAULTHANDLER="1")
 ENV["PATH"] = os.path.dirname(sys.executable) + os.pathsep + ENV.get("PATH", "")
+
+
+# The simulated cluster is the machine's: the suite's two lanes both bring it up and down (this module and
+# test_cluster_failures.py in one, test_benchmarks.py's cluster_model run in the other), so each holds
+# this lock for as long as it uses the cluster. (/run is root's, as the cluster is.)
+LOCK = "/run/pydist-cluster.lock"
+LOCK_WAIT_S = 600   # longer than either user holds it (about 4 min, on a busy machine)
+
+
+@contextlib.contextmanager
+def cluster_to_ourselves():
+    fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"the simulated cluster was still in use by another test after {LOCK_WAIT_S} s "
+                                f"({LOCK} held)")
+                time.sleep(0.5)
+        yield
+    finally:
+        os.close(fd)   # (releases the lock)
 
 
 def cluster(*args, timeout=120, check=True):
@@ -108,10 +136,11 @@ def link_bytes():
 
 @pytest.fixture(scope="module")
 def hosts():
-    cluster("down")
-    cluster("up", str(HOSTS))
-    yield HOSTS
-    cluster("down")
+    with cluster_to_ourselves():
+        cluster("down")
+        cluster("up", str(HOSTS))
+        yield HOSTS
+        cluster("down")
 
 
 # What a rank reports about where it runs, and one all-reduce of `mib` MiB (timed) checked against

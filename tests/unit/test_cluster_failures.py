@@ -29,7 +29,7 @@ import pytest
 
 from pydist.engine import Trainer, mlp
 from pydist.run import read_progress
-from test_cluster import ENV, PMI_RACE, REASON, cluster, leftovers
+from test_cluster import ENV, PMI_RACE, REASON, cluster, cluster_to_ourselves, leftovers
 
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"NOT RUN (several hosts): {REASON}")
 
@@ -46,12 +46,13 @@ TRAIN = ["-m", "pydist.train", "--model", "mlp", "--hidden", "64", "--batch-size
 
 @pytest.fixture(scope="module")
 def hosts():
-    cluster("down")
-    cluster("up", str(HOSTS))
-    yield HOSTS
-    cluster("link", "pdh3", "up", check=False)
-    cluster("down")
-    assert leftovers() == []
+    with cluster_to_ourselves():
+        cluster("down")
+        cluster("up", str(HOSTS))
+        yield HOSTS
+        cluster("link", "pdh3", "up", check=False)
+        cluster("down")
+        assert leftovers() == []
 
 
 def ranks_in(host):
