@@ -6,8 +6,27 @@
 
 Run with ``mpiexec -n 4 python script.py``.
 """
-from .distributed import *  # noqa: F401,F403
-from .distributed import __all__  # noqa: F401
+
+
+def _refuse_an_unbuilt_source_folder():
+    """`python -m pydist` or `import pydist` inside pydist's checkout imports this folder, not the installed
+    package; without an in-place build it has no extension, and the import would fail deep inside with
+    words about something else. Say so in one sentence, as NumPy does."""
+    import glob
+    import os
+    here = os.path.dirname(os.path.abspath(__file__))
+    top = os.path.dirname(here)
+    if (not glob.glob(os.path.join(here, "_C_*.so")) and os.path.isfile(os.path.join(top, "setup.py"))
+            and os.path.isdir(os.path.join(top, "csrc"))):
+        raise ImportError(f"pydist: {top} is pydist's source folder, which has no build, and Python imports "
+                          f"pydist from it rather than the installed one: run from another folder, or build "
+                          f"here first (python setup.py build_ext --inplace)")
+
+
+_refuse_an_unbuilt_source_folder()
+
+from .distributed import *  # noqa: E402,F401,F403
+from .distributed import __all__  # noqa: E402,F401
 
 __version__ = "0.1.0"
 
