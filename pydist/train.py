@@ -108,6 +108,11 @@ def parse_args(argv=None):
         ap.error("--resume, --resume-if-present and --overwrite exclude each other")
     if args.checkpoint_every is not None and (args.checkpoint_every < 1 or not args.checkpoint):
         ap.error("--checkpoint-every needs --checkpoint and a number of steps >= 1")
+    if args.compression:
+        try:   # the compressor's own parser, so that these words and the Trainer's never differ
+            dist._C.Compressor(args.compression, 0)
+        except ValueError as e:
+            ap.error(f"--compression: {str(e).removeprefix('Compressor(): ')}")
     return args
 
 

@@ -11,13 +11,13 @@
 #include "core/errors.h"
 
 // Shape or strides as "(3, 2)", for messages.
-static PyObject *dims_repr(int nd, const npy_intp *dims) {
+static PyObject *dims_repr(int nd, const npy_intp *dims, npy_intp unit) {
     PyObject *t = PyTuple_New(nd);
     if (t == NULL) {
         return NULL;
     }
     for (int i = 0; i < nd; i++) {
-        PyObject *v = PyLong_FromSsize_t(dims[i]);
+        PyObject *v = PyLong_FromSsize_t(dims[i] / unit);
         if (v == NULL) {
             Py_DECREF(t);
             return NULL;
@@ -141,9 +141,14 @@ int pd_buf_get(PyObject *obj, const char *fn, const char *arg, int writable, PdB
         goto error;
     }
     if (!PyArray_IS_C_CONTIGUOUS(arr)) {
-        PyObject *strides = dims_repr(PyArray_NDIM(arr), PyArray_STRIDES(arr));
-        PyObject *shape = dims_repr(PyArray_NDIM(arr), PyArray_DIMS(arr));
-        if (strides && shape) {
+        // in the user's own terms: torch counts strides in elements (NumPy in bytes)
+        int torch = !PyArray_Check(obj);
+        PyObject *strides = dims_repr(PyArray_NDIM(arr), PyArray_STRIDES(arr), torch ? PyArray_ITEMSIZE(arr) : 1);
+        PyObject *shape = dims_repr(PyArray_NDIM(arr), PyArray_DIMS(arr), 1);
+        if (strides && shape && torch) {
+            PyErr_Format(PyExc_ValueError, "%s(): `%s` must be contiguous; got a tensor of shape %R with strides "
+                         "%R, in elements (use tensor.contiguous())", fn, arg, shape, strides);
+        } else if (strides && shape) {
             PyErr_Format(PyExc_ValueError, "%s(): `%s` must be C-contiguous; got strides %R for shape %R "
                          "(use numpy.ascontiguousarray)", fn, arg, strides, shape);
         }

@@ -22,6 +22,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <strings.h>
 
 // ---------------------------------------------------------------------------------------------------
 // The dtype table. MPI_Datatype values are link-time constants in MPICH but not in every MPI, so the
@@ -319,6 +320,30 @@ const char *pd_op_name(int op) {
     return (op >= 0 && op < PD_OP_COUNT) ? op_names[op] : "?";
 }
 
+// `op`: a ReduceOp (an int, as IntEnum members are). A string gets the member to use, anything else
+// the list of members, rather than "must be an int".
+int pd_arg_op(PyObject *obj, const char *fn, long *out) {
+    if (PyUnicode_Check(obj)) {
+        const char *s = PyUnicode_AsUTF8(obj);
+        if (s == NULL) {
+            return -1;
+        }
+        for (int i = 0; i < PD_OP_COUNT; i++) {
+            if (strcasecmp(s, op_names[i]) == 0) {
+                PyErr_Format(PyExc_TypeError, "%s(): `op` must be a pydist.ReduceOp, not a string: use "
+                             "pydist.ReduceOp.%s for %R", fn, op_names[i], obj);
+                return -1;
+            }
+        }
+    }
+    if (PyBool_Check(obj) || !(PyLong_Check(obj) || (PyIndex_Check(obj) && !PyArray_Check(obj)))) {
+        PyErr_Format(PyExc_TypeError, "%s(): `op` must be a pydist.ReduceOp (SUM, AVG, PRODUCT, MIN, MAX, "
+                     "BAND, BOR, BXOR); got %.100s %R", fn, Py_TYPE(obj)->tp_name, obj);
+        return -1;
+    }
+    return pd_arg_long(obj, fn, "op", out);
+}
+
 // float16's and bfloat16's ops are created at init; until then a placeholder marks the valid pairs, so
 // that which pairs are valid never depends on whether MPI has started.
 static MPI_Op half_op(int half, int i) {
@@ -407,7 +432,7 @@ PyObject *pd_check_op(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     long op;
     PyArray_Descr *descr = NULL;
-    if (pd_check_nargs(nargs, 2, "check_op") < 0 || pd_arg_long(args[0], "check_op", "op", &op) < 0) {
+    if (pd_check_nargs(nargs, 2, "check_op") < 0 || pd_arg_op(args[0], "check_op", &op) < 0) {
         return NULL;
     }
     if (!PyArray_DescrConverter(args[1], &descr)) {

@@ -28,6 +28,7 @@ const PdDtype *pd_dtype_of(PyArrayObject *arr, const char *fn, const char *arg);
 // The MPI op for (op, dtype); raises TypeError/ValueError and returns -1 when the pair is invalid.
 int pd_op_resolve(long op, const PdDtype *dt, const char *fn, MPI_Op *out);
 const char *pd_op_name(int op);
+int pd_arg_op(PyObject *obj, const char *fn, long *out);
 // bfloat16's entry: a torch bfloat16 tensor is viewed as int16 words and described by it.
 const PdDtype *pd_dtype_bfloat16(void);
 int pd_ops_init(void);   // create the float16/bfloat16 user ops (after MPI_Init)

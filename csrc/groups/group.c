@@ -109,8 +109,10 @@ int pd_group_to_global(long handle, int group_rank) {
 int pd_group_peer(long handle, long global_rank, const char *fn, const char *arg, int allow_self) {
     int world = groups[0].size;
     if (global_rank < 0 || global_rank >= world) {
-        PyErr_Format(PyExc_ValueError, "%s(): `%s` must be a rank in [0, %d); got %ld", fn, arg, world,
-                     global_rank);
+        // a world of one asked for rank 1: the usual cause is a script started without its launcher
+        PyErr_Format(PyExc_ValueError, "%s(): `%s` must be a rank in [0, %d); got %ld%s", fn, arg, world,
+                     global_rank, world == 1 ? " (this process is a world of one: was it started by mpiexec "
+                                               "-n N or python -m pydist.run -n N?)" : "");
         return -1;
     }
     if (!allow_self && global_rank == groups[0].rank) {

@@ -199,7 +199,7 @@ PyObject *pd_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     MPI_Comm *comm = group_and_async(args, nargs, 4, fn, &group, &async_op);
-    if (comm == NULL || pd_arg_long(args[1], fn, "op", &op) < 0 ||
+    if (comm == NULL || pd_arg_op(args[1], fn, &op) < 0 ||
         pd_buf_get(args[0], fn, "tensor", 1, &buf) < 0) {
         return NULL;
     }
@@ -247,7 +247,7 @@ PyObject *pd_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     PdCall call = CALL_NOT_BEGUN;
     PyObject *ret = NULL;
     MPI_Comm *comm = group_and_async(args, nargs, 5, fn, &group, &async_op);
-    if (comm == NULL || pd_arg_long(args[1], fn, "dst", &dst) < 0 || pd_arg_long(args[2], fn, "op", &op) < 0 ||
+    if (comm == NULL || pd_arg_long(args[1], fn, "dst", &dst) < 0 || pd_arg_op(args[2], fn, &op) < 0 ||
         (root = pd_group_peer(group, dst, fn, "dst", 1)) < 0) {
         return NULL;
     }
@@ -525,7 +525,7 @@ PyObject *pd_reduce_scatter_tensor(PyObject *self, PyObject *const *args, Py_ssi
     PdCall call = CALL_NOT_BEGUN;
     PyObject *ret = NULL, *keep = NULL;
     MPI_Comm *comm = group_and_async(args, nargs, 5, fn, &group, &async_op);
-    if (comm == NULL || pd_arg_long(args[2], fn, "op", &op) < 0 || pd_buf_get(args[0], fn, "output", 1, &out) < 0) {
+    if (comm == NULL || pd_arg_op(args[2], fn, &op) < 0 || pd_buf_get(args[0], fn, "output", 1, &out) < 0) {
         return NULL;
     }
     if (pd_buf_get(args[1], fn, "input", 0, &in) < 0) {
@@ -565,7 +565,7 @@ PyObject *pd_reduce_scatter(PyObject *self, PyObject *const *args, Py_ssize_t na
     PdCall call = CALL_NOT_BEGUN;
     PyObject *ret = NULL, *keep = NULL, *packed = NULL;
     MPI_Comm *comm = group_and_async(args, nargs, 5, fn, &group, &async_op);
-    if (comm == NULL || pd_arg_long(args[2], fn, "op", &op) < 0 || pd_buf_get(args[0], fn, "output", 1, &out) < 0) {
+    if (comm == NULL || pd_arg_op(args[2], fn, &op) < 0 || pd_buf_get(args[0], fn, "output", 1, &out) < 0) {
         return NULL;
     }
     int size = pd_group_size(group);

@@ -462,7 +462,8 @@ def test_torch_tensor_numpy_cannot_view_is_type_error():
 def test_torch_non_contiguous_is_value_error_not_a_silent_copy():
     import torch
     t = torch.zeros(3, 4).t()
-    check(ValueError, "all_reduce", "tensor", lambda: dist.all_reduce(t), "C-contiguous", "(4, 16)")
+    check(ValueError, "all_reduce", "tensor", lambda: dist.all_reduce(t), "must be contiguous", "(1, 4)",
+          "tensor.contiguous()")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -513,7 +514,8 @@ def test_c_wrong_arg_type_is_type_error(name, bad):
             continue  # src=None is valid there: receive from any rank (tested in test_api.py)
         args = list(base)
         args[pos] = bad
-        with pytest.raises(TypeError, match="must be an int"):
+        op = name in ("all_reduce", "check_op") and pos == (1 if name == "all_reduce" else 0)
+        with pytest.raises(TypeError, match="must be a pydist.ReduceOp" if op else "must be an int"):
             fn(*args)
 
 
@@ -579,3 +581,48 @@ def test_c_mpi_info():
     assert "MPICH" in info["library_version"]
     assert re.fullmatch(r"\d", str(info["thread_level"]))
     assert isinstance(info["wait_spin"], bool)   # whether the wait loop spins without yielding
+
+
+@pytest.mark.parametrize("call", ["all_reduce", "reduce", "reduce_scatter_tensor"])
+def test_op_given_a_string_names_the_member_to_use(call):
+    """A user who writes op="sum" (as NumPy or MPI's names would suggest) is told the ReduceOp to use;
+    anything else not a ReduceOp gets the list of members, never "must be an int"."""
+    x = np.ones(4)
+    run = {"all_reduce": lambda op: dist.all_reduce(x, op=op), "reduce": lambda op: dist.reduce(x, 0, op=op),
+           "reduce_scatter_tensor": lambda op: dist.reduce_scatter_tensor(np.ones(4), x, op=op)}[call]
+    for given, member in (("sum", "SUM"), ("Max", "MAX"), ("band", "BAND")):
+        with pytest.raises(TypeError, match=rf"^{call}\(\): `op` must be a pydist.ReduceOp, not a string: use "
+                                            rf"pydist.ReduceOp.{member} for '{given}'$"):
+            run(given)
+    for given, shown in (("average", "str 'average'"), (1.5, "float 1.5"), (None, "NoneType None"),
+                         (True, "bool True")):
+        with pytest.raises(TypeError, match=rf"`op` must be a pydist.ReduceOp \(SUM, AVG, PRODUCT, MIN, MAX, BAND, "
+                                            rf"BOR, BXOR\); got {re.escape(shown)}$"):
+            run(given)
+    run(dist.ReduceOp.MAX)
+    run(int(dist.ReduceOp.SUM))   # a plain int is still a member's value
+    assert np.array_equal(x, np.ones(4))
+
+
+def test_a_peer_out_of_a_world_of_one_asks_about_the_launcher():
+    """send(dst=1) in a process started without mpiexec: the range, and the likely cause."""
+    assert dist.get_world_size() == 1
+    with pytest.raises(ValueError, match=r"^send\(\): `dst` must be a rank in \[0, 1\); got 1 \(this process is a "
+                                         r"world of one: was it started by mpiexec -n N or python -m pydist.run -n "
+                                         r"N\?\)$"):
+        dist.send(np.ones(2), dst=1)
+    with pytest.raises(ValueError, match=r"^broadcast\(\): `src` must be a rank in \[0, 1\); got 3 \(this process"):
+        dist.broadcast(np.ones(2), src=3)
+
+
+def test_a_non_contiguous_torch_tensor_is_told_in_torch_terms():
+    """torch counts strides in elements and makes a tensor contiguous with .contiguous(): the message
+    says so (NumPy arrays keep NumPy's terms: byte strides, numpy.ascontiguousarray)."""
+    torch = pytest.importorskip("torch")
+    t = torch.ones(4, 2).t()
+    with pytest.raises(ValueError, match=r"^all_reduce\(\): `tensor` must be contiguous; got a tensor of shape "
+                                         r"\(2, 4\) with strides \(1, 2\), in elements \(use tensor.contiguous\(\)\)$"):
+        dist.all_reduce(t)
+    with pytest.raises(ValueError, match=r"^all_reduce\(\): `tensor` must be C-contiguous; got strides \(16, 8\) for "
+                                         r"shape \(4, 1\) \(use numpy.ascontiguousarray\)$"):
+        dist.all_reduce(np.ones((4, 2))[:, :1])

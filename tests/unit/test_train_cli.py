@@ -82,6 +82,17 @@ def test_a_checkpoint_is_never_lost_without_being_told(tmp_path):
         assert (tmp_path / "run.ckpt").read_bytes() == written
 
 
+def test_a_misspelt_compression_is_a_usage_error(tmp_path):
+    """--compression is checked with the other arguments, by the compressor's own parser: a usage error
+    (exit status 2) naming what exists, not a traceback from inside the Trainer."""
+    for spec, said in (("fp8", "unknown compression 'fp8' (none, fp16, bf16, topk:R, sign, powersgd:K)"),
+                       ("topk:2", "compression 'topk:R' needs 0 < R <= 1")):
+        proc = run(["--compression", spec, "--epochs", "1"], tmp_path)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert f"python -m pydist.train: error: --compression: {said}" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_missing_data_is_one_clear_error(tmp_path):
     proc = run(["--data", str(tmp_path / "nowhere"), "--epochs", "1"], tmp_path, ranks=1)
     assert proc.returncode != 0
