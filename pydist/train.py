@@ -194,7 +194,21 @@ def main(argv=None):
         return
     dist.init_process_group(backend="mpi")
     rank, world = dist.get_rank(), dist.get_world_size()
-    (images, labels), test = load_fashion_mnist(args.data)
+    try:
+        (images, labels), test = load_fashion_mnist(args.data)
+        unreadable = ""
+    except (OSError, ValueError) as e:   # no folder, a missing, truncated or foreign file
+        unreadable = str(e)
+    # Decided alike: one node without the data set must not leave the others waiting in training
+    said = [None] * world
+    dist.all_gather_object(said, unreadable)
+    failed = [r for r in range(world) if said[r]]
+    if failed:
+        if rank == 0:
+            where = f" (on rank {failed[0]}{' and others' if len(failed) > 1 else ''})" if failed != [0] else ""
+            print(f"python -m pydist.train: error: {said[failed[0]]}{where}", file=sys.stderr, flush=True)
+        dist.destroy_process_group()
+        return 2
     trainer = Trainer(model, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
                       nesterov=args.nesterov, batch_size=args.batch_size, seed=args.seed,
                       blas_threads=args.blas_threads, strategy=args.strategy, servers=args.servers,

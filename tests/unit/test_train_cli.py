@@ -94,9 +94,27 @@ def test_a_misspelt_compression_is_a_usage_error(tmp_path):
 
 
 def test_missing_data_is_one_clear_error(tmp_path):
-    proc = run(["--data", str(tmp_path / "nowhere"), "--epochs", "1"], tmp_path, ranks=1)
-    assert proc.returncode != 0
-    assert "dataset-fashion-mnist" in proc.stderr and "nowhere" in proc.stderr, proc.stderr
+    """No data folder, or a file that is not IDX: one line from rank 0 (not a traceback per rank), exit
+    status 2 on every rank (a retry cannot help)."""
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "train-images-idx3-ubyte").write_bytes(b"\0\0")
+    for folder, said in (("nowhere", "no data folder {}: install Debian's dataset-fashion-mnist"),
+                         ("bad", "{}/train-images-idx3-ubyte is too short for an IDX header")):
+        proc = run(["--data", str(tmp_path / folder), "--epochs", "1"], tmp_path)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        line = f"python -m pydist.train: error: {said.format(tmp_path / folder)}"
+        assert proc.stderr.count(line) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    # rank 1 alone lacks it (a relative --data from another folder, as on a host without the data set):
+    # every rank leaves alike before training, rather than rank 0 waiting in its first collective
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "data").symlink_to("/usr/share/datasets/fashion-mnist")
+    train = [sys.executable, "-m", "pydist.train", "--data", "data", "--epochs", "1"]
+    proc = subprocess.run([MPIEXEC, "-n", "1", "-wdir", str(tmp_path / "a"), *train, ":", "-n", "1", "-wdir",
+                           str(tmp_path / "b"), *train], env=ENV, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("python -m pydist.train: error: no data folder data: install") == 1, proc.stderr
+    assert proc.stderr.rstrip().endswith("MNIST (on rank 1)") and "Traceback" not in proc.stderr, proc.stderr
 
 
 def frames(err):
