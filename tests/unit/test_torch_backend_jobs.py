@@ -167,6 +167,30 @@ def test_import_torch_alone_starts_no_mpi_and_leaves_other_jobs_env_alone(tmp_pa
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
 
 
+def test_a_plain_python_script_asking_for_pydist_is_a_world_of_one(tmp_path):
+    """Outside any launcher, with no RANK in the environment, init_process_group("pydist") in a script that
+    never imports pydist is a world of one, as the torch guide says (it was torch's "environment variable
+    RANK expected"); gloo in the same state still gets torch's own error."""
+    script = tmp_path / "plain.py"
+    script.write_text(textwrap.dedent("""
+        import sys, torch, torch.distributed as dist
+        backend = sys.argv[1]
+        dist.init_process_group(backend)
+        t = torch.arange(3.0)
+        dist.all_reduce(t)
+        print(dist.get_backend(), dist.get_rank(), dist.get_world_size(), t.tolist())
+        dist.destroy_process_group()
+    """))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "MPI_", "HYDRA", "PYDIST_", "OMPI_"))
+           and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")}
+    proc = subprocess.run([sys.executable, str(script), "pydist"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "pydist 0 1 [0.0, 1.0, 2.0]", proc.stdout + proc.stderr
+    proc = subprocess.run([sys.executable, str(script), "gloo"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1 and "environment variable RANK expected, but not set" in proc.stderr, proc.stderr
+
+
 DCP_JOB = """
     import json, os, sys, torch, torch.distributed as dist, torch.nn as nn
     import torch.distributed.checkpoint as dcp
