@@ -363,7 +363,7 @@ class Trainer:
 
     SGD is torch.optim.SGD's: momentum, dampening, weight_decay, nesterov mean what they mean there.
 
-    `strategy` says how the ranks cooperate (see STRATEGIES and the README's "Strategies"):
+    `strategy` says how the ranks cooperate (see STRATEGIES and docs/guides/strategies.md):
     "allreduce" (default), "ring", "central", "ps" (`servers`), "average" (`period`, `warmup`,
     `momentum_placement`), "easgd" (`period`, `beta`); asynchronous, with `servers`, `window` and
     `deterministic` (serve the workers in a fixed round-robin: bitwise repeatable): "downpour", "adag",
@@ -384,7 +384,7 @@ class Trainer:
     `survive` (the asynchronous strategies; default: PYDIST_SURVIVE=1, which `python -m pydist.run
     --survive` sets): a worker that dies during training ends nothing. Its servers hand its unfinished
     block to the others, and at the end of the chunk fit() goes on with the ranks left (a new group, every
-    worker from the center, the smaller global batch): README "When a rank dies".
+    worker from the center, the smaller global batch): docs/guides/fault-tolerance.md.
     """
 
     def __init__(self, model, lr=0.02, momentum=0.9, weight_decay=0.0, dampening=0.0, nesterov=False,

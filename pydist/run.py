@@ -7,7 +7,8 @@ newest checkpoint (an elastic launcher, as torchrun's agent is for torch, over M
 
 After `--` comes the program each rank runs: `-m MODULE ARGS` or `SCRIPT.py ARGS` (with this Python), or
 any command. The program resumes from its checkpoint when it starts (pydist.train: --checkpoint with
---resume-if-present; a script: Trainer.load when the file exists, or its own state: README "When a rank dies").
+--resume-if-present; a script: Trainer.load when the file exists, or its own state: the guide "When a rank
+dies", docs/guides/fault-tolerance.md).
 
 When a rank dies (an exception, a non-zero exit, a signal, SIGKILL, or a host that stops answering,
 which its peers name), mpiexec ends the job and the launcher says which rank, on which host, why, and how

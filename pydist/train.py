@@ -67,7 +67,7 @@ def parse_args(argv=None):
     ap.add_argument("--profile", action="store_true",
                     help="print the model's per-layer time and GFLOP/s at --batch-size on one core and exit "
                          "(python -m pydist.profile)")
-    st = ap.add_argument_group("strategy (how the ranks cooperate; README \"Strategies\")")
+    st = ap.add_argument_group("strategy (how the ranks cooperate; docs/guides/strategies.md)")
     st.add_argument("--strategy", choices=tuple(STRATEGIES), default="allreduce")
     st.add_argument("--servers", type=int, default=None,
                     help="ps and the asynchronous strategies: dedicated server ranks (default 1)")
