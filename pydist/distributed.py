@@ -308,6 +308,22 @@ def _rank_prefix():
         return f"[rank{_launcher_rank()}]"
 
 
+SIGINT_ECHO_S = 0.5
+_last_sigint = float("-inf")
+
+
+def _keyboard_interrupt(signum, frame):
+    """Python's own Ctrl-C (KeyboardInterrupt) less its echoes: under mpiexec one Ctrl-C comes to a rank
+    up to three times within milliseconds (the terminal's, mpiexec's, a launcher's), and an echo landing
+    between the first one's unwinding and the excepthook cut its report and abort short."""
+    global _last_sigint
+    now = time.monotonic()
+    if now - _last_sigint < SIGINT_ECHO_S:
+        return
+    _last_sigint = now
+    raise KeyboardInterrupt
+
+
 def _excepthook(exc_type, exc, tb):
     """Print the traceback with a [rankN] prefix, then end the whole job with MPI_Abort.
 
@@ -323,7 +339,8 @@ def _excepthook(exc_type, exc, tb):
             signal.signal(signal.SIGINT, signal.SIG_IGN)
     if issubclass(exc_type, KeyboardInterrupt) and tb is not None:
         # Ctrl-C reaches every rank at once: one line each, saying where it was, not R tracebacks
-        last = traceback.extract_tb(tb)[-1]
+        frames = traceback.extract_tb(tb)
+        last = ([f for f in frames if f.name != _keyboard_interrupt.__name__] or frames)[-1]   # not the handler
         text = f"KeyboardInterrupt in {last.name} ({os.path.basename(last.filename)}:{last.lineno})"
     else:
         text = "".join(traceback.format_exception(exc_type, exc, tb))
@@ -500,6 +517,9 @@ def init_process_group(backend="mpi", init_method=None, timeout=None, world_size
     GroupMember.WORLD = _world
     if sys.excepthook is sys.__excepthook__:
         sys.excepthook = _excepthook
+    if size > 1 and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        with contextlib.suppress(ValueError):   # (not the main thread: Python's own stays)
+            signal.signal(signal.SIGINT, _keyboard_interrupt)
     for hook in _at_init:   # pydist/__init__.py's: PYDIST_TIMELINE=run.json starts the job's timeline
         hook()
 
@@ -951,7 +971,7 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
 
 def _survivors_group(ranks):
     """A group of global `ranks` made by those ranks alone, the others having died (Trainer under
-    PYDIST_SURVIVE, issue 27). Collective over `ranks`."""
+    PYDIST_SURVIVE). Collective over `ranks`."""
     ranks = sorted(ranks)
     group = ProcessGroup(_C.new_group(ranks, True), ranks)
     _subgroups.add(group)

@@ -636,6 +636,8 @@ def run_scenario(spec, folder, clean, keep):
     got = verdict(launcher.returncode, output)
     happened = what_happened(spec, work, outside.done)
     want, rc = expected(spec, happened)
+    if spec["hosts"] == 2 and "finished" in want and teardown_restart(output):
+        want = want | {"restarted"}
     result.update(got=got, rc=launcher.returncode, want=sorted(want), want_rc=rc, happened=happened)
     if got not in want or (rc is not None and launcher.returncode != rc):
         result["failures"].append(("verdict", f"expected {' or '.join(sorted(want))}"
@@ -649,6 +651,18 @@ def run_scenario(spec, folder, clean, keep):
 
 # ---------------------------------------------------------------------------------------------------
 # The checks
+
+def teardown_restart(output):
+    """Between simulated hosts, an attempt that had trained to the end and then lost a rank in MPI's
+    teardown: UCX over TCP hung in MPI_Finalize, the finalize guard ended that rank with status 0 without
+    PMI's goodbye, and hydra killed the others (openucx/ucx#8738; the guard's own words say so). The
+    launcher, told nothing by any rank, restarts it from the last checkpoint with 0 steps lost: a harness
+    artifact, not a fault of the job's."""
+    lost_none = re.search(r"its newest checkpoint is step \d+ [^\n]*: 0 step\(s\) lost", output)
+    recomputed_none = re.search(r"^pydist\.run: finished: .* 1 restart\(s\), 0 step\(s\) recomputed$", output, re.M)
+    return ("cluster finalize guard: MPI_Finalize did not return" in output and "no rank recorded why" in output
+            and lost_none is not None and recomputed_none is not None)
+
 
 def verdict(rc, output):
     """What the launcher said came of the job: finished, restarted, carried on, restarted+carried on,

@@ -5,11 +5,14 @@ message and the time taken. Ranks' output through mpiexec is not line-atomic, so
 something to report writes it with report(), one file per rank, and the test reads those files.
 """
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+
+import pytest
 
 from unit_helpers import MPIEXEC
 
@@ -280,3 +283,49 @@ def test_ctrl_c_ends_a_job_blocked_in_a_collective(tmp_path):
             proc.kill()
     assert proc.returncode != 0
     assert seconds < 2.0, f"took {seconds:.2f} s"
+
+
+def test_echoes_of_one_ctrl_c_do_not_cut_a_ranks_report_short(tmp_path):
+    """One Ctrl-C reaches a rank up to three times within milliseconds (the terminal, mpiexec, a launcher):
+    the echoes are dropped, so each rank says its one line and ends the job, and no "Error in
+    sys.excepthook" traceback (an echo landing as the first KeyboardInterrupt reached the hook) appears."""
+    script = tmp_path / "spin.py"
+    script.write_text(PRELUDE + textwrap.dedent("""
+        import signal
+        dist.init_process_group()
+        report(f"READY {os.getpid()} {signal.getsignal(signal.SIGINT).__name__}")
+        while True:
+            sum(range(1000))   # Python bytecode all the time: a signal is handled at once
+    """))
+    env = dict(os.environ, MPIEXEC_TIMEOUT="60", UCX_ERROR_SIGNALS="", JOB_OUT=str(tmp_path))
+    proc = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, str(script)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not all(reports(tmp_path, r) for r in range(2)):
+            assert proc.poll() is None and time.monotonic() < deadline, "job ended before every rank was ready"
+            time.sleep(0.05)
+        said = [reports(tmp_path, r)[0].split() for r in range(2)]
+        assert [s[2] for s in said] == ["_keyboard_interrupt"] * 2, said
+        for _ in range(3):
+            for s in said:
+                os.kill(int(s[1]), signal.SIGINT)
+            time.sleep(0.002)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert "Error in sys.excepthook" not in out and "Traceback" not in out, out
+    for r in range(2):
+        assert re.search(rf"^\[rank{r}\]: KeyboardInterrupt in <module> \(spin.py:\d+\)$", out, re.M), out
+
+
+def test_the_ctrl_c_handler_drops_echoes_and_raises_again_later():
+    from pydist import distributed
+    with pytest.raises(KeyboardInterrupt):
+        distributed._keyboard_interrupt(signal.SIGINT, None)
+    assert distributed._keyboard_interrupt(signal.SIGINT, None) is None   # an echo
+    time.sleep(distributed.SIGINT_ECHO_S + 0.05)
+    with pytest.raises(KeyboardInterrupt):
+        distributed._keyboard_interrupt(signal.SIGINT, None)
