@@ -2,7 +2,7 @@
 """Collectives sweep: pydist beside raw MPI in C and mpi4py, per collective and message size.
 
     python benchmarks/collectives_sweep.py                        # 2 and 4 ranks, 5 collectives, 4 B .. 64 MiB
-    python benchmarks/collectives_sweep.py --ranks 2 --ops all_reduce --factor 2   # issue 2's all-reduce sweep
+    python benchmarks/collectives_sweep.py --ranks 2 --ops all_reduce --factor 2   # the all-reduce sweep, every size doubling
     python benchmarks/collectives_sweep.py --quick                # 2 ranks, 3 sizes, 1 repeat (smoke test)
     PYDIST_WAIT=mpi python benchmarks/collectives_sweep.py        # pydist waits with plain MPI_Wait
     python benchmarks/collectives_sweep.py --arrays own           # each size its own arrays (default: views)
@@ -72,12 +72,12 @@ PATH_SETTINGS = {"untuned": {"PYDIST_TUNE": "off"},
                  "no-slots": {"PYDIST_SHM_SMALL_BYTES": "0"},
                  "plain-mpi": {"PYDIST_SHM_SMALL_BYTES": "0", "PYDIST_PERSISTENT_BYTES": "0"}}
 PYDIST_PROGRAMS = ("pydist", "untuned", "ring", "shm", "shm-alloc", "no-slots", "plain-mpi")
-BEST_GOAL = 1.05       # issue 46: pydist's time <= 1.05x the best of every program at each size
+BEST_GOAL = 1.05       # the goal: pydist's time <= 1.05x the best of every program at each size
 RING_OPS = ("all_reduce",)                      # what the ring and shm programs run
 ALL_REDUCE_ONLY = ("ring", "shm", "shm-alloc")
 QUICK_SIZES = [4, 4 << 10, 1 << 20]
 SMALL_BYTES = 4 << 10  # "small messages" of the goal: up to 4 KiB
-GOAL_BYTES = 64 << 10  # issue 12: pydist <= 0.9x mpi4py's time at every size up to 64 KiB
+GOAL_BYTES = 64 << 10  # the goal: pydist <= 0.9x mpi4py's time at every size up to 64 KiB
 MIN_ITERS = 3          # even 64 MiB gets a few timed calls, so one hiccup is not the whole answer
 MAX_ITERS = 1_000_000  # the smallest sizes, ~0.5 us apart
 PROBE_SECONDS, PROBE_MAX_ITERS = 0.01, 50  # blocking MPI at 4 ranks on 2 cores takes ~5 ms per call
@@ -286,7 +286,7 @@ def summary(op, ranks, items, med, programs):
         worst = max(small, key=lambda b: py[(op, b)] - med["c"][(op, b)])
         lines.append(f"pydist - C at {human(small[0])}: {py[(op, small[0])] - med['c'][(op, small[0])]:+.2f} us, "
                      f"worst up to {human(SMALL_BYTES)}: {py[(op, worst)] - med['c'][(op, worst)]:+.2f} us "
-                     f"at {human(worst)} (issue 12's goal: <= 0.5 us at 8 B)")
+                     f"at {human(worst)} (goal: <= 0.5 us at 8 B)")
     large = [b for b in items if b >= 1 << 20]
     if "c" in programs and large:
         worst = min(large, key=lambda b: med["c"][(op, b)] / py[(op, b)])
@@ -296,7 +296,7 @@ def summary(op, ranks, items, med, programs):
     if "mpi4py" in programs and upto:
         worst = min(upto, key=lambda b: med["mpi4py"][(op, b)] / py[(op, b)])
         lines.append(f"time mpi4py/pydist up to {human(GOAL_BYTES)}: min {med['mpi4py'][(op, worst)] / py[(op, worst)]:.3f} "
-                     f"at {human(worst)} (issue 12's goal: >= 1.11, pydist's time <= 0.9x mpi4py's)")
+                     f"at {human(worst)} (goal: >= 1.11, pydist's time <= 0.9x mpi4py's)")
     if "ring" in programs and op in RING_OPS:
         lines.append(ring_crossing(op, items, med))
     ratios = {}
@@ -305,7 +305,7 @@ def summary(op, ranks, items, med, programs):
         ratios[b] = t["pydist"] / t[best_of(t)]
     worst = max(items, key=lambda b: ratios[b])
     over = [human(b) for b in items if ratios[b] > BEST_GOAL]
-    lines.append(f"pydist/best of all: max {ratios[worst]:.3f} at {human(worst)} (issue 46's goal: <= {BEST_GOAL}; "
+    lines.append(f"pydist/best of all: max {ratios[worst]:.3f} at {human(worst)} (goal: <= {BEST_GOAL}; "
                  f"over it at {', '.join(over) if over else 'no size'})")
     print(f"{op}, {ranks} ranks: " + "; ".join(lines))
 

@@ -1,4 +1,4 @@
-"""What a lost rank costs under python -m pydist.run (issue 27, part 5): for the main job (LeNet-5) and the
+"""What a lost rank costs under python -m pydist.run: for the main job (LeNet-5) and the
 communication-heavy MLP (1024 x 1024), with a synchronous (allreduce) and an asynchronous (downpour)
 strategy, one run straight through and one whose rank 1 is SIGKILLed half-way through an epoch; the
 launcher restarts it from the newest checkpoint (--checkpoint-every), or under --survive (downpour+survive)

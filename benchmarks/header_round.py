@@ -6,7 +6,6 @@ scatter, the list forms). Mean of the slowest rank, float32 blocks of each size.
     mpiexec -n 2 python benchmarks/header_round.py
     PYTHONPATH=<another checkout> mpiexec -n 2 python benchmarks/header_round.py   # the same on other code
 
-docs/issue25_benchmarks.md has the figures before and after.
 """
 import time
 

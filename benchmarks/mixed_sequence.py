@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Cliffs in sequences: what a pydist collective costs right after another call, against what it costs
 alone. Whatever state one call leaves for the next (a cache, a slot, a page, a path's mode) must not
-cost the next call more than a little (issue 46: at most 10%).
+cost the next call more than a little (the goal: at most 10%).
 
     mpiexec -n 2 python benchmarks/mixed_sequence.py
     mpiexec -n 2 python benchmarks/mixed_sequence.py --sizes 8 1048576 --repeats 5
@@ -119,7 +119,7 @@ def main():
                 print(f"{a:<15} {statistics.median(alone[('pydist', a)]) * 1e6:>9.2f} | " +
                       " ".join(f"{cell[('pydist', a, before)]:>10.2f}" for before in befores["pydist"]))
     if rank == 0:
-        print(f"\nworst cell: {worst['pydist'][0]:.2f}x, {worst['pydist'][1]} (issue 46's goal: <= {GOAL:.2f}x)")
+        print(f"\nworst cell: {worst['pydist'][0]:.2f}x, {worst['pydist'][1]} (goal: <= {GOAL:.2f}x)")
         print(f"beyond the cache (over the same call after a copy): {worst['beyond the cache'][0]:.2f}x, "
               f"{worst['beyond the cache'][1]}")
         if "mpi4py" in worst:

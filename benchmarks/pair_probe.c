@@ -14,7 +14,7 @@
  *
  * Per size: 7 rounds, each timing every variant in turn (warm-up, barrier, N calls, the slowest rank's
  * time / N); the fastest round is printed with block/variant (> 1: the variant is faster). On the AMD
- * EPYC of docs/issue29_benchmarks.md: all-gather block 22.8 / 259 us, pair 9.4 / 34.8 us at 256 KiB / 1 MiB;
+ * AMD EPYC of docs/performance.md: all-gather block 22.8 / 259 us, pair 9.4 / 34.8 us at 256 KiB / 1 MiB;
  * broadcast and all-to-all within 4% of their pair.
  */
 #include <mpi.h>

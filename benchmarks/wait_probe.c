@@ -1,5 +1,5 @@
 /*
- * wait_probe.c: where a pydist collective's time goes at 64 KiB .. a few MiB, in plain C (issue 29).
+ * wait_probe.c: where a pydist collective's time goes at 64 KiB .. a few MiB, in plain C.
  * It times each collective, float32 on MPI_COMM_WORLD, completed by each way of waiting pydist could
  * use, so that MPI's blocking call, MPI's nonblocking call + MPI_Wait and our poll loop can be told
  * apart:

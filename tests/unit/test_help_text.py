@@ -36,3 +36,24 @@ def test_help_names_only_what_exists_and_no_working_notes(module):
     notes = re.findall(r"\b[Ii]ssue ?\d+|\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b|\b20\d\d-\d\d-\d\d\b",
                        text)
     assert not notes, f"{module} --help carries working notes: {notes}"
+
+
+def user_texts():
+    """What users read: the README, the docs site's pages, the package, the benchmarks and examples."""
+    for folder, exts in (("docs", (".md", ".py")), ("pydist", (".py",)), ("benchmarks", (".py", ".c")),
+                         ("examples", (".py", ".md"))):
+        for top, dirs, files in os.walk(os.path.join(ROOT, folder)):
+            dirs[:] = [d for d in dirs if not d.startswith(("_build", ".", "__"))]
+            yield from (os.path.join(top, f) for f in files if f.endswith(exts))
+    yield os.path.join(ROOT, "README.md")
+
+
+def test_no_working_notes_in_what_users_read():
+    """No issue numbers or dates of work in the docs, the package, the benchmarks' output or the
+    examples (the history lives in git)."""
+    found = []
+    for path in user_texts():
+        for n, line in enumerate(open(path, encoding="utf-8"), 1):
+            if re.search(r"\b[Ii]ssue ?\d+\b|\bissue\d+_|\b20\d\d-[01]\d-[0-3]\d\b", line):
+                found.append(f"{os.path.relpath(path, ROOT)}:{n}: {line.strip()[:100]}")
+    assert not found, "\n".join(found)
