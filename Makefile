@@ -25,7 +25,9 @@ test: setup-test
 	scripts/test.sh
 
 # The documentation site (Sphinx) from docs/ into docs/_build/html; open docs/_build/html/index.html.
-docs: setup-test
+# The documentation site, docs/_build/html: needs only the package and Sphinx (pyproject.toml's docs extra).
+docs:
+	scripts/setup.sh --docs
 	.venv/bin/python -m sphinx -W --keep-going -b html docs docs/_build/html
 
 # pydist beside raw MPI in C and mpi4py: five collectives, 4 B .. 64 MiB, at 2 and 4 ranks.

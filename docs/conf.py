@@ -4,11 +4,16 @@ Markdown pages (MyST) for the prose, autodoc with napoleon for the API reference
 the furo theme. `make test` builds it with warnings as errors (tests/docs), so a broken reference, a
 public name the reference leaves out (_ext/pydist_docs.py) or a docstring that does not parse fails.
 """
+import glob
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))        # the checkout's pydist (built in place by setup.sh)
+CHECKOUT = os.path.dirname(HERE)
+if glob.glob(os.path.join(CHECKOUT, "pydist", "_C_*.so")):
+    sys.path.insert(0, CHECKOUT)                 # the checkout's pydist, built in place (make setup)
+else:   # an unbuilt checkout: the installed pydist (pip install .[docs]), not the source folder's
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != CHECKOUT]
 sys.path.insert(0, os.path.join(HERE, "_ext"))
 
 import pydist  # noqa: E402

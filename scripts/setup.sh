@@ -4,6 +4,7 @@
 #   scripts/setup.sh          MPICH, OpenBLAS, Fashion-MNIST and the package (what `make train` needs)
 #   scripts/setup.sh --test   also the test and benchmark peers: pytest, hypothesis, torch (CPU), mpi4py,
 #                             Sphinx for the documentation site, and Slurm with MUNGE (scripts/slurm.sh)
+#   scripts/setup.sh --docs   what `make train` needs, and Sphinx for the documentation site (make docs)
 #
 # Safe to run again: it installs only what is missing. Needs root (or sudo) for apt-get.
 set -euo pipefail
@@ -71,13 +72,18 @@ if [ "${1:-}" = "--test" ]; then
   # cases on every machine.
   # ml_dtypes: bfloat16 as a NumPy dtype (JAX's), which pydist reduces as torch's bfloat16.
   "${PIP[@]}" "pytest>=7" "hypothesis==6.170.15" "torch==2.13.0" "ml_dtypes==0.6.0"
-  # The documentation site (make docs; make test builds it): Sphinx, MyST for the Markdown pages, furo.
-  "${PIP[@]}" "sphinx==9.0.4" "myst-parser==5.2.0" "furo==2025.12.19"
   # mpi4py from source against MPICH (about 2 minutes, once): the PyPI wheel wants another libmpi.
   if ! .venv/bin/python -c "import mpi4py" 2>/dev/null; then
     echo "setup: building mpi4py against MPICH"
     MPICC=mpicc.mpich "${PIP[@]}" --no-binary mpi4py --no-cache-dir mpi4py
   fi
+fi
+# The documentation site (make docs; make test builds it): Sphinx, MyST for the Markdown pages, furo, at
+# the versions of pyproject.toml's docs extra.
+if [ "${1:-}" = "--test" ] || [ "${1:-}" = "--docs" ]; then
+  mapfile -t DOCS < <(.venv/bin/python -c 'import tomllib
+print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["docs"]))')
+  "${PIP[@]}" "${DOCS[@]}"
 fi
 # Editable, so the tests and examples run against this checkout; the C extension is built in place.
 if [ "${1:-}" = "--test" ]; then source scripts/compiler.sh; fi

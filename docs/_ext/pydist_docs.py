@@ -25,8 +25,12 @@ class CliHelp(Directive):
     optional_arguments = 1
 
     def run(self):
-        argv = [sys.executable, "-m", *self.arguments, "--help"]
-        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), COLUMNS="100")
+        # the pydist this build documents (conf.py's choice: the checkout's if built, else the installed
+        # one), and not the current folder's (-P)
+        import pydist
+        where = os.path.dirname(os.path.dirname(os.path.abspath(pydist.__file__)))
+        argv = [sys.executable, "-P", "-m", *self.arguments, "--help"]
+        env = dict(os.environ, PYTHONPATH=where + os.pathsep + os.environ.get("PYTHONPATH", ""), COLUMNS="100")
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
         except subprocess.TimeoutExpired:

@@ -36,6 +36,23 @@ def test_the_site_builds_with_warnings_as_errors():
     assert os.path.exists(os.path.join(out, "index.html")) and os.path.exists(os.path.join(out, "search.html"))
 
 
+def test_an_unbuilt_checkout_documents_the_installed_pydist(tmp_path):
+    """Sphinx run in a checkout with no build in it (pydist installed into the environment, as by
+    pip install .[docs]): conf.py takes the installed pydist, never the source folder's, which cannot
+    import. (The whole build from a pip install is the same build as above, on that pydist.)"""
+    import shutil
+    checkout = tmp_path / "pydist-src"
+    shutil.copytree(doc_examples.DOCS, checkout / "docs", ignore=shutil.ignore_patterns("_build"))
+    shutil.copytree(os.path.join(doc_examples.ROOT, "pydist"), checkout / "pydist",
+                    ignore=shutil.ignore_patterns("_C_*", "_build_config.py", "__pycache__"))
+    shutil.copy(os.path.join(doc_examples.ROOT, "setup.py"), checkout)
+    (checkout / "csrc").mkdir()
+    code = "import runpy, sys; runpy.run_path('docs/conf.py'); print(sys.modules['pydist'].__file__)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=checkout, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == os.path.join(doc_examples.ROOT, "pydist", "__init__.py"), proc.stdout
+
+
 def test_the_pages_have_examples():
     assert len(EXAMPLES) >= 10, [e.name for e in EXAMPLES]
 
