@@ -73,13 +73,13 @@ const char *compress_kind_name(CompressKind kind) {
 }
 
 void compress_name(const CompressSpec *spec, char *buf, size_t len) {
-    switch (spec->kind) {
-    case COMPRESS_FP16: snprintf(buf, len, "fp16"); break;
-    case COMPRESS_BF16: snprintf(buf, len, "bf16"); break;
-    case COMPRESS_TOPK: snprintf(buf, len, "topk:%g", spec->ratio); break;
-    case COMPRESS_SIGN: snprintf(buf, len, "sign"); break;
-    case COMPRESS_POWERSGD: snprintf(buf, len, "powersgd:%d", spec->rank); break;
-    default: snprintf(buf, len, "none"); break;
+    const char *kind = compress_kind_name(spec->kind);
+    if (spec->kind == COMPRESS_TOPK) {
+        snprintf(buf, len, "%s:%g", kind, spec->ratio);
+    } else if (spec->kind == COMPRESS_POWERSGD) {
+        snprintf(buf, len, "%s:%d", kind, spec->rank);
+    } else {
+        snprintf(buf, len, "%s", kind);
     }
 }
 

@@ -336,12 +336,13 @@ int pd_arg_op(PyObject *obj, const char *fn, long *out) {
             }
         }
     }
-    if (PyBool_Check(obj) || !(PyLong_Check(obj) || (PyIndex_Check(obj) && !PyArray_Check(obj)))) {
-        PyErr_Format(PyExc_TypeError, "%s(): `op` must be a pydist.ReduceOp (SUM, AVG, PRODUCT, MIN, MAX, "
-                     "BAND, BOR, BXOR); got %.100s %R", fn, Py_TYPE(obj)->tp_name, obj);
-        return -1;
+    if (pd_arg_long(obj, fn, "op", out) == 0 || !PyErr_ExceptionMatches(PyExc_TypeError)) {
+        return PyErr_Occurred() ? -1 : 0;
     }
-    return pd_arg_long(obj, fn, "op", out);
+    PyErr_Clear();   // not an int: name the members rather than "must be an int"
+    PyErr_Format(PyExc_TypeError, "%s(): `op` must be a pydist.ReduceOp (SUM, AVG, PRODUCT, MIN, MAX, "
+                 "BAND, BOR, BXOR); got %.100s %R", fn, Py_TYPE(obj)->tp_name, obj);
+    return -1;
 }
 
 // float16's and bfloat16's ops are created at init; until then a placeholder marks the valid pairs, so
