@@ -19,8 +19,9 @@ or every rank failing the same way (the same status and last line: a missing fil
 another model).
 A rank that fails twice running on the same host is left out, and a host that no longer answers (with
 --hosts) is dropped: the job goes on at fewer ranks, down to --min-ranks. It exits with the job's status:
-0 once a run finishes, else the failed rank's (128 + N for a signal N). Ctrl-C ends every rank (SIGINT to
-mpiexec, SIGTERM 10 s later) and says in one line which checkpoint and records it kept; exit status 130.
+0 once a run finishes (every rank's program ended with status 0, whatever mpiexec's own status), else
+the failed rank's (128 + N for a signal N). Ctrl-C ends every rank (SIGINT to mpiexec, SIGTERM 10 s
+later) and says in one line which checkpoint and records it kept; exit status 130.
 
 --survive (for the asynchronous strategies: downpour, adag, aeasgd, dynsgd; needs hydra's mpiexec, MPICH's
 or Intel MPI's, since Open MPI's ends the whole job when a rank dies): mpiexec runs with
@@ -758,7 +759,16 @@ class Launcher:
                 progress = {}   # rank 0 has not reported in this attempt yet
             ended = records(folder, self.world, self.run_id)
             gone = [rec for rec in ended if rec["status"] != 0]
-            if rc == 0 and not gone:
+            # Finished: mpiexec and every rank say so, or every rank's program ended with status 0 and only
+            # mpiexec says otherwise. Under --survive the ranks leave without MPI_Finalize
+            # (csrc/session/session.c), and hydra may then count a rank whose PMI connection closed after it
+            # was reaped as failed (a raw status of 1, printed as "Hangup (signal 1)"): a restart would only
+            # repeat finished work.
+            if not gone and (rc == 0 or len(ended) == self.world):
+                if rc != 0:
+                    say(f"every rank ended with status 0 and mpiexec exited with status {rc} all the same" +
+                        (" (under --survive ranks leave without MPI_Finalize, which hydra may count as a "
+                         "failure)" if self.args.survive else "") + "; the job's work is done")
                 say(f"finished: {self.world} rank(s), {restarts} restart(s)" +
                     (f", {lost_total} step(s) recomputed" if restarts else ""))
                 return 0

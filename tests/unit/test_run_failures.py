@@ -123,6 +123,48 @@ def test_a_rank_lost_in_a_second_fit_is_a_failure_not_a_finish(tmp_path):
     assert "finished" not in out.replace("unfinished", ""), out
 
 
+def mpiexec_that_fails_after(tmp_path):
+    """A launcher that runs the job with the real mpiexec and then exits 1 whatever the job did: what hydra
+    does under --survive when a rank's PMI connection closes (no MPI_Finalize there) after it was reaped."""
+    from pydist import _libraries
+    wrapper = tmp_path / "mpiexec-then-1"
+    wrapper.write_text(f'#!/bin/sh\n{_libraries.mpiexec()} "$@"\nexit 1\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+@pytest.mark.parametrize("survive", [False, True])
+def test_every_rank_ending_cleanly_is_a_finish_whatever_mpiexec_says(tmp_path, survive):
+    # Before: "mpiexec exited with status 1 and no rank recorded why", a restart of finished work (0 steps
+    # lost), and with no restarts left, exit status 1 (2 runs in 388 of the fault-injection soak).
+    job = script(tmp_path, """
+        x = np.full(4, rank + 1.0)
+        dist.all_reduce(x)
+        print(f"rank {rank} sum {x[0]:g}", flush=True)
+    """)
+    args = ["-n", "2", "--max-restarts", "1", "--mpiexec", mpiexec_that_fails_after(tmp_path)]
+    rc, out = launch(args + (["--survive"] if survive else []), tmp_path, [job])
+    assert rc == 0, out
+    assert "rank 0 sum 3" in out and "rank 1 sum 3" in out, out
+    assert "every rank ended with status 0 and mpiexec exited with status 1 all the same" in out, out
+    assert ("without MPI_Finalize" in out) is survive, out
+    assert "finished: 2 rank(s), 0 restart(s)" in out and "restart 1" not in out, out
+    assert "no rank recorded why" not in out, out
+
+
+def test_mpiexec_failing_before_every_rank_recorded_its_end_is_still_a_failure(tmp_path):
+    # The finish above needs every rank's record: one rank's clean end alone says nothing of the other's.
+    job = script(tmp_path, """
+        if rank == 1:
+            os.kill(os.getppid(), 9)   # its watcher: no record of rank 1's end is written
+            time.sleep(30)
+    """)
+    rc, out = launch(["-n", "2", "--max-restarts", "0", "--mpiexec", mpiexec_that_fails_after(tmp_path)],
+                     tmp_path, [job])
+    assert rc != 0, out
+    assert "finished" not in out.replace("unfinished", ""), out
+
+
 def test_a_reused_run_dir_does_not_feed_the_last_launch_records_to_this_one(tmp_path):
     failing = script(tmp_path, "dist.barrier()\nif rank == 1:\n    sys.exit(5)\n", "failing.py")
     rc, out = launch(["-n", "2", "--max-restarts", "0"], tmp_path, [failing])
