@@ -21,12 +21,21 @@ size whose winner differs from both its neighbours' takes theirs: a path's time 
 the size, and one cell alone is most often the VM's noise (a 32 MiB all-reduce has measured 6 and 12 ms
 minutes apart), so a row spans two sizes at least. About 5-10 s at 2 ranks.
 
+It says how much the repeats disagreed (the median cell's interquartile range of a path's time over the
+built-in choice's, and from it how well a median is known) and how busy other processes kept the cores,
+and writes no table when either makes the 5% rule meaningless (other processes over 10% of the cores: the
+table would fit their load; a median known less well than half of 5%): run it again when the machine is
+quieter, or write it anyway with --force. --show says whether a
+table is fresh (this host, CPU, MPI library and pydist) or stale.
+
 The table is cached per host, CPU, MPI library and pydist version ($XDG_CACHE_HOME/pydist, or
 PYDIST_TUNE_DIR): another library, a new CPU or a new pydist is another file, measured afresh. World rank
 0's table is every rank's; PYDIST_TUNE=off runs without one, PYDIST_TUNE=FILE with that one.
 """
 import argparse
 import datetime
+import glob
+import resource
 import json
 import os
 import subprocess
@@ -41,6 +50,7 @@ SIZES = [1 << k for k in range(3, 27)]   # 8 B .. 64 MiB
 NAMED = {"small shm": "slots", "shm header + pair": "pair", "shm header + MPI": "mpi", "shm header + ring": "ring",
          "shm": "shm"}
 GAIN = 1.05     # a path replaces the built-in choice only where it was at least this much faster
+MIN_REPEATS_FOR_SPREAD = 3   # fewer repeats have no interquartile range worth the name
 
 
 def fmt_bytes(n):
@@ -120,15 +130,19 @@ def measure(part, sizes, repeats):
         # Each path's time over the built-in choice's in the same repeat, the median of those ratios: the
         # two met the same machine, whose speed on a shared VM moves more between repeats than the
         # paths differ (a cell's group starts with the built-in choice).
-        medians, ratios = {}, {}
+        medians, ratios, spreads = {}, {}, {}
         for (op, nbytes, path), row in zip(cells, times):
             if path == _path_table.BUILT_IN:
                 built = row
             medians.setdefault(op, {}).setdefault(str(nbytes), {})[path] = round(float(np.median(row)) * 1e6, 2)
             ratios.setdefault(op, {}).setdefault(str(nbytes), {})[path] = round(float(np.median(row / built)), 4)
+            if path != _path_table.BUILT_IN and repeats >= MIN_REPEATS_FOR_SPREAD:
+                # how much the repeats disagree: the interquartile range of the ratios, over their median
+                q1, mid, q3 = np.percentile(row / built, (25, 50, 75))
+                spreads.setdefault(op, {}).setdefault(str(nbytes), {})[path] = round(float((q3 - q1) / mid), 4)
         with open(part, "w") as f:
             json.dump({"ranks": ranks, "one_node": one_node, "slots": slots, "seconds": round(seconds, 1),
-                       "times": medians, "ratios": ratios, "built_in_paths": took}, f)
+                       "times": medians, "ratios": ratios, "spreads": spreads, "built_in_paths": took}, f)
     dist.destroy_process_group()
 
 
@@ -180,6 +194,73 @@ def rows_of(win):
     return rows
 
 
+BUSY_LIMIT = 0.10   # other processes' share of the machine's cores beyond which a table measures them
+
+
+def cpu_seconds():
+    """(CPU seconds every process on the machine has used, and this process and its waited-for descendants'),
+    from /proc/stat and getrusage; None where there is no /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal: all but idle and iowait was taken (steal by the host)
+    busy = (sum(v[:3]) + sum(v[5:8])) / os.sysconf("SC_CLK_TCK")
+    ours = sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+    return busy, ours
+
+
+def others_busy(before, after, wall):
+    """Other processes' share of the machine's cores between two cpu_seconds() (None if unknown)."""
+    if before is None or after is None or wall <= 0:
+        return None
+    return max(0.0, ((after[0] - before[0]) - (after[1] - before[1])) / (wall * (os.cpu_count() or 1)))
+
+
+def noise(spreads, repeats, busy):
+    """What the run says about the machine: {"others_busy": other processes' share of its cores meanwhile,
+    "spread": the median cell's interquartile range of a path's time over the built-in choice's, over the
+    median, "uncertainty": how well that lets a cell's median be known (one standard error of a median:
+    0.93 x IQR / sqrt(repeats)), "largest": [spread, ranks, op, bytes, path]}; the spread's keys only with
+    MIN_REPEATS_FOR_SPREAD repeats or more. spreads: {ranks: {op: {size: {path: spread}}}}."""
+    out = {"others_busy": None if busy is None else round(busy, 4)}
+    cells = [(x, ranks, op, int(size), path) for ranks, ops in spreads.items() for op, by_size in ops.items()
+             for size, by_path in by_size.items() for path, x in by_path.items()]
+    if cells and repeats >= MIN_REPEATS_FOR_SPREAD:
+        values = sorted(c[0] for c in cells)
+        middle = len(values) // 2
+        spread = values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+        out.update(spread=round(spread, 4), uncertainty=round(0.93 * spread / repeats ** 0.5, 4),
+                   largest=list(max(cells)))
+    return out
+
+
+def too_noisy(summary):
+    """Why the 5% rule means nothing on this run ("" when it does): other processes kept the cores busy (the
+    table would fit that load, not the machine), or a median is known less well than half of 5%."""
+    why = []
+    if (summary.get("others_busy") or 0) > BUSY_LIMIT:
+        why.append(f"other processes kept {summary['others_busy']:.0%} of the machine's cores busy, over "
+                   f"{BUSY_LIMIT:.0%}")
+    if summary.get("uncertainty", 0) > (GAIN - 1) / 2:
+        why.append(f"a median was known to +-{summary['uncertainty']:.1%}, over half of {GAIN - 1:.0%}")
+    return " and ".join(why)
+
+
+def noise_words(summary):
+    busy = summary.get("others_busy")
+    words = ("other processes' load unknown" if busy is None else
+             f"other processes kept {busy:.0%} of the machine's {os.cpu_count()} cores busy meanwhile")
+    if "spread" not in summary:
+        return words + f"; the repeats' spread is not judged with fewer than {MIN_REPEATS_FOR_SPREAD} (--repeats)"
+    x, ranks, op, nbytes, path = summary["largest"]
+    return (words + f"; the repeats' spread (interquartile range of a path's time over the built-in choice's in "
+            f"the same repeat): median {summary['spread']:.1%}, so a median is known to about "
+            f"+-{summary['uncertainty']:.1%}; largest {x:.1%} ({ranks} ranks, {op} {fmt_bytes(nbytes)}, {path})")
+
+
 # ---------------------------------------------------------------------------------------------------
 # The driver
 
@@ -197,8 +278,8 @@ def tune(args):
     ranks_list = args.ranks or list(range(2, max(2, cores()) + 1))
     sizes = [s for s in SIZES if s <= args.max_bytes]
     mpiexec = _libraries.mpiexec()
-    tables, times, ratios, seconds = {}, {}, {}, {}
-    began = time.monotonic()
+    tables, times, ratios, spreads, seconds = {}, {}, {}, {}, {}
+    began, cpu_before = time.monotonic(), cpu_seconds()
     with tempfile.TemporaryDirectory(prefix="pydist-tune-") as tmp:
         for ranks in ranks_list:
             part = os.path.join(tmp, f"{ranks}.json")
@@ -219,17 +300,30 @@ def tune(args):
                       "only); nothing to choose", flush=True)
                 continue
             key = str(ranks)
-            times[key], ratios[key] = got["times"], got["ratios"]
+            times[key], ratios[key], spreads[key] = got["times"], got["ratios"], got.get("spreads", {})
             tables[key] = {op: rows_of(win) for op, win in winners(got["ratios"], got["built_in_paths"]).items()}
             seconds[key] = got["seconds"]
     table = {"format": _path_table.FORMAT, **ident,
              "measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
              "seconds": round(time.monotonic() - began, 1), "job_seconds": seconds,
              "repeats": args.repeats, "tables": tables, "times": times, "ratios": ratios}
+    table["noise"] = noise(spreads, args.repeats, others_busy(cpu_before, cpu_seconds(), table["seconds"]))
     _path_table.check(table)
+    print(f"tune: {noise_words(table['noise'])}")
+    why = too_noisy(table["noise"])
+    if why and not args.force:
+        print(f"tune: the machine was too noisy for the {GAIN - 1:.0%} rule to mean anything ({why}): no table "
+              "written" + ("" if args.table else " (jobs go on with the cached one, if any)") + "; run it again "
+              "when the machine is quieter (or with more --repeats), or write it anyway with --force")
+        return 1
     write(out_path, table)
-    print(f"tune: wrote {out_path}")
+    if args.table:
+        print(f"tune: wrote {out_path}; a job uses it with PYDIST_TUNE={out_path}")
+    else:
+        print(f"tune: wrote {out_path}; from now on every pydist job on this host with this MPI library and "
+              f"this pydist takes its paths from it (PYDIST_TUNE=off: without it; --clear removes it)")
     show(table, out_path)
+    return 0
 
 
 def write(path, table):
@@ -240,12 +334,27 @@ def write(path, table):
         f.write("\n")
 
 
-def show(table, path):
+def freshness(table, here):
+    """("fresh" or "stale", why): whether `table` was measured where this process runs (here: identity())."""
+    names = {"host": "host", "cpu": "CPU", "library": "MPI library", "libmpi": "libmpi", "pydist": "pydist"}
+    differ = [f"{names[k]} {table.get(k, '?')!r} (here: {here[k]!r})" for k in names if table.get(k) != here[k]]
+    if not differ:
+        return "fresh", "measured on this host, CPU and MPI library, with this pydist"
+    return "stale", ("measured for another " + "; ".join(differ) + ": the cache never gives it to a job here, "
+                     "and PYDIST_TUNE=FILE would use choices measured elsewhere; `python -m pydist.tune` measures "
+                     "a fresh one")
+
+
+def show(table, path, here=None):
+    state, why = freshness(table, here or _path_table.identity())
     print(f"path table {path}")
+    print(f"  {state:8s} {why}")
     print(f"  measured {table.get('measured', '?')} in {table.get('seconds', '?')} s on {table.get('host', '?')}")
     print(f"  cpu      {table.get('cpu', '?')}")
     print(f"  mpi      {table.get('library', '?')} ({table.get('libmpi', '?')})")
     print(f"  pydist   {table.get('pydist', '?')}")
+    if isinstance(table.get("noise"), dict):
+        print(f"  noise    {noise_words(table['noise'])}")
     for ranks in sorted(table["tables"], key=int):
         print(f"{ranks} ranks (input bytes per rank: path)")
         for op in _path_table.OPS:
@@ -281,6 +390,8 @@ def main(argv=None):
     ap.add_argument("--timeout", type=float, default=600, help="seconds each job may take (default 600)")
     ap.add_argument("--show", action="store_true", help="print the table and its measurements")
     ap.add_argument("--clear", action="store_true", help="remove this machine's cached table")
+    ap.add_argument("--force", action="store_true", help="write the table even when the machine was too noisy for "
+                                                         "the 5%% rule (the repeats' spread says so)")
     ap.add_argument("--measure", metavar="PART", help=argparse.SUPPRESS)   # one job's half, under mpiexec
     args = ap.parse_args(argv)
     if args.repeats < 1 or args.max_bytes < 8 or (args.ranks and min(args.ranks) < 2):
@@ -301,13 +412,17 @@ def main(argv=None):
         except FileNotFoundError:
             print(f"no path table for this host and MPI library ({path}): pydist uses its built-in choices; "
                   "`python -m pydist.tune` measures one")
+            others = [] if args.table else sorted(glob.glob(os.path.join(glob.escape(os.path.dirname(path)),
+                                                                         "paths-*.json")))
+            if others:
+                print(f"{len(others)} stale table(s) in {os.path.dirname(path)} (measured for another host, CPU, MPI "
+                      "library or pydist: no job here uses them); --show --table FILE shows one")
             return 1
         except (OSError, ValueError) as e:
             sys.exit(f"tune: {e}")
         show(table, path)
         return 0
-    tune(args)
-    return 0
+    return tune(args)
 
 
 if __name__ == "__main__":

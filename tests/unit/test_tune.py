@@ -41,9 +41,12 @@ def tables_said(proc):
 def test_tune_writes_a_table_that_show_reads_and_init_takes(tmp_path):
     path = tmp_path / "t.json"
     kw = popen_kwargs(PYDIST_TUNE_DIR=str(tmp_path / "cache"))
+    # (--force: the suite's other lane keeps the cores busy, which alone would refuse the table)
     proc = subprocess.run([sys.executable, "-m", "pydist.tune", "--ranks", "2", "--max-bytes", "4096",
-                           "--repeats", "1", "--table", str(path)], capture_output=True, timeout=300, **kw)
+                           "--repeats", "1", "--table", str(path), "--force"], capture_output=True, timeout=300, **kw)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"tune: wrote {path}; a job uses it with PYDIST_TUNE={path}" in proc.stdout, proc.stdout
+    assert "the repeats' spread is not judged with fewer than 3" in proc.stdout, proc.stdout
     table = pt.read(str(path))
     assert set(table["tables"]["2"]) == set(pt.OPS)
     for op, rows in table["tables"]["2"].items():
@@ -55,6 +58,7 @@ def test_tune_writes_a_table_that_show_reads_and_init_takes(tmp_path):
     for op in pt.OPS:
         assert f"  {op} " in show.stdout and f"2 ranks {op}:" in show.stdout, show.stdout
     assert table["cpu"] in show.stdout and table["library"] in show.stdout
+    assert "  fresh    measured on this host, CPU and MPI library, with this pydist" in show.stdout, show.stdout
     said = tables_said(job(2, tmp_path, PYDIST_TUNE=str(path)))
     assert said == {0: pt.rows(table), 1: pt.rows(table)}
 
@@ -222,3 +226,67 @@ def test_a_path_replaces_the_built_in_choice_only_where_it_is_5_percent_faster()
     table = {"format": pt.FORMAT, "tables": {"2": {"broadcast": [[64, pt.BUILT_IN], [1 << 20, "pair"]]}}}
     pt.check(table)
     assert pt.rows(table) == [(2, 1, 0, 64), (2, 1, 2, 1 << 20)]
+
+
+def busy_cores():
+    """One busy loop per core, for as long as the caller holds them."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+
+
+def test_tune_on_a_busy_machine_writes_no_table_unless_forced(tmp_path):
+    """Two runs a minute apart on a busy machine chose differently: the table fits the load of the moment.
+    Other processes over 10% of the cores is a refusal that says why; --force writes it all the same."""
+    path = tmp_path / "t.json"
+    kw = popen_kwargs(PYDIST_TUNE_DIR=str(tmp_path / "cache"))
+    cmd = [sys.executable, "-m", "pydist.tune", "--ranks", "2", "--max-bytes", "1024", "--repeats", "3"]
+    hogs = busy_cores()
+    try:
+        refused = subprocess.run(cmd, capture_output=True, timeout=300, **kw)
+        forced = subprocess.run(cmd + ["--table", str(path), "--force"], capture_output=True, timeout=300, **kw)
+    finally:
+        for p in hogs:
+            p.kill()
+            p.wait()
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    busy = re.search(r"other processes kept (\d+)% of the machine's cores busy, over 10%", refused.stdout)
+    assert busy and int(busy.group(1)) > 10, refused.stdout
+    assert "no table written (jobs go on with the cached one, if any)" in refused.stdout, refused.stdout
+    assert "--force" in refused.stdout and not (tmp_path / "cache").exists(), refused.stdout
+    assert re.search(r"the repeats' spread \(.*\): median \d+\.\d%, so a median is known to about \+-\d+\.\d%",
+                     refused.stdout), refused.stdout
+    assert forced.returncode == 0 and path.exists(), forced.stdout + forced.stderr
+    table = pt.read(str(path))
+    assert table["noise"]["others_busy"] > tune.BUSY_LIMIT and table["noise"]["spread"] >= 0, table["noise"]
+
+
+def test_noise_is_judged_from_the_load_and_the_spread():
+    spreads = {"2": {"all_reduce": {"8": {"mpi": 0.02, "ring": 0.04}, "16": {"mpi": 0.30}}}}
+    quiet = tune.noise(spreads, 9, 0.01)
+    assert quiet["spread"] == 0.04 and quiet["largest"] == [0.30, "2", "all_reduce", 16, "mpi"]
+    assert quiet["uncertainty"] == round(0.93 * 0.04 / 3, 4) and tune.too_noisy(quiet) == ""
+    assert "over 10%" in tune.too_noisy(tune.noise(spreads, 9, 0.25))
+    wide = tune.noise({"2": {"broadcast": {"8": {"mpi": 0.2}}}}, 4, 0.0)   # +-9.3%: a coin flip at 5%
+    assert "a median was known to +-9.3%, over half of 5%" == tune.too_noisy(wide)
+    assert "spread" not in tune.noise(spreads, 2, None) and tune.too_noisy(tune.noise(spreads, 2, None)) == ""
+
+
+def test_show_tells_a_stale_table_from_a_fresh_one(tmp_path):
+    here = pt.identity()
+    table = dict(pt.forcing("mpi"), **here)
+    assert tune.freshness(table, here)[0] == "fresh"
+    state, why = tune.freshness(dict(table, cpu="Another CPU", pydist="0.0.1"), here)
+    assert state == "stale" and "CPU 'Another CPU'" in why and "pydist '0.0.1'" in why and here["cpu"] in why
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(dict(table, library="Open MPI v5.0.8")))
+    show = subprocess.run([sys.executable, "-m", "pydist.tune", "--show", "--table", str(path)], capture_output=True,
+                          timeout=60, **popen_kwargs())
+    assert show.returncode == 0 and "  stale    measured for another MPI library 'Open MPI v5.0.8'" in show.stdout, \
+        show.stdout + show.stderr
+    # a cache folder with only another version's table: no table for this one, and the stale one is named
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "paths-vm-0123456789abcdef.json").write_text(json.dumps(dict(table, pydist="0.0.1")))
+    none = subprocess.run([sys.executable, "-m", "pydist.tune", "--show"], capture_output=True, timeout=60,
+                          **popen_kwargs(PYDIST_TUNE_DIR=str(cache)))
+    assert none.returncode == 1 and "no path table for this host" in none.stdout, none.stdout + none.stderr
+    assert f"1 stale table(s) in {cache}" in none.stdout, none.stdout
