@@ -54,7 +54,8 @@ nitpick_ignore_regex = [
 
 html_theme = "furo"
 html_title = f"pydist {release}"
-html_static_path = []
+html_static_path = ["_static"]
+html_css_files = ["wrap.css"]   # code blocks wrap at the column width
 html_theme_options = {
     "source_repository": "",
     "navigation_with_keys": True,
