@@ -20,6 +20,11 @@
 #              the core multi-rank tests on PyPI's MPICH 5 (the other stages run on Debian's MPICH 4)
 #     asan     the core tests on an AddressSanitizer build of the extension (and its narrower levels)
 #     levels   the kernels' tests again at each instruction-set level below the CPU's widest (PYDIST_SIMD)
+#     blocks   the shell blocks of README.md and docs/guides/install.md, run as written (a fresh venv and
+#              HOME, a clean copy of the checkout): tests/docs/shell_blocks.py
+#   then, after both lanes:
+#     make     the README's make commands as written (make train, make docs), which reinstall the
+#              package in this checkout: alone, when nothing else uses it
 # Lane 2 compiles one file at a time (PYDIST_BUILD_JOBS=1): what it adds to lane 1's load is mostly
 # "another process busy on one core", which every test allows for. A failing stage ends its lane, and
 # the suite fails if either lane did. Each stage's time is printed as it ends and again at the end.
@@ -33,7 +38,8 @@ source scripts/compiler.sh
 LOGS=$(mktemp -d)   # each stage's time, and what each lane printed
 start=$(date +%s)
 LANE1=(unit mpi docs libraries)
-LANE2=(unit2 pythons py314 pip asan levels)
+LANE2=(unit2 pythons py314 pip asan levels blocks)
+LAST=(make)
 
 declare -A TITLE=(
   [unit]="unit tests (world size 1)"
@@ -45,6 +51,8 @@ declare -A TITLE=(
   [pip]="pip install with no system MPI, the wheel, MPICH 5 (scripts/test_pip_install.sh)"
   [asan]="AddressSanitizer build: core tests"
   [docs]="the documentation site: built with warnings as errors, every example run"
+  [blocks]="the README's and the install guide's shell blocks, as written (tests/docs/shell_blocks.py)"
+  [make]="the README's make commands, as written: make train, make docs"
   [libraries]="one install on each other MPI: MPICH 5, Intel MPI, the standard ABI, Open MPI 5.0 and 4.1 (scripts/test_libraries.sh)"
 )
 
@@ -73,7 +81,7 @@ on_exit() {
   fi
   echo "stage times:"
   local s
-  for s in "${LANE1[@]}" "${LANE2[@]}"; do
+  for s in "${LANE1[@]}" "${LANE2[@]}" "${LAST[@]}"; do
     [ -f "$LOGS/$s.time" ] && echo "  $s: $(< "$LOGS/$s.time")"
   done
   rm -rf "$LOGS"
@@ -106,6 +114,7 @@ else
   echo "======== lane 2 (${LANE2[*]}), run beside lane 1:"
   cat "$LOGS/lane2.log"
   [ $lane1_rc -eq 0 ] && [ $lane2_rc -eq 0 ] || exit 1
+  run_lane "${LAST[@]}" 2>&1 | tee -a "$LOGS/lane1.log"
 fi
 
 passed=$(cat "$LOGS"/lane*.log | { grep -oE "^[0-9]+ passed" || true; } | awk '{ s += $1 } END { print s + 0 }')

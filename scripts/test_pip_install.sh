@@ -4,12 +4,10 @@
 #   1. No system packages: in a mount namespace whose /usr has Debian's MPICH, OpenBLAS, BLAS/LAPACK
 #      and zlib headers whited out (an overlay; nothing changes outside it), check that mpicc, mpi.h,
 #      cblas.h, zlib.h and their pkg-config files cannot be found, then what the README says (~ being
-#      $WORK here; in the source folder itself, python -m pydist must say it is there, in one sentence):
-#        python -m venv ~/pd && ~/pd/bin/pip install .
-#        cd ~ && pd/bin/python -m pydist --version
-#        pd/bin/python -m pydist.run -n 2 -- -m pydist.train --epochs 1 --data DIR
-#      pip fetches MPICH 5 and scipy-openblas32 from PyPI for the build (buildsys/pydist_backend.py).
-#   2. The wheel step 1 built (`pip wheel .`), then `auditwheel repair` leaving libmpi and OpenBLAS to
+#      $WORK/reader/home here), run as written by tests/docs/shell_blocks.py (in the source folder itself,
+#      python -m pydist must say it is there, in one sentence). pip fetches MPICH 5 and scipy-openblas32
+#      from PyPI for the build (buildsys/pydist_backend.py).
+#   2. A wheel of the same checkout (`pip wheel .`), then `auditwheel repair` leaving libmpi and OpenBLAS to
 #      their PyPI packages. The repaired wheel goes into a fresh venv, back on the full machine
 #      (Debian's MPICH in view: the wheel must still load PyPI's), and passes the core tests on MPICH 5:
 #      every collective, p2p, async work, groups, errors and timeouts, and the training engine's data
@@ -20,7 +18,6 @@
 #   scripts/test_pip_install.sh [WORKDIR]   (default: a fresh temporary folder, removed on success)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-DATA=/usr/share/datasets/fashion-mnist
 PYTHON=${PYTHON:-python3}
 PIP_QUIET=(-q --disable-pip-version-check)
 
@@ -59,34 +56,29 @@ if [ "${1:-}" = "--inside" ]; then   # step 1, run by step 0 below inside the mo
   done
   echo "-- no mpicc, mpiexec, mpi.h, cblas.h, zlib.h or their pkg-config files on this machine now"
 
-  # A clean copy of the checkout, as a user's clone would be (no build folder, no built module).
-  mkdir -p "$WORK/src" && "$ROOT/scripts/copy_checkout.sh" "$WORK/src"
-  cd "$WORK/src"
-  # `pip install .` is pip building a wheel of the checkout (in an isolated build environment, which
-  # takes MPICH 5 and OpenBLAS from PyPI) and installing it; done as its two halves, the one build
-  # serves step 2 too (a second `pip wheel .` was 1-2 minutes of the stage).
-  echo "-- python -m venv ~/pd && ~/pd/bin/pip install . (as pip wheel . && pip install the wheel)"
-  "$PYTHON" -m venv "$WORK/pd"
-  "$WORK/pd/bin/pip" wheel "${PIP_QUIET[@]}" --no-deps . -w "$WORK/wheel"
-  "$WORK/pd/bin/pip" install "${PIP_QUIET[@]}" "$WORK"/wheel/pydist-*.whl
-  # in the source folder, as a user who has not left it yet: one sentence, not a deep import error
-  if out=$("$WORK/pd/bin/python" -m pydist --version 2>&1) || ! grep -q "is pydist's source folder" <<<"$out"; then
-    echo "FAIL: python -m pydist in the unbuilt checkout: $out"; exit 1
-  fi
-  (cd "$WORK" && pd/bin/python -m pydist --version) | tee "$WORK/version.txt"
-  grep -q "built with MPI from PyPI's mpich 5" "$WORK/version.txt" || { echo "FAIL: not built on PyPI's MPICH"; exit 1; }
-  grep -q "running on MPICH Version: *5" "$WORK/version.txt" || { echo "FAIL: not running on MPICH 5"; exit 1; }
-  grep -q "BLAS from PyPI's scipy-openblas32" "$WORK/version.txt" || { echo "FAIL: BLAS not from PyPI"; exit 1; }
-  echo "-- pd/bin/python -m pydist.run -n 2 -- -m pydist.train --epochs 1 --data $DATA"
-  (cd "$WORK" && UCX_ERROR_SIGNALS= MPIEXEC_TIMEOUT=300 pd/bin/python -m pydist.run -n 2 -- -m pydist.train \
-     --data "$DATA" --epochs 1 --metrics train.jsonl --plot "" | tee train.txt)
-  "$WORK/pd/bin/python" - "$WORK/train.txt" <<'EOF'
+  # The README's install block, as written (tests/docs/shell_blocks.py: a fresh venv active, HOME a fresh
+  # folder, in a clean copy of the checkout): pip builds on MPICH 5 and OpenBLAS from PyPI
+  # (buildsys/pydist_backend.py), and trains one epoch through pydist.run.
+  "$PYTHON" "$ROOT/tests/docs/shell_blocks.py" --work "$WORK/reader" --match "python -m venv ~/pd" \
+    "$ROOT/README.md" | tee "$WORK/blocks.txt"
+  pd="$WORK/reader/home/pd"
+  grep -q "built with MPI from PyPI's mpich 5" "$WORK/blocks.txt" || { echo "FAIL: not built on PyPI's MPICH"; exit 1; }
+  grep -q "running on MPICH Version: *5" "$WORK/blocks.txt" || { echo "FAIL: not running on MPICH 5"; exit 1; }
+  grep -q "BLAS from PyPI's scipy-openblas32" "$WORK/blocks.txt" || { echo "FAIL: BLAS not from PyPI"; exit 1; }
+  "$pd/bin/python" - "$WORK/blocks.txt" <<'EOF'
 import json, sys
 summary = [l for l in open(sys.argv[1]) if l.startswith("summary ")]
 acc = json.loads(summary[-1].split(" ", 1)[1])["final_test_accuracy"]
 assert acc > 0.7, f"one epoch on PyPI's MPICH reached test accuracy {acc}, expected above 0.7"
 print(f"-- trained: test accuracy {acc} after one epoch")
 EOF
+  # in the source folder, as a user who has not left it yet: one sentence, not a deep import error
+  cd "$WORK/reader/src"
+  if out=$("$pd/bin/python" -m pydist --version 2>&1) || ! grep -q "is pydist's source folder" <<<"$out"; then
+    echo "FAIL: python -m pydist in the unbuilt checkout: $out"; exit 1
+  fi
+  # the wheel of the same build, for step 2
+  "$pd/bin/pip" wheel "${PIP_QUIET[@]}" --no-deps . -w "$WORK/wheel"
   exit 0
 fi
 

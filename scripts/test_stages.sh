@@ -43,6 +43,30 @@ stage_docs() {
   $PY -P -m pytest tests/docs docs --doctest-glob='*.md' -q -p no:cacheprovider
 }
 
+# The shell blocks of the README and the install guide, as a reader types them, on this machine with
+# Debian's MPICH: a fresh venv, a fresh HOME, a clean copy of the checkout (tests/docs/shell_blocks.py).
+# The pip stage runs the README's install block again with no MPI on the machine at all.
+stage_blocks() {
+  local work
+  work=$(mktemp -d)
+  $PY tests/docs/shell_blocks.py --work "$work" README.md docs/guides/install.md | tee "$work/out.txt"
+  # what the install guide shows them print: the build's MPI and BLAS, the trained epoch, the wheel's name
+  for line in "built with MPI from pkg-config mpich, for the ABIs mpich, openmpi, standard" \
+      "running on MPICH Version:" "BLAS from pkg-config openblas" "pydist.run: finished: 2 rank(s), 0 restart(s)"; do
+    grep -qF "$line" "$work/out.txt" || { echo "FAIL: the blocks did not print what the pages show: $line"; exit 1; }
+  done
+  local wheel="pydist-[0-9.]+-cp3[0-9]+-cp3[0-9]+-manylinux_2_27_x86_64\.manylinux_2_28_x86_64\.whl"
+  grep -qE "^Fixed-up wheel written to $work/src/dist/$wheel\$" "$work/out.txt" ||
+    { echo "FAIL: no manylinux_2_28 wheel of the name the install guide shows"; exit 1; }
+  rm -rf "$work"
+}
+
+# The README's make commands (make train, make docs) as written, in this checkout: they reinstall the
+# package here, so test.sh runs this stage after both lanes, when nothing else uses the checkout.
+stage_make() {
+  $PY tests/docs/shell_blocks.py --make README.md
+}
+
 stage_pip() {
   scripts/test_pip_install.sh
 }

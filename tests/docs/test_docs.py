@@ -134,3 +134,34 @@ def test_docstring_examples(ranks, tmp_path):
     for r in reports:
         ran, failed = r.read_text().split("\n", 1)
         assert int(ran) > 0 and not failed.strip(), f"{r.name}: {failed}"
+
+
+def test_shell_blocks_run_as_written_and_a_block_not_meant_to_run_says_so(tmp_path):
+    """tests/docs/shell_blocks.py, which runs the README's and the install guide's shell blocks in make test
+    (the blocks and pip stages): a failing block fails it, a traceback fails it, a block that says it is not
+    run as is is skipped, the same block twice runs once, and make's blocks wait for --make."""
+    import shell_blocks
+    page = tmp_path / "page.md"
+    page.write_text("Text.\n\n```bash\necho one > ~/mark && cd ~ && cat mark\n```\n\n"
+                    "```python\nraise SystemExit(1)\n```\n\n"
+                    "```\n# not run as is: DIR is yours\nls DIR\n```\n\n"
+                    "```bash\necho one > ~/mark && cd ~ && cat mark\n```\n\n"
+                    "```\nmake train\n```\n\n"
+                    "```{cli-help} pydist.run\n```\n")
+    found = shell_blocks.blocks(str(page))
+    echo = "echo one > ~/mark && cd ~ && cat mark"
+    assert [b.text.splitlines()[0] for b in found] == [echo, "# not run as is: DIR is yours", echo, "make train"]
+    assert [b.is_make() for b in found] == [False, False, False, True]
+    work = tmp_path / "work"
+    proc = subprocess.run([sys.executable, shell_blocks.__file__, "--work", str(work), str(page)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("\none\n") == 1 and "shell blocks: 1 run, 0 failed" in proc.stdout, proc.stdout
+    assert "skipped (it says: DIR is yours)" in proc.stdout and "the same block as above: run once" in proc.stdout
+    assert "run with --make" in proc.stdout and (work / "home" / "mark").exists(), proc.stdout
+    for body, why in (("false", "exit status 1"),
+                      ("python -c 'import nosuchmodule' || true", "a traceback in its output")):
+        page.write_text(f"```bash\n{body}\n```\n")
+        proc = subprocess.run([sys.executable, shell_blocks.__file__, "--work", str(work), str(page)],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 1 and f"page.md:1: {why}" in proc.stdout, proc.stdout + proc.stderr
