@@ -759,6 +759,11 @@ COLOURS = {"compute": "#4C72B0", "comm": "#DD8452", "sync": "#55A868", "strategy
            "torch": "#937860", "other": "#8C8C8C", WAIT_CAT: "#C44E52"}
 MAX_BARS = 3000          # past this many spans, draw a window of the run (bars under a pixel tell nothing)
 ROW_PX, MARGIN_PX = 100, 200
+# Text sizes (points at 100 dpi) for a 1600 px picture that a page shows at its column width, about 750 px:
+# half size there, so a 16 pt name reads as a 10-11 px one
+NAME_PT, STEP_PT, LABEL_PT, TITLE_PT = 16, 14, 18, 22
+CHAR_PX = 0.6 * NAME_PT * 100 / 72   # the mean width of a name's character, for "does it fit in its bar"
+LEFT_PX = 230                        # room for the rows' labels
 
 
 def _window(all_spans, first, last, max_seconds):
@@ -828,12 +833,12 @@ def draw_png(trace, out_png, max_seconds=None):
     height_px = MARGIN_PX + ROW_PX * max(1, len(rows))
     fig = Figure(figsize=(16, height_px / 100), dpi=100)
     # fixed margins in pixels, so that the title, legend and labels fit however many rows there are
-    fig.subplots_adjust(left=150 / 1600, right=1 - 20 / 1600, top=1 - 110 / height_px, bottom=60 / height_px)
+    fig.subplots_adjust(left=LEFT_PX / 1600, right=1 - 20 / 1600, top=1 - 110 / height_px, bottom=80 / height_px)
     ax = fig.add_subplot()
 
     bars = collections.defaultdict(list)   # (category, row, depth) -> [(x, width)], drawn together
     steps_drawn, names, used = [], [], set()
-    px_per_us = 1430 / max(end - start, 1e-9)   # the axes are 1430 px wide
+    px_per_us = (1600 - LEFT_PX - 20) / max(end - start, 1e-9)   # the axes' width in pixels
     for span in all_spans:
         e = span.event
         x0, x1 = max(e["ts"], start), min(e["ts"] + e["dur"], end)
@@ -847,7 +852,7 @@ def draw_png(trace, out_png, max_seconds=None):
         bars[cat, row, span.depth].append((x0 / 1000, (x1 - x0) / 1000))
         used.add(cat)
         # the name, where it fits and no child covers most of the bar (and its own name)
-        fits = (x1 - x0) * px_per_us > 7 * len(e.get("name", "")) + 10 and span.self_us >= 0.5 * e["dur"]
+        fits = (x1 - x0) * px_per_us > CHAR_PX * len(e.get("name", "")) + 10 and span.self_us >= 0.5 * e["dur"]
         if cat != WAIT_CAT and fits:
             names.append(((x0 + x1) / 2000, row, span.depth, e.get("name", "")))
     n_bars = sum(len(xs) for xs in bars.values())
@@ -855,7 +860,7 @@ def draw_png(trace, out_png, max_seconds=None):
         ax.add_patch(Rectangle((x0 / 1000, row - 0.46), (x1 - x0) / 1000, 0.92, fill=False, edgecolor="#333333",
                                linewidth=0.8, zorder=1))
         if len(steps_drawn) <= 12 * len(rows) and number is not None:   # in the outline, above the phases
-            ax.text(x0 / 1000, row - 0.44, f" step {number}", fontsize=7, va="top", ha="left", clip_on=True)
+            ax.text(x0 / 1000, row - 0.44, f" step {number}", fontsize=STEP_PT, va="top", ha="left", clip_on=True)
     for (cat, row, depth), xs in sorted(bars.items(), key=lambda kv: kv[0][2]):   # children over parents
         h = max(0.2, 0.6 - 0.12 * depth)
         wait = cat == WAIT_CAT
@@ -867,8 +872,8 @@ def draw_png(trace, out_png, max_seconds=None):
                        linewidth=width, zorder=2 + depth)
     if len(names) <= 400:
         for x, row, depth, name in names:
-            ax.text(x, row, name, fontsize=7, color="white", ha="center", va="center", clip_on=True, zorder=3 + depth,
-                    parse_math=False)   # a name is text, never TeX ("$" is no formula)
+            ax.text(x, row, name, fontsize=NAME_PT, color="white", ha="center", va="center", clip_on=True,
+                    zorder=3 + depth, parse_math=False)   # a name is text, never TeX ("$" is no formula)
     pairs = [p for p in _async_spans(trace) if (p[0], p[1]) in row_of and min(p[4], end) > max(p[3], start)]
     for pid, tid, cat, t0, t1 in pairs:   # a thin strip at the bottom of the row: they overlap anything
         x0, x1 = max(t0, start), min(t1, end)
@@ -878,7 +883,8 @@ def draw_png(trace, out_png, max_seconds=None):
     ax.set_xlim(start / 1000, end / 1000 if end > start else start / 1000 + 1)
     ax.set_ylim(len(rows) - 0.5, -0.5)   # rank 0 at the top
     ax.set_yticks(range(len(rows)), [label for _, _, label in rows], parse_math=False)
-    ax.set_xlabel("time (ms)")
+    ax.set_xlabel("time (ms)", fontsize=LABEL_PT)
+    ax.tick_params(labelsize=LABEL_PT)
     ax.grid(axis="x", color="#dddddd", linewidth=0.6)
     ax.set_axisbelow(True)
     handles = [Patch(facecolor=COLOURS[c], label=c) for c in COLOURS if c in used and c != WAIT_CAT]
@@ -890,12 +896,12 @@ def draw_png(trace, out_png, max_seconds=None):
         handles.append(Patch(facecolor=COLOURS["comm"], alpha=0.7, label="async call (strip under the row)"))
     if handles:
         ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.01), ncol=len(handles), frameon=False,
-                  fontsize=9)
+                  fontsize=LABEL_PT)
     ranks = len({pid for pid, _, _ in rows})
     title = f"pydist timeline: {ranks} rank(s), {(last - first) / 1e6:.3f} s"
     if shows:
         title += f"; showing {shows} ({start / 1000:.1f}-{end / 1000:.1f} ms)"
-    fig.suptitle(title, x=0.5, y=1 - 15 / height_px, va="top", fontsize=12)
+    fig.suptitle(title, x=0.5, y=1 - 15 / height_px, va="top", fontsize=TITLE_PT)
     fig.savefig(os.fspath(out_png), dpi=100)
     return {"rows": [label for _, _, label in rows], "window_ms": (start / 1000, end / 1000),
             "bars": n_bars + len(steps_drawn),
