@@ -16,8 +16,9 @@ cd "$(dirname "$0")/.."
 # switch them through its alternatives, so they are never installed system-wide.
 # OpenBLAS and zlib for the training engine, and the Fashion-MNIST data set its main job trains on.
 APT_PACKAGES=(mpich libmpich-dev pkg-config libopenblas-dev zlib1g-dev dataset-fashion-mnist)
-# The test suite's builds go through ccache (scripts/compiler.sh).
-if [ "${1:-}" = "--test" ]; then APT_PACKAGES+=(ccache); fi
+# The test suite's builds go through ccache (scripts/compiler.sh); the docs stage looks at the built site
+# in headless Chromium (tests/docs/test_docs.py, scripts/docs_screenshots.sh).
+if [ "${1:-}" = "--test" ]; then APT_PACKAGES+=(ccache chromium); fi
 # A real single-node Slurm for the tests under srun/sbatch/salloc (scripts/slurm.sh). Without
 # --no-install-recommends apt adds slurm-wlm-plugins and with it 31 packages (hdf5, influxdb, rrd,
 # ipmi, rocm-smi, ...) that nothing here uses. libpmix2 and libpmix-dev: Slurm's --mpi=pmix plugin

@@ -5,6 +5,7 @@ The single-process ``>>>`` sessions run as doctests in the same pytest call (scr
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -165,3 +166,50 @@ def test_shell_blocks_run_as_written_and_a_block_not_meant_to_run_says_so(tmp_pa
         proc = subprocess.run([sys.executable, shell_blocks.__file__, "--work", str(work), str(page)],
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 1 and f"page.md:1: {why}" in proc.stdout, proc.stdout + proc.stderr
+
+
+PROBE = """<html><body><pre id="out">pending</pre>
+<iframe id="page" style="width:%(width)dpx;height:900px;border:0"></iframe>
+<script>
+var pages = %(pages)s, i = 0, found = [], phone = %(width)d < 600;
+var frame = document.getElementById("page");
+frame.onload = function () {   // each page in turn: the code blocks wider than what shows of them
+  frame.contentWindow.document.querySelectorAll("pre").forEach(function (pre) {
+    // a diagram keeps its lines (it cannot wrap): it must fit a laptop's column, and scrolls on a phone
+    if (pre.scrollWidth > pre.clientWidth + 1 && !(phone && pre.closest(".diagram"))) {
+      found.push(pages[i].split("/html/")[1] + ": " + pre.textContent.split("\\n")[0].slice(0, 70) + " (" +
+                 pre.scrollWidth + " px in " + pre.clientWidth + ")");
+    }
+  });
+  i += 1;
+  if (i < pages.length) { frame.src = pages[i]; }
+  else { document.getElementById("out").textContent = "checked " + pages.length + "\\n" + found.join("\\n"); }
+};
+frame.src = pages[0];
+</script></body></html>"""
+
+
+@pytest.mark.parametrize("width", [1280, 390])   # a laptop's window, a phone's
+def test_code_blocks_fit_the_column_in_a_real_browser(width, tmp_path):
+    """Every page of the built site in headless Chromium: no code block hides the end of a line behind a
+    scroll bar (a cut-off command reads as another one); a diagram, which cannot wrap, fits a laptop's
+    column. scripts/docs_screenshots.sh shows the pages."""
+    html = os.path.join(doc_examples.DOCS, "_build", "html")
+    if not os.path.exists(os.path.join(html, "index.html")):
+        test_the_site_builds_with_warnings_as_errors()
+    chromium = shutil.which("chromium")
+    assert chromium, "headless Chromium is missing (Debian's chromium package; scripts/setup.sh --test installs it)"
+    pages = sorted(os.path.join(root, name) for root, _, names in os.walk(html) for name in names
+                   if name.endswith(".html") and name not in ("genindex.html", "search.html")
+                   and not os.path.relpath(root, html).startswith("_"))   # (_static, _sources: not pages)
+    assert len(pages) >= 20, pages
+    probe = tmp_path / "probe.html"
+    probe.write_text(PROBE % {"width": width, "pages": repr(["file://" + p for p in pages])})
+    proc = subprocess.run([chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--allow-file-access-from-files",
+                           f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=120000",
+                           "--window-size=1400,1000", "--dump-dom", probe.as_uri()],
+                          capture_output=True, text=True, timeout=300)
+    out = re.search(r'<pre id="out">(.*?)</pre>', proc.stdout, re.S)
+    assert out and out.group(1).startswith(f"checked {len(pages)}"), proc.stdout[-2000:] + proc.stderr[-2000:]
+    wide = out.group(1).splitlines()[1:]
+    assert not wide, f"code blocks wider than the column at {width} px:\n" + "\n".join(wide)
