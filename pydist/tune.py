@@ -25,8 +25,8 @@ It says how much the repeats disagreed (the median cell's interquartile range of
 built-in choice's, and from it how well a median is known) and how busy other processes kept the cores,
 and writes no table when either makes the 5% rule meaningless (other processes over 10% of the cores: the
 table would fit their load; a median known less well than half of 5%): run it again when the machine is
-quieter, or write it anyway with --force. --show says whether a
-table is fresh (this host, CPU, MPI library and pydist) or stale.
+quieter, or write it anyway with --force. --show says whether a table is fresh (this host, CPU, MPI
+library and pydist) or stale.
 
 The table is cached per host, CPU, MPI library and pydist version ($XDG_CACHE_HOME/pydist, or
 PYDIST_TUNE_DIR): another library, a new CPU or a new pydist is another file, measured afresh. World rank
@@ -35,9 +35,10 @@ PYDIST_TUNE_DIR): another library, a new CPU or a new pydist is another file, me
 import argparse
 import datetime
 import glob
-import resource
 import json
 import os
+import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -229,9 +230,7 @@ def noise(spreads, repeats, busy):
     cells = [(x, ranks, op, int(size), path) for ranks, ops in spreads.items() for op, by_size in ops.items()
              for size, by_path in by_size.items() for path, x in by_path.items()]
     if cells and repeats >= MIN_REPEATS_FOR_SPREAD:
-        values = sorted(c[0] for c in cells)
-        middle = len(values) // 2
-        spread = values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+        spread = statistics.median(c[0] for c in cells)
         out.update(spread=round(spread, 4), uncertainty=round(0.93 * spread / repeats ** 0.5, 4),
                    largest=list(max(cells)))
     return out
