@@ -759,11 +759,11 @@ COLOURS = {"compute": "#4C72B0", "comm": "#DD8452", "sync": "#55A868", "strategy
            "torch": "#937860", "other": "#8C8C8C", WAIT_CAT: "#C44E52"}
 MAX_BARS = 3000          # past this many spans, draw a window of the run (bars under a pixel tell nothing)
 ROW_PX, MARGIN_PX = 100, 200
+WIDTH_PX, LEFT_PX, RIGHT_PX = 1600, 230, 20   # the picture, and the room for the rows' labels and after the axes
 # Text sizes (points at 100 dpi) for a 1600 px picture that a page shows at its column width, about 750 px:
 # half size there, so a 16 pt name reads as a 10-11 px one
 NAME_PT, STEP_PT, LABEL_PT, TITLE_PT = 16, 14, 18, 22
 CHAR_PX = 0.6 * NAME_PT * 100 / 72   # the mean width of a name's character, for "does it fit in its bar"
-LEFT_PX = 230                        # room for the rows' labels
 
 
 def _window(all_spans, first, last, max_seconds):
@@ -831,14 +831,15 @@ def draw_png(trace, out_png, max_seconds=None):
     row_of = {(pid, tid): i for i, (pid, tid, _) in enumerate(rows)}
 
     height_px = MARGIN_PX + ROW_PX * max(1, len(rows))
-    fig = Figure(figsize=(16, height_px / 100), dpi=100)
+    fig = Figure(figsize=(WIDTH_PX / 100, height_px / 100), dpi=100)
     # fixed margins in pixels, so that the title, legend and labels fit however many rows there are
-    fig.subplots_adjust(left=LEFT_PX / 1600, right=1 - 20 / 1600, top=1 - 110 / height_px, bottom=80 / height_px)
+    fig.subplots_adjust(left=LEFT_PX / WIDTH_PX, right=1 - RIGHT_PX / WIDTH_PX, top=1 - 110 / height_px,
+                        bottom=80 / height_px)
     ax = fig.add_subplot()
 
     bars = collections.defaultdict(list)   # (category, row, depth) -> [(x, width)], drawn together
     steps_drawn, names, used = [], [], set()
-    px_per_us = (1600 - LEFT_PX - 20) / max(end - start, 1e-9)   # the axes' width in pixels
+    px_per_us = (WIDTH_PX - LEFT_PX - RIGHT_PX) / max(end - start, 1e-9)
     for span in all_spans:
         e = span.event
         x0, x1 = max(e["ts"], start), min(e["ts"] + e["dur"], end)

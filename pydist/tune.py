@@ -344,8 +344,8 @@ def freshness(table, here):
                      "a fresh one")
 
 
-def show(table, path, here=None):
-    state, why = freshness(table, here or _path_table.identity())
+def show(table, path):
+    state, why = freshness(table, _path_table.identity())
     print(f"path table {path}")
     print(f"  {state:8s} {why}")
     print(f"  measured {table.get('measured', '?')} in {table.get('seconds', '?')} s on {table.get('host', '?')}")
@@ -390,7 +390,7 @@ def main(argv=None):
     ap.add_argument("--show", action="store_true", help="print the table and its measurements")
     ap.add_argument("--clear", action="store_true", help="remove this machine's cached table")
     ap.add_argument("--force", action="store_true", help="write the table even when the machine was too noisy for "
-                                                         "the 5%% rule (the repeats' spread says so)")
+                                                         "the 5%% rule (other processes' load, the repeats' spread)")
     ap.add_argument("--measure", metavar="PART", help=argparse.SUPPRESS)   # one job's half, under mpiexec
     args = ap.parse_args(argv)
     if args.repeats < 1 or args.max_bytes < 8 or (args.ranks and min(args.ranks) < 2):

@@ -91,6 +91,20 @@ def run_block(block, cwd, env):
     return None
 
 
+def skip_reason(block, seen, args):
+    """Why `block` is not run in this call (None: it is run)."""
+    first = block.text.splitlines()[0] if block.text else ""
+    if first.startswith(NOT_RUN):
+        return f"skipped (it says: {first[len(NOT_RUN):].strip()})"
+    if block.text in seen:
+        return "the same block as above: run once"
+    if block.text in SUITE:
+        return f"skipped: {SUITE[block.text]}"
+    if block.is_make():
+        return None if args.make else "run with --make"
+    return None if args.work else "run with --work"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="tests/docs/shell_blocks.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("pages", nargs="+")
@@ -107,12 +121,7 @@ def main(argv=None):
     env = src = None
     failures, ran, seen = [], 0, set()
     for b in found:
-        first = b.text.splitlines()[0] if b.text else ""
-        why = (f"skipped (it says: {first[len(NOT_RUN):].strip()})" if first.startswith(NOT_RUN) else
-               "the same block as above: run once" if b.text in seen else
-               f"skipped: {SUITE[b.text.strip()]}" if b.text.strip() in SUITE else
-               ("run with --make" if not args.make else None) if b.is_make() else
-               ("run with --work" if not args.work else None))
+        why = skip_reason(b, seen, args)
         seen.add(b.text)
         if args.list or why is not None:
             print(f"-- {b.where}: {why or 'run'}" + ("" if why else ": " + "; ".join(b.commands())))
