@@ -3,6 +3,7 @@
 
     sudo python benchmarks/cluster_model.py                     # 2 hosts, 100 Mbit/s .. 10 Gbit/s
     sudo python benchmarks/cluster_model.py --rates 100mbit 1gbit --batches 16 64
+    python benchmarks/cluster_model.py --replot                 # the picture again from cluster.json
 
 Run it directly as root (not under mpiexec): it brings up a cluster of --hosts network-namespace hosts
 with scripts/cluster.sh, one rank per host, re-shapes the link to each --rates value in turn, runs
@@ -39,6 +40,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLUSTER = os.path.join(ROOT, "scripts", "cluster.sh")
 RUN = os.path.join(ROOT, "benchmarks", "cluster_run.py")
+sys.path.insert(0, ROOT)
+from pydist import _figures as figures  # noqa: E402  (sized for the docs' column)
 
 
 def rate_bits(rate):
@@ -109,31 +112,56 @@ def step_sync(model, n, r, ranks, tcomp):
     return predict(model, n, r, ranks, credit=min(bucket(r), r / 8 * tcomp))
 
 
-def plot(path, batches, tcomp1, rates, model, grad, ranks, measured):
+def figure(batches, tcomp1, rates, model, grad, ranks, measured):
+    """Speed-up over one rank against B: the model's curves for R = ranks (solid) and 2 ranks (dotted)
+    and the measured points, a colour per link rate."""
     import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(11, 5.5))
+    from matplotlib.figure import Figure   # no pyplot: no global state, no GUI backend
+    from matplotlib.lines import Line2D
+
+    fig = Figure(figsize=(figures.WIDTH_IN, 6.2), layout="constrained")
+    ax = fig.subplots()
     fine = np.geomspace(batches[0], batches[-1], 60)
     t_fine = np.exp(np.interp(np.log(fine), np.log(batches), np.log(tcomp1)))
     for i, rate in enumerate(rates):
-        color = plt.cm.viridis(i / max(len(rates) - 1, 1))
+        color = matplotlib.colormaps["viridis"](i / max(len(rates) - 1, 1))
         r = rate_bits(rate)
         for many, style in ((ranks, "-"), (2 * ranks, ":")):
             s = [many * t / (t + step_sync(model, grad, r, many, t)) for t in t_fine]
-            ax.plot(fine, s, style, color=color, label=f"{rate}: model, R={many}")
-        ax.plot(batches, measured[rate], "o", color=color, label=f"{rate}: measured, R={ranks}")
+            ax.plot(fine, s, style, color=color)
+        ax.plot(batches, measured[rate], "o", color=color)
     ax.axhline(1, color="grey", lw=0.8)
     ax.set_xscale("log", base=2)
+    ax.minorticks_off()
+    ax.set_xticks(batches, [str(b) for b in batches])   # the batches measured
     ax.set_xlabel("batch size per rank B")
     ax.set_ylabel("speed-up over one rank")
+    ax.grid(alpha=0.3)
     alpha, eta, host = model
     ax.set_title(f"LeNet-5 data parallel across simulated hosts: S = R Tcomp / (Tcomp + Tsync)\n"
-                 f"Tsync = {alpha * 1e3:.2f} ms + max((m - bucket) / ({eta:.2f} x link rate), m / {host / 1e9:.1f} Gbit/s),"
-                 f" m = 2(R-1)/R x {grad / 1024:.0f} KiB", fontsize=9)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+                 f"Tsync = {alpha * 1e3:.2f} ms + max((m - bucket) / ({eta:.2f} x link rate), "
+                 f"m / {host / 1e9:.1f} Gbit/s)\nm = 2(R-1)/R x {grad / 1024:.0f} KiB", fontsize="small")
+    # a colour per rate, then what each line style is
+    keys = [Line2D([], [], color=matplotlib.colormaps["viridis"](i / max(len(rates) - 1, 1)), lw=4, label=rate)
+            for i, rate in enumerate(rates)]
+    keys += [Line2D([], [], linestyle="-", color="black", label=f"model, R={ranks}"),
+             Line2D([], [], linestyle=":", color="black", label=f"model, R={2 * ranks}"),
+             Line2D([], [], linestyle="", marker="o", color="black", label=f"measured, R={ranks}")]
+    fig.legend(handles=keys, loc="outside lower center", ncol=4, fontsize="small")
+    return fig
+
+
+def replot(out_dir):
+    """cluster.png again from cluster.json."""
+    with open(os.path.join(out_dir, "cluster.json")) as f:
+        saved = json.load(f)
+    batches = [int(b) for b in saved["tcomp1_s"]]
+    tcomp1 = [saved["tcomp1_s"][str(b)] for b in batches]
+    model = (saved["alpha_s"], saved["eta"], saved["host_bits_per_s"])
+    png = os.path.join(out_dir, "cluster.png")
+    figures.save(figure(batches, tcomp1, list(saved["speedup_measured"]), model, saved["grad_bytes"],
+                        saved["hosts"], saved["speedup_measured"]), png)
+    print(f"wrote {png}")
 
 
 def main(argv=None):
@@ -146,7 +174,10 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=21, help="timed all-reduces per size (the median is kept)")
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "results", "cluster"))
     ap.add_argument("--timeout", type=int, default=300, help="per job, seconds")
+    ap.add_argument("--replot", action="store_true", help="only the picture again, from --out-dir's cluster.json")
     args = ap.parse_args(argv)
+    if args.replot:
+        return replot(args.out_dir)
     for r in args.rates:
         rate_bits(r)
     os.makedirs(args.out_dir, exist_ok=True)
@@ -194,7 +225,7 @@ def main(argv=None):
         print(f"{rate:>8} " + " ".join(f"{m:>6.2f}/{p:<6.2f}" for m, p in zip(measured[rate], modelled)) +
               f"   {('B >= ' + str(pays[0])) if pays else 'beyond B=' + str(args.batches[-1])}")
     png = os.path.join(args.out_dir, "cluster.png")
-    plot(png, args.batches, tcomp1, list(runs), model, grad, args.hosts, measured)
+    figures.save(figure(args.batches, tcomp1, list(runs), model, grad, args.hosts, measured), png)
     with open(os.path.join(args.out_dir, "cluster.json"), "w") as f:
         json.dump({"hosts": args.hosts, "alpha_s": alpha, "eta": eta, "host_bits_per_s": host, "grad_bytes": grad,
                    "tsync": table,

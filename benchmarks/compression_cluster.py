@@ -32,6 +32,9 @@ import sys
 from cluster_model import CLUSTER, cluster, rate_bits  # noqa: E402  (the same cluster.sh, the same rate units)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from pydist import _figures as figures  # noqa: E402  (sized for the docs' column)
+
 RUN = os.path.join(ROOT, "benchmarks", "compression_run.py")
 SYNC = ("allreduce", "ring", "central", "ps", "average", "easgd")
 
@@ -133,17 +136,28 @@ def report(args):
 
 def plot(args, rows):
     try:
-        import matplotlib
+        import matplotlib  # noqa: F401
     except ImportError:
         print("no matplotlib: no picture")
         return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    png = os.path.join(args.out_dir, "compression.png")
+    figures.save(figure(args, rows), png)
+    print(f"wrote {png}")
+
+
+def figure(args, rows):
+    """Test accuracy against training seconds: a row of panels per (hosts, model, strategy), a panel per
+    link rate, a line per compressor, one legend for all."""
+    import matplotlib
+    from matplotlib.figure import Figure   # no pyplot: no global state, no GUI backend
+    from matplotlib.lines import Line2D
+
     rates = sorted(args.rates, key=rate_bits)
     panels = [(h, m, s) for h in args.hosts for m in args.models for s in args.strategies
               if any(r["hosts"] == h and r["model"] == m and r["strategy"] == s for r in rows)]
-    fig, axes = plt.subplots(len(panels), len(rates), figsize=(5.5 * len(rates), 3.6 * len(panels)), squeeze=False)
-    colors = {c: plt.cm.tab10(i) for i, c in enumerate(args.compressors)}
+    fig = Figure(figsize=(figures.WIDTH_IN, 0.9 + 2.5 * len(panels)), layout="constrained")
+    axes = fig.subplots(len(panels), len(rates), squeeze=False, sharey=True)
+    colors = {c: matplotlib.colormaps["tab10"](i) for i, c in enumerate(args.compressors)}
     for i, (h, m, s) in enumerate(panels):
         for j, rate in enumerate(rates):
             ax = axes[i][j]
@@ -151,19 +165,20 @@ def plot(args, rows):
                 if (r["hosts"], r["model"], r["strategy"], r["rate"]) != (h, m, s, rate):
                     continue
                 xs, ys = zip(*[(t, a) for t, a in r["points"] if t > 0])
-                ax.plot(xs, ys, "-", color=colors[r["compression"]], label=r["compression"], lw=1.4)
+                ax.plot(xs, ys, "-", color=colors[r["compression"]], lw=1.4)
             ax.axhline(args.target, color="grey", lw=0.7, ls=":")
             ax.set_xscale("log")
             ax.set_ylim(0.6, 0.92)
-            ax.set_title(f"{'LeNet-5' if m == 'lenet5' else 'MLP 1024-1024'}, {s}, {h} hosts, {rate}", fontsize=9)
-            ax.set_xlabel("training seconds (log)", fontsize=8)
-            ax.set_ylabel("test accuracy", fontsize=8)
-            ax.tick_params(labelsize=7)
-            if ax.get_lines()[1:]:   # beside the target's line
-                ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(os.path.join(args.out_dir, "compression.png"), dpi=110)
-    print(f"wrote {os.path.join(args.out_dir, 'compression.png')}")
+            ax.set_title(f"{'LeNet-5' if m == 'lenet5' else 'MLP 1024-1024'}, {s}, {h} hosts, {rate}",
+                         fontsize="small")
+            ax.grid(alpha=0.3)
+        axes[i][0].set_ylabel("test accuracy")
+    for ax in axes[-1]:
+        ax.set_xlabel("training seconds (log)")
+    shown = [c for c in args.compressors if any(r["compression"] == c for r in rows)]
+    fig.legend(handles=[Line2D([], [], color=colors[c], lw=1.4, label=c) for c in shown],
+               loc="outside lower center", ncol=len(shown), fontsize="small")
+    return fig
 
 
 def main(argv=None):

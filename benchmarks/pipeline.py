@@ -38,6 +38,7 @@ import sys
 from mpi_jobs import MPIEXEC, ROOT, run
 
 sys.path.insert(0, ROOT)
+from pydist import _figures as figures  # noqa: E402  (sized for the docs' column)
 from pydist.engine import SCHEDULES  # noqa: E402  (the schedules' names; no MPI)
 
 WORKER = os.path.join(ROOT, "benchmarks", "pipeline_run.py")
@@ -168,12 +169,17 @@ def print_table(model, P, results, args):
 
 def timeline_figure(runs, title):
     """One panel per schedule: a row per stage, its forward and backward blocks (labelled with the
-    micro-batch) and its update, in ms from the step's first event on any rank."""
+    micro-batch where the label fits) and its update, in ms from the step's first event on any rank."""
+    import textwrap
+
     from matplotlib.figure import Figure   # no pyplot: no global state, no GUI backend
     from matplotlib.patches import Patch
 
-    fig = Figure(figsize=(11, 1.0 + 1.6 * sum(r["stages"] + 1 for _, r in runs) / 2))
+    fig = Figure(figsize=(figures.WIDTH_IN, 1.5 + 0.9 * sum(r["stages"] + 1 for _, r in runs)), layout="constrained")
     axes = fig.subplots(len(runs), 1, squeeze=False, sharex=True)[:, 0]
+    span_ms = max((max(ev[3] for r in result["ranks"] for ev in r["trace"]) -
+                   min(ev[2] for r in result["ranks"] for ev in r["trace"])) * 1e3 for _, result in runs)
+    label_ms = span_ms * 0.3 / (figures.WIDTH_IN - 1.2)   # a 2-digit label at 8 pt: about 0.3 in of the axes
     for ax, (schedule, result) in zip(axes, runs):
         ranks = [r for r in result["ranks"] if r["replica"] == 0]
         t0 = min(ev[2] for r in ranks for ev in r["trace"])
@@ -182,21 +188,20 @@ def timeline_figure(runs, title):
             for kind, micro, start, end in r["trace"]:
                 left, width = (start - t0) * 1e3, (end - start) * 1e3
                 ax.barh(y, width, left=left, height=0.7, color=KIND[kind][1], edgecolor="black", linewidth=0.5)
-                if kind != 2:
-                    ax.text(left + width / 2, y, str(micro), ha="center", va="center", fontsize="small")
+                if kind != 2 and width >= label_ms:
+                    ax.text(left + width / 2, y, str(micro), ha="center", va="center", fontsize=figures.MIN_PT)
         step_ms = (max(ev[3] for r in ranks for ev in r["trace"]) - t0) * 1e3
         P, M = result["stages"], result["micro_batches"]
         ax.set_yticks(range(P), [f"stage {p}" for p in range(P)])
         ax.set_ylim(P - 0.5, -0.5)   # stage 0 on top
-        ax.set_title(f"{schedule}: one step {step_ms:.1f} ms; bubble {100 * mean_bubble(result):.0f}% measured "
-                     f"(mean over the stages and steps), {100 * theory(P, M):.0f}% in theory; peak slots per stage "
+        ax.set_title(f"{schedule}: a step of {step_ms:.1f} ms, bubble {100 * mean_bubble(result):.0f}% measured, "
+                     f"{100 * theory(P, M):.0f}% in theory\npeak slots per stage "
                      f"{[r['peak_slots'] for r in ranks]}", fontsize="medium")
         ax.grid(axis="x", alpha=0.3)
     axes[-1].set_xlabel("ms from the step's first event (any stage)")
     fig.legend(handles=[Patch(facecolor=c, edgecolor="black", label=name) for name, c in KIND.values()],
-               loc="lower center", fontsize="small", ncol=3)   # below the panels: never over a block
-    fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
+               loc="outside lower center", fontsize="small", ncol=3)   # below the panels: never over a block
+    fig.suptitle(textwrap.fill(title, 80), fontsize="medium")
     return fig
 
 
@@ -204,7 +209,7 @@ def bubble_figure(results, args):
     """Each run's bubble (the mean over its stages) against M, a panel per P, with the theory."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(5 * len(args.stages) + 1, 4.4))
+    fig = Figure(figsize=(figures.WIDTH_IN, 4.6), layout="constrained")
     axes = fig.subplots(1, len(args.stages), squeeze=False, sharey=True)[0]
     fine = [1 + i * (max(args.micro_batches) - 1) / 100 for i in range(101)]
     for ax, P in zip(axes, args.stages):
@@ -220,13 +225,13 @@ def bubble_figure(results, args):
         ax.set_xscale("log", base=2)
         ax.minorticks_off()
         ax.set_xticks(args.micro_batches, [str(m) for m in args.micro_batches])
-        crowded = f", oversubscribed ({P} ranks, {os.cpu_count()} cores)" if oversubscribed(P) else ""
-        ax.set(title=f"P = {P} stages{crowded}", xlabel="M, micro-batches per step", ylim=(0, 1))
+        crowded = f"\noversubscribed: {P} ranks, {os.cpu_count()} cores" if oversubscribed(P) else ""
+        ax.set(xlabel="M, micro-batches per step", ylim=(0, 1))
+        ax.set_title(f"P = {P} stages{crowded}", fontsize="medium")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
     axes[0].set_ylabel("bubble: idle / (busy + idle)")
-    fig.suptitle(f"Pipeline bubble against micro-batches (batch {args.batch_size} per replica)")
-    fig.tight_layout()
+    fig.legend(handles=axes[0].get_lines(), loc="outside lower center", fontsize="small", ncol=2)
+    fig.suptitle(f"Pipeline bubble against micro-batches (batch {args.batch_size} per replica)", fontsize="medium")
     return fig
 
 
@@ -244,13 +249,13 @@ def draw(results, args):
         crowded = f", oversubscribed ({P} ranks on {os.cpu_count()} cores)" if oversubscribed(P) else ""
         title = (f"{model_tag(model, args)}: the last measured step, P = {P} stages, M = {M} micro-batches of "
                  f"{args.batch_size // M}{crowded}")
-        timeline_figure(runs, title).savefig(png, dpi=90)
+        figures.save(timeline_figure(runs, title), png)
         print(f"plot: {png}")
     else:
         print(f"plot: no timeline (no {model_tag(model, args)} run at P={P}, M={M}; see --timeline)")
     if results:
         png = os.path.join(args.out, "pipeline_bubble.png")
-        bubble_figure(results, args).savefig(png, dpi=90)
+        figures.save(bubble_figure(results, args), png)
         print(f"plot: {png}")
 
 

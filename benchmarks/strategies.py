@@ -51,6 +51,7 @@ import sys
 from mpi_jobs import MPIEXEC, ROOT, run
 
 sys.path.insert(0, ROOT)
+from pydist import _figures as figures  # noqa: E402  (sized for the docs' column)
 from pydist.engine import ASYNC, DATA_PARALLEL, STRATEGIES  # noqa: E402  (the strategies and their options; no MPI)
 
 WORKER = os.path.join(ROOT, "benchmarks", "strategy_run.py")
@@ -240,12 +241,14 @@ def print_table(scenario, results, notes, args):
 
 
 def figure(scenario, results, workers):
-    """Test accuracy against training seconds: a panel per number of workers, a line per strategy."""
+    """Test accuracy against training seconds: a panel per number of workers, stacked to the docs'
+    column, a line per strategy, one legend for all (a strategy's R is in the tables)."""
     from matplotlib.figure import Figure   # no pyplot: no global state, no GUI backend
+    from matplotlib.lines import Line2D
 
     name, slow_rank, slow_ms = scenario
-    fig = Figure(figsize=(max(6.5, 5 * len(workers)), 4.8))
-    axes = fig.subplots(1, len(workers), squeeze=False, sharey=True)[0]
+    fig = Figure(figsize=(figures.WIDTH_IN, 1.9 + 2.4 * len(workers)), layout="constrained")
+    axes = fig.subplots(len(workers), 1, squeeze=False, sharey=True)[:, 0]
     # The y range of the learning after the first evaluation: every run starts from the same weights
     # (its step-0 point, at chance, lies below), and the strategies differ near the top.
     later = [acc for result in results.values() for _, _, acc in result["curve"][1:]] or [0.0, 1.0]
@@ -254,19 +257,48 @@ def figure(scenario, results, workers):
         for (strategy, W), result in results.items():
             if W == w:
                 t, _, acc = zip(*result["curve"])
-                ax.plot(t, acc, ".--" if strategy in ASYNC else ".-", color=COLORS[strategy],
-                        label=f"{strategy} (R={result['world_size']})")
+                ax.plot(t, acc, style(strategy), color=COLORS[strategy])
         ax.axhline(TARGET, color="grey", linestyle=":", linewidth=1)
-        ax.set(title=f"{w} worker{'s' * (w > 1)}", xlabel="training seconds (evaluation excluded)",
-               ylim=(bottom, top))
+        ax.set(ylim=(bottom, top), ylabel="test accuracy")
+        ax.set_title(f"{w} worker{'s' * (w > 1)}", fontsize="medium")
         ax.grid(alpha=0.3)
-        if ax.lines[1:]:   # beyond the target line
-            ax.legend(loc="best", fontsize="x-small", ncol=2)
-    axes[0].set_ylabel("test accuracy")
-    straggler = "" if slow_rank is None else f"\nstraggler: rank {slow_rank} sleeps {slow_ms} ms per step"
+    axes[-1].set_xlabel("training seconds (evaluation excluded)")
+    shown = [strategy for strategy in DATA_PARALLEL if any(s == strategy for s, _ in results)]
+    fig.legend(handles=[Line2D([], [], linestyle=style(s)[1:], marker=".", color=COLORS[s], label=s) for s in shown],
+               loc="outside lower center", ncol=5, fontsize="small")
+    straggler = "" if slow_rank is None else f"; rank {slow_rank} sleeps {slow_ms} ms per step"
     fig.suptitle("LeNet-5 / Fashion-MNIST: test accuracy against training time\n"
-                 "(dashed: asynchronous, R = W + servers)" + straggler)
-    fig.tight_layout()
+                 f"(dashed: asynchronous, R = W + servers{straggler})", fontsize="medium")
+    return fig
+
+
+def style(strategy):
+    """The line of a strategy: dashed when asynchronous."""
+    return ".--" if strategy in ASYNC else ".-"
+
+
+def window_figure(results, args):
+    """Final test accuracy against the window, a line per (strategy, workers)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(figures.WIDTH_IN, 4.2), layout="constrained")
+    ax = fig.subplots()
+    styles = ["o-", "s--", "^-.", "d:"]
+    for i, workers in enumerate(args.sweep_workers):
+        for strategy in args.sweep_strategies:
+            points = [(win, r["final_test_accuracy"]) for (st, w, win), r in results.items()
+                      if st == strategy and w == workers]
+            if points:
+                ax.plot(*zip(*sorted(points)), styles[i % len(styles)], color=COLORS[strategy],
+                        label=f"{strategy}, {workers} workers")
+    ax.set_xscale("log")
+    ax.minorticks_off()   # the windows themselves are the ticks
+    ax.set_xticks(sorted(args.sweep_windows), [str(w) for w in sorted(args.sweep_windows)])
+    ax.set(xlabel="window (a worker's steps between exchanges)", ylabel="final test accuracy (the center)")
+    ax.set_title(f"LeNet-5 / Fashion-MNIST, {args.epochs} epoch(s), lr {args.lr}, momentum {args.momentum}",
+                 fontsize="medium")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
     return fig
 
 
@@ -299,29 +331,11 @@ def window_sweep(args, trained):
         return
     png = os.path.join(args.out, "strategies_window.png")
     try:
-        from matplotlib.figure import Figure
+        import matplotlib  # noqa: F401
     except ImportError:
         print("plot: skipped (matplotlib is not installed)")
         return
-    fig = Figure(figsize=(6.5, 4.6))
-    ax = fig.subplots()
-    styles = ["o-", "s--", "^-.", "d:"]
-    for i, workers in enumerate(args.sweep_workers):
-        for strategy in args.sweep_strategies:
-            points = [(win, r["final_test_accuracy"]) for (st, w, win), r in results.items()
-                      if st == strategy and w == workers]
-            if points:
-                ax.plot(*zip(*sorted(points)), styles[i % len(styles)], color=COLORS[strategy],
-                        label=f"{strategy}, {workers} workers")
-    ax.set_xscale("log")
-    ax.minorticks_off()   # the windows themselves are the ticks
-    ax.set_xticks(sorted(args.sweep_windows), [str(w) for w in sorted(args.sweep_windows)])
-    ax.set(xlabel="window (a worker's steps between exchanges)", ylabel="final test accuracy (the center)",
-           title=f"LeNet-5 / Fashion-MNIST, {args.epochs} epoch(s), lr {args.lr}, momentum {args.momentum}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(png, dpi=90)
+    figures.save(window_figure(results, args), png)
     print(f"plot: {png}")
 
 
@@ -371,7 +385,7 @@ def main(argv=None):
             print(f"plot: skipped (no {name} results)")
             continue
         try:
-            figure(scenario, results, args.workers).savefig(png, dpi=90)
+            figures.save(figure(scenario, results, args.workers), png)
             print(f"plot: {png}")
         except ImportError:
             print("plot: skipped (matplotlib is not installed)")

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _files
+from . import _files, _figures as figures
 
 VERSION = 1              # otherData.pydist.version this module reads and writes
 SLACK_US = 0.001         # 1 ns: times are written to the nanosecond, so sums may round by that much
@@ -758,11 +758,11 @@ def _straggler_lines(found, worst):
 COLOURS = {"compute": "#4C72B0", "comm": "#DD8452", "sync": "#55A868", "strategy": "#8172B3",
            "torch": "#937860", "other": "#8C8C8C", WAIT_CAT: "#C44E52"}
 MAX_BARS = 3000          # past this many spans, draw a window of the run (bars under a pixel tell nothing)
-ROW_PX, MARGIN_PX = 100, 200
+ROW_PX, MARGIN_PX = 140, 200   # a row: its step label (STEP_PT) above the bars (0.6 of it)
 WIDTH_PX, LEFT_PX, RIGHT_PX = 1600, 230, 20   # the picture, and the room for the rows' labels and after the axes
-# Text sizes (points at 100 dpi) for a 1600 px picture that a page shows at its column width, about 750 px:
-# half size there, so a 16 pt name reads as a 10-11 px one
-NAME_PT, STEP_PT, LABEL_PT, TITLE_PT = 16, 14, 18, 22
+# Text sizes (points at 100 dpi) for a 1600 px picture that a page shows at its column's width
+# (figures.COLUMN_PX, 736 px): 0.64 px there per point, so an 18 pt name reads as an 11.5 px one
+NAME_PT, STEP_PT, LABEL_PT, TITLE_PT = 18, 18, 20, 24
 CHAR_PX = 0.6 * NAME_PT * 100 / 72   # the mean width of a name's character, for "does it fit in its bar"
 
 
@@ -811,7 +811,7 @@ def draw_png(trace, out_png, max_seconds=None):
     outlines behind their phases, async calls as a strip under their row; time in ms.
 
     A long run is drawn in part (said in the title): its first `max_seconds`, or by default the 3rd to
-    8th step when there are more than 8, or the first MAX_BARS spans. 1600 x (200 + 100 per row) px.
+    8th step when there are more than 8, or the first MAX_BARS spans. 1600 x (200 + 140 per row) px.
     Returns {"rows": [labels], "window_ms": (start, end), "bars": spans drawn, "shows": what part}.
     ImportError without matplotlib.
 
@@ -903,7 +903,7 @@ def draw_png(trace, out_png, max_seconds=None):
     if shows:
         title += f"; showing {shows} ({start / 1000:.1f}-{end / 1000:.1f} ms)"
     fig.suptitle(title, x=0.5, y=1 - 15 / height_px, va="top", fontsize=TITLE_PT)
-    fig.savefig(os.fspath(out_png), dpi=100)
+    figures.save(fig, os.fspath(out_png), dpi=100)
     return {"rows": [label for _, _, label in rows], "window_ms": (start / 1000, end / 1000),
             "bars": n_bars + len(steps_drawn),
             "shows": shows}

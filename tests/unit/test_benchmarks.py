@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from pydist import _figures as figures
 from unit_helpers import MPIEXEC
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -160,7 +161,7 @@ def test_strategies_quick(tmp_path):
     assert points[("adag", "5")] == float(rows["adag"][4]), (sweep, rows["adag"])   # the comparison's run, reused
     assert "lr 0.02" in sweep
     for png in ("strategies.png", "strategies_window.png"):
-        assert (tmp_path / png).stat().st_size > 0
+        assert figures.page_px(tmp_path / png) >= figures.MIN_PAGE_PX   # legible at the docs' column
 
 
 def test_strategies_says_what_it_skips(tmp_path):
@@ -207,7 +208,7 @@ def test_pipeline_quick(tmp_path):
         assert kib <= float(table[(model, "gpipe", M, stage)][11]), r   # 1F1B never holds more than GPipe
     assert float(table[("mlp-256x4", "1f1b", 2, 1)][11]) < float(table[("mlp-256x4", "gpipe", 2, 1)][11]), out
     for png in ("pipeline_timeline.png", "pipeline_bubble.png"):
-        assert (tmp_path / png).stat().st_size > 0
+        assert figures.page_px(tmp_path / png) >= figures.MIN_PAGE_PX
     again = subprocess.run([sys.executable, "benchmarks/pipeline.py", "--quick", "--replot", "--out", str(tmp_path)],
                            cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
@@ -279,6 +280,12 @@ def test_cluster_model_quick(tmp_path):
     speedups = re.findall(r"^ *(100mbit|1gbit) +([\d.]+)/([\d.]+) +([\d.]+)/([\d.]+) ", proc.stdout, re.M)
     assert len(speedups) == 2, proc.stdout
     assert (tmp_path / "cluster.png").stat().st_size > 10000 and (tmp_path / "cluster.json").exists()
+    assert figures.page_px(tmp_path / "cluster.png") >= figures.MIN_PAGE_PX
+    before = (tmp_path / "cluster.png").stat().st_mtime_ns
+    proc = subprocess.run([sys.executable, "benchmarks/cluster_model.py", "--replot", "--out-dir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "wrote" in proc.stdout, proc.stdout + proc.stderr
+    assert (tmp_path / "cluster.png").stat().st_mtime_ns > before   # drawn again from cluster.json alone
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not re.search(r"^pdh\d", listed, re.M), listed
 
@@ -325,6 +332,7 @@ def test_compression_cluster_quick(tmp_path):
         assert (mark == "*") == (rate == "100mbit"), (rate, comp, mark)   # the slow link's runs stopped early
     assert "every evaluation a stopped run shares with its full run is bitwise the same" in proc.stdout, proc.stdout
     assert (tmp_path / "compression.png").stat().st_size > 10000 and (tmp_path / "compression.json").exists()
+    assert figures.page_px(tmp_path / "compression.png") >= figures.MIN_PAGE_PX
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not re.search(r"^pdh\d", listed, re.M), listed
 

@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from pydist import _files, trace_report
+from pydist import _figures as figures, _files, trace_report
 from trace_format import validate
 from unit_helpers import subprocess_env
 
@@ -324,7 +324,8 @@ def test_draw_png_shows_steps_3_to_8(merged, tmp_path):
     out = tmp_path / "run.png"
     drawn = trace_report.draw_png(merged, out)
     assert drawn["rows"] == ["rank 0", "rank 1", "rank 2", "rank 2 server"]
-    assert png_size(out) == (1600, 200 + 100 * 4)
+    assert png_size(out) == (1600, 200 + 140 * 4)
+    assert figures.page_px(out) >= figures.MIN_PAGE_PX   # its smallest text, at the docs' column
     assert out.stat().st_size > 20_000   # bars, labels and a legend, not an empty frame
     assert drawn["shows"] == "steps 3-8 of 10"
     assert drawn["window_ms"] == (step_start(3) / 1000, (step_start(8) + 37_000) / 1000)
@@ -353,10 +354,10 @@ def test_the_command_line(parts, tmp_path):
     proc = cli("summary", "cli.json", "--png", "cli.png", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "straggler: rank 1, slowest in 100% of 10 steps" in proc.stdout
-    assert png_size(tmp_path / "cli.png") == (1600, 600)
+    assert png_size(tmp_path / "cli.png") == (1600, 200 + 140 * 4)
     proc = cli("png", "cli.json", "only.png", "--max-seconds", "0.1", cwd=tmp_path)
     assert proc.returncode == 0 and "the first 0.1 s" in proc.stdout, proc.stderr
-    assert png_size(tmp_path / "only.png") == (1600, 600)
+    assert png_size(tmp_path / "only.png") == (1600, 200 + 140 * 4)
 
 
 @pytest.mark.parametrize("command", ["pydist.trace_report", "pydist.timeline"])
