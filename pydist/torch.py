@@ -592,6 +592,7 @@ def _create(options, backend_options=None):
         pd.init_process_group(timeout=options.timeout)
     ranks = list(options.global_ranks_in_group) or list(range(pd.get_world_size()))
     if not options.global_ranks_in_group:
+        _check_world(options.group_rank, options.group_size)
         # The default group: torch's init_process_group(timeout=...) bounds every pydist wait from now
         # on (MPI was started at import, before torch had a timeout to give).
         pd._set_default_timeout(options.timeout.total_seconds())
@@ -608,6 +609,28 @@ def _create(options, backend_options=None):
                                           f"{options.timeout}")
             time.sleep(0.001)
     return ProcessGroupPydist(options.group_rank, options.group_size, ranks, default=default)
+
+
+def _check_world(torch_rank, torch_size):
+    """The default group's rank and size as torch was told them (arguments, RANK and WORLD_SIZE, a
+    store) must be MPI's, which every pydist call uses: processes that torch's spawn or torchrun
+    started are each an MPI world of one, and would sum alone and return a wrong result without a
+    word. Every rank gathers every rank's view (one all-gather over MPI's world), so a mismatch on any
+    rank is the same ValueError on all of them and none goes on to wait for the others."""
+    size = pd.get_world_size()
+    views = [None] * size
+    pd.all_gather_object(views, (torch_rank, torch_size))
+    wrong = [(r, view) for r, view in enumerate(views) if view != (r, size)]
+    if not wrong:
+        return
+    r, (told_rank, told_size) = wrong[0]
+    alone = " (each process is an MPI world of one: processes started by torch's spawn, torchrun or by " \
+        "hand share no MPI world)" if size == 1 and told_size > 1 else ""
+    raise ValueError(
+        f"init_process_group(backend=\"pydist\"): torch was told rank {told_rank} of {told_size} where MPI "
+        f"started rank {r} of {size}{alone}; pydist's ranks are MPI's. Start the job with "
+        f"mpiexec -n {told_size} (or python -m pydist.run -n {told_size}) and leave rank, world_size and "
+        f"the store to pydist, or pass MPI's own")
 
 
 _torch_monitored_barrier = tdist.monitored_barrier

@@ -191,6 +191,63 @@ def test_a_plain_python_script_asking_for_pydist_is_a_world_of_one(tmp_path):
     assert proc.returncode == 1 and "environment variable RANK expected, but not set" in proc.stderr, proc.stderr
 
 
+
+SPAWNED = """
+    import sys, torch, torch.distributed as dist
+    rank, path = int(sys.argv[1]), sys.argv[2]
+    try:
+        dist.init_process_group("pydist", store=dist.FileStore(path, 2), rank=rank, world_size=2)
+    except ValueError as e:
+        print("refused:", e)
+        sys.exit(3)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    print("sum", t.item())
+"""
+
+
+def test_processes_started_without_mpiexec_are_refused_not_summed_alone(tmp_path):
+    """Two processes started the way torch's spawn harness starts them (no mpiexec, each told its rank of
+    2 through a store) are each an MPI world of one: every pydist call would sum alone (all_reduce of
+    ones gave 1.0 where 2.0 is right). Each is refused at init_process_group, naming what MPI started
+    and how to start the job."""
+    script = tmp_path / "spawned.py"
+    script.write_text(textwrap.dedent(SPAWNED))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "MPI_", "HYDRA", "PYDIST_", "OMPI_"))
+           and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")}
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / "store")], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    for r, proc in enumerate(procs):
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 3, out + err
+        assert out.startswith(f'refused: init_process_group(backend="pydist"): torch was told rank {r} of 2 where '
+                              "MPI started rank 0 of 1 (each process is an MPI world of one"), out
+        assert "Start the job with mpiexec -n 2 (or python -m pydist.run -n 2)" in out, out
+
+
+def test_ranks_in_another_order_than_mpis_are_refused_on_every_rank(tmp_path):
+    """Under mpiexec, torch told the ranks in reverse order: only pydist's ranks (MPI's) would be used,
+    so every rank raises the same ValueError, naming the first rank whose view differs, and none waits
+    for the others in a collective."""
+    proc = run(tmp_path, 3, """
+        import os, pydist, torch, torch.distributed as dist
+        pydist.init_process_group()
+        r, n = pydist.get_rank(), pydist.get_world_size()
+        try:
+            dist.init_process_group("pydist", store=dist.FileStore(os.path.join(os.environ["JOB_OUT"], "store"), n),
+                                    rank=n - 1 - r, world_size=n)
+            said = "went on"
+        except ValueError as e:
+            said = f"refused: {e}"
+        with open(os.path.join(os.environ["JOB_OUT"], f"rank{r}.txt"), "w") as f:   # (long lines interleave)
+            f.write(said)
+    """)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = [(tmp_path / f"rank{r}.txt").read_text() for r in range(3)]
+    assert len(set(said)) == 1 and said[0].startswith("refused: "), said   # the same words on every rank
+    assert "torch was told rank 2 of 3 where MPI started rank 0 of 3; pydist's ranks are MPI's" in said[0], said
+
+
 DCP_JOB = """
     import json, os, sys, torch, torch.distributed as dist, torch.nn as nn
     import torch.distributed.checkpoint as dcp
