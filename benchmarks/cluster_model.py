@@ -123,8 +123,9 @@ def figure(batches, tcomp1, rates, model, grad, ranks, measured):
     ax = fig.subplots()
     fine = np.geomspace(batches[0], batches[-1], 60)
     t_fine = np.exp(np.interp(np.log(fine), np.log(batches), np.log(tcomp1)))
-    for i, rate in enumerate(rates):
-        color = matplotlib.colormaps["viridis"](i / max(len(rates) - 1, 1))
+    colours = {rate: matplotlib.colormaps["viridis"](i / max(len(rates) - 1, 1)) for i, rate in enumerate(rates)}
+    for rate in rates:
+        color = colours[rate]
         r = rate_bits(rate)
         for many, style in ((ranks, "-"), (2 * ranks, ":")):
             s = [many * t / (t + step_sync(model, grad, r, many, t)) for t in t_fine]
@@ -142,8 +143,7 @@ def figure(batches, tcomp1, rates, model, grad, ranks, measured):
                  f"Tsync = {alpha * 1e3:.2f} ms + max((m - bucket) / ({eta:.2f} x link rate), "
                  f"m / {host / 1e9:.1f} Gbit/s)\nm = 2(R-1)/R x {grad / 1024:.0f} KiB", fontsize="small")
     # a colour per rate, then what each line style is
-    keys = [Line2D([], [], color=matplotlib.colormaps["viridis"](i / max(len(rates) - 1, 1)), lw=4, label=rate)
-            for i, rate in enumerate(rates)]
+    keys = [Line2D([], [], color=colours[rate], lw=4, label=rate) for rate in rates]
     keys += [Line2D([], [], linestyle="-", color="black", label=f"model, R={ranks}"),
              Line2D([], [], linestyle=":", color="black", label=f"model, R={2 * ranks}"),
              Line2D([], [], linestyle="", marker="o", color="black", label=f"measured, R={ranks}")]

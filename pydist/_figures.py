@@ -25,6 +25,11 @@ def drawn_texts(fig, dpi=DPI):
 
     Only what the renderer is asked to draw counts: tick labels of ticks outside the view, a hidden
     legend, an empty title are not there."""
+    return _draw(fig, dpi)[0]
+
+
+def _draw(fig, dpi):
+    """Draw `fig` at `dpi` once: (drawn_texts' list, the Agg renderer holding the picture)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     fig.set_dpi(dpi)
@@ -41,7 +46,7 @@ def drawn_texts(fig, dpi=DPI):
 
     renderer.draw_text = spy(renderer.draw_text)
     fig.draw(renderer)
-    return found
+    return found, renderer
 
 
 def problems(fig, dpi=DPI):
@@ -62,10 +67,15 @@ def problems(fig, dpi=DPI):
 
 
 def save(fig, path, dpi=DPI):
-    """Write `fig` to the PNG `path` at `dpi`, its smallest text recorded for the docs' check."""
-    texts = drawn_texts(fig, dpi)
+    """Write `fig` to the PNG `path` at `dpi`, its smallest text recorded for the docs' check. The
+    picture is drawn once: the drawing that measures the text is the one written."""
+    import matplotlib.image
+    import numpy as np
+
+    texts, renderer = _draw(fig, dpi)
     smallest = min((points for _, points, _ in texts), default=0) / 72 * dpi
-    fig.savefig(path, dpi=dpi, metadata={SMALLEST_KEY: f"{smallest:.1f}"})
+    matplotlib.image.imsave(path, np.asarray(renderer.buffer_rgba()), format="png", dpi=dpi,
+                            metadata={SMALLEST_KEY: f"{smallest:.1f}"})
 
 
 def page_px(path, column_px=COLUMN_PX):

@@ -191,7 +191,6 @@ def test_a_plain_python_script_asking_for_pydist_is_a_world_of_one(tmp_path):
     assert proc.returncode == 1 and "environment variable RANK expected, but not set" in proc.stderr, proc.stderr
 
 
-
 SPAWNED = """
     import sys, torch, torch.distributed as dist
     rank, path = int(sys.argv[1]), sys.argv[2]
