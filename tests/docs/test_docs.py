@@ -8,6 +8,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import urllib.parse
 
 import pytest
 
@@ -15,6 +16,9 @@ import doc_examples
 
 sys.path.insert(0, os.path.join(doc_examples.ROOT, "tests"))
 from run_mpi import MPIEXEC, mpi_env  # noqa: E402
+
+sys.path.insert(0, doc_examples.ROOT)
+from pydist import _figures as figures  # noqa: E402
 
 EXAMPLES = doc_examples.examples()
 TIMEOUT = 180   # per example, a hang guard: the longest (DDP with torch) takes under 10 s here
@@ -171,7 +175,7 @@ def test_shell_blocks_run_as_written_and_a_block_not_meant_to_run_says_so(tmp_pa
 PROBE = """<html><body><pre id="out">pending</pre>
 <iframe id="page" style="width:%(width)dpx;height:900px;border:0"></iframe>
 <script>
-var pages = %(pages)s, i = 0, found = [], phone = %(width)d < 600;
+var pages = %(pages)s, i = 0, found = [], pictures = [], phone = %(width)d < 600;
 var frame = document.getElementById("page");
 frame.onload = function () {   // each page in turn: the code blocks wider than what shows of them
   frame.contentWindow.document.querySelectorAll("pre").forEach(function (pre) {
@@ -181,19 +185,25 @@ frame.onload = function () {   // each page in turn: the code blocks wider than 
                  pre.scrollWidth + " px in " + pre.clientWidth + ")");
     }
   });
+  frame.contentWindow.document.querySelectorAll("img").forEach(function (img) {   // how wide each picture shows
+    pictures.push("picture " + pages[i].split("/html/")[1] + " " + img.src + " " + img.naturalWidth + " " +
+                  img.getBoundingClientRect().width);
+  });
   i += 1;
   if (i < pages.length) { frame.src = pages[i]; }
-  else { document.getElementById("out").textContent = "checked " + pages.length + "\\n" + found.join("\\n"); }
+  else { document.getElementById("out").textContent = ["checked " + pages.length].concat(found, pictures).join("\\n"); }
 };
 frame.src = pages[0];
 </script></body></html>"""
 
 
 @pytest.mark.parametrize("width", [1280, 390])   # a laptop's window, a phone's
-def test_code_blocks_fit_the_column_in_a_real_browser(width, tmp_path):
+def test_code_blocks_and_pictures_fit_the_column_in_a_real_browser(width, tmp_path):
     """Every page of the built site in headless Chromium: no code block hides the end of a line behind a
     scroll bar (a cut-off command reads as another one); a diagram, which cannot wrap, fits a laptop's
-    column. scripts/docs_screenshots.sh shows the pages."""
+    column; in a laptop's window every picture's smallest text (recorded by pydist._figures when it
+    was drawn) shows at least figures.MIN_PAGE_PX px at the width the page gives it (a phone's reader
+    zooms). scripts/docs_screenshots.sh shows the pages."""
     html = os.path.join(doc_examples.DOCS, "_build", "html")
     if not os.path.exists(os.path.join(html, "index.html")):
         test_the_site_builds_with_warnings_as_errors()
@@ -211,5 +221,21 @@ def test_code_blocks_fit_the_column_in_a_real_browser(width, tmp_path):
                           capture_output=True, text=True, timeout=300)
     out = re.search(r'<pre id="out">(.*?)</pre>', proc.stdout, re.S)
     assert out and out.group(1).startswith(f"checked {len(pages)}"), proc.stdout[-2000:] + proc.stderr[-2000:]
-    wide = out.group(1).splitlines()[1:]
+    lines = out.group(1).splitlines()[1:]
+    wide = [line for line in lines if not line.startswith("picture ")]
     assert not wide, f"code blocks wider than the column at {width} px:\n" + "\n".join(wide)
+    pictures = [line.split()[1:] for line in lines if line.startswith("picture ")]
+    assert len(pictures) >= 9, lines   # the guides' figures
+    if width < 600:
+        return
+    small = []
+    for page, url, natural, shown in pictures:
+        path = urllib.parse.unquote(urllib.parse.urlparse(url).path)
+        if int(natural) == 0:
+            small.append(f"{page}: {url} did not load")
+            continue
+        recorded = figures.page_px(path, column_px=float(shown))
+        if recorded is None or recorded < figures.MIN_PAGE_PX:
+            small.append(f"{page}: {os.path.basename(path)} shown {float(shown):.0f} px wide: smallest text "
+                         + ("not recorded (not drawn by pydist._figures)" if recorded is None else f"{recorded:.1f} px"))
+    assert not small, f"pictures whose text is under {figures.MIN_PAGE_PX} px at {width} px:\n" + "\n".join(small)
