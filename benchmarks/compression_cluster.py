@@ -151,6 +151,7 @@ def figure(args, rows):
     import matplotlib
     from matplotlib.figure import Figure   # no pyplot: no global state, no GUI backend
     from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     rates = sorted(args.rates, key=rate_bits)
     panels = [(h, m, s) for h in args.hosts for m in args.models for s in args.strategies
@@ -168,6 +169,11 @@ def figure(args, rows):
                 ax.plot(xs, ys, "-", color=colors[r["compression"]], lw=1.4)
             ax.axhline(args.target, color="grey", lw=0.7, ls=":")
             ax.set_xscale("log")
+            # plain numbers at 1, 2, 5 of each decade: a panel spanning less than a decade would
+            # otherwise label every minor tick in powers of ten, one over another
+            ax.xaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
             ax.set_ylim(0.6, 0.92)
             ax.set_title(f"{'LeNet-5' if m == 'lenet5' else 'MLP 1024-1024'}, {s}, {h} hosts, {rate}",
                          fontsize="small")

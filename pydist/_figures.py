@@ -7,8 +7,10 @@ high-density screen), and there a text of s points shows s / 72 * COLUMN_PX / WI
 MIN_PT (8 points) is MIN_PAGE_PX (11 px; the body text is 16).
 
 save() writes the PNG with its smallest text's height in the PNG's pixels recorded in a text chunk
-(SMALLEST_KEY), which page_px() reads back with the PNG's width. problems() lists what a reader could
-not read: text under MIN_PAGE_PX at the column, text cut off at the picture's edge.
+(SMALLEST_KEY), which page_px() reads back with the PNG's width, and what problems() found in it
+(PROBLEMS_KEY), which recorded_problems() reads back. problems() lists what a reader could
+not read: text under MIN_PAGE_PX at the column, text cut off at the picture's edge, text drawn over
+other text (a log axis's minor labels run into each other when it spans less than a decade).
 """
 import types
 
@@ -18,6 +20,7 @@ WIDTH_IN = 2 * COLUMN_PX / DPI
 MIN_PAGE_PX = 11
 MIN_PT = 8
 SMALLEST_KEY = "Smallest text px"
+PROBLEMS_KEY = "Text problems"
 
 
 def drawn_texts(fig, dpi=DPI):
@@ -51,10 +54,14 @@ def _draw(fig, dpi):
 
 def problems(fig, dpi=DPI):
     """What a reader of the docs could not read in `fig` saved at `dpi`, one line each."""
+    return _problems(fig, dpi, drawn_texts(fig, dpi))
+
+
+def _problems(fig, dpi, texts):
     width_px, height_px = fig.get_figwidth() * dpi, fig.get_figheight() * dpi
     scale = min(1.0, COLUMN_PX / width_px)
     found, seen = [], set()
-    for text, points, box in drawn_texts(fig, dpi):
+    for i, (text, points, box) in enumerate(texts):
         page = points / 72 * dpi * scale
         if page < MIN_PAGE_PX - 0.05 and (text, "small") not in seen:
             seen.add((text, "small"))
@@ -63,19 +70,32 @@ def problems(fig, dpi=DPI):
                 and (text, "cut") not in seen:
             seen.add((text, "cut"))
             found.append(f"{text!r}: cut off at the picture's edge")
+        for other, _, other_box in texts[i + 1:]:
+            if box is not None and other_box is not None and _overlap(box, other_box) \
+                    and (text, other, "over") not in seen:
+                seen.add((text, other, "over"))
+                found.append(f"{text!r} and {other!r}: drawn over each other")
     return found
 
 
+def _overlap(a, b, margin=1.0):
+    """Whether two texts' boxes share more than `margin` px each way (touching is not overlapping)."""
+    return min(a.x1, b.x1) - max(a.x0, b.x0) > margin and min(a.y1, b.y1) - max(a.y0, b.y0) > margin
+
+
 def save(fig, path, dpi=DPI):
-    """Write `fig` to the PNG `path` at `dpi`, its smallest text recorded for the docs' check. The
-    picture is drawn once: the drawing that measures the text is the one written."""
+    """Write `fig` to the PNG `path` at `dpi`, its smallest text and its problems() recorded for the
+    docs' check; returns the problems. The picture is drawn once: the drawing that measures the text is
+    the one written."""
     import matplotlib.image
     import numpy as np
 
     texts, renderer = _draw(fig, dpi)
     smallest = min((points for _, points, _ in texts), default=0) / 72 * dpi
+    found = _problems(fig, dpi, texts)
     matplotlib.image.imsave(path, np.asarray(renderer.buffer_rgba()), format="png", dpi=dpi,
-                            metadata={SMALLEST_KEY: f"{smallest:.1f}"})
+                            metadata={SMALLEST_KEY: f"{smallest:.1f}", PROBLEMS_KEY: "\n".join(found)})
+    return found
 
 
 def page_px(path, column_px=COLUMN_PX):
@@ -89,3 +109,12 @@ def page_px(path, column_px=COLUMN_PX):
     if recorded is None:
         return None
     return float(recorded) * min(1.0, column_px / width)
+
+
+def recorded_problems(path):
+    """The problems() save() found in the PNG `path` ([] for none), or None when save() did not write it."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        recorded = image.text.get(PROBLEMS_KEY)
+    return None if recorded is None else [line for line in recorded.split("\n") if line]

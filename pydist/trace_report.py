@@ -759,7 +759,8 @@ COLOURS = {"compute": "#4C72B0", "comm": "#DD8452", "sync": "#55A868", "strategy
            "torch": "#937860", "other": "#8C8C8C", WAIT_CAT: "#C44E52"}
 MAX_BARS = 3000          # past this many spans, draw a window of the run (bars under a pixel tell nothing)
 ROW_PX, MARGIN_PX = 140, 200   # a row: its step label (STEP_PT) above the bars (0.6 of it)
-WIDTH_PX, LEFT_PX, RIGHT_PX = 1600, 230, 20   # the picture, and the room for the rows' labels and after the axes
+LEGEND_LINE_PX = 48             # a line of the legend (LABEL_PT), when its entries need more than one
+WIDTH_PX, LEFT_PX, RIGHT_PX = 1600, 230, 50   # the picture, the room for the rows' labels and for half the last tick label
 # Text sizes (points at 100 dpi) for a 1600 px picture that a page shows at its column's width
 # (figures.COLUMN_PX, 736 px): 0.64 px there per point, so an 18 pt name reads as an 11.5 px one
 NAME_PT, STEP_PT, LABEL_PT, TITLE_PT = 18, 18, 20, 24
@@ -787,6 +788,21 @@ def _window(all_spans, first, last, max_seconds):
         starts = sorted(span.event["ts"] for span in all_spans)
         return first, starts[MAX_BARS], f"the first {MAX_BARS} spans"
     return first, last, None
+
+
+def _legend(fig, ax, handles):
+    """The legend above the axes, in as many columns as fit the picture's width; returns its lines."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    if not handles:
+        return 0
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    for ncol in range(len(handles), 0, -1):
+        legend = ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.01), ncol=ncol, frameon=False,
+                           fontsize=LABEL_PT)
+        if legend.get_window_extent(renderer).width <= WIDTH_PX - LEFT_PX - RIGHT_PX:
+            break
+    return -(-len(handles) // ncol)
 
 
 def _rows(trace):
@@ -860,8 +876,10 @@ def draw_png(trace, out_png, max_seconds=None):
     for row, x0, x1, number in steps_drawn:
         ax.add_patch(Rectangle((x0 / 1000, row - 0.46), (x1 - x0) / 1000, 0.92, fill=False, edgecolor="#333333",
                                linewidth=0.8, zorder=1))
-        if len(steps_drawn) <= 12 * len(rows) and number is not None:   # in the outline, above the phases
-            ax.text(x0 / 1000, row - 0.44, f" step {number}", fontsize=STEP_PT, va="top", ha="left", clip_on=True)
+        label = f" step {number}"
+        fits = (x1 - x0) * px_per_us > CHAR_PX * STEP_PT / NAME_PT * len(label)   # not cut by the window's end
+        if len(steps_drawn) <= 12 * len(rows) and number is not None and fits:   # in the outline, above the phases
+            ax.text(x0 / 1000, row - 0.44, label, fontsize=STEP_PT, va="top", ha="left", clip_on=True)
     for (cat, row, depth), xs in sorted(bars.items(), key=lambda kv: kv[0][2]):   # children over parents
         h = max(0.2, 0.6 - 0.12 * depth)
         wait = cat == WAIT_CAT
@@ -895,9 +913,11 @@ def draw_png(trace, out_png, max_seconds=None):
         handles.append(Patch(fill=False, edgecolor="#333333", label="step"))
     if pairs:
         handles.append(Patch(facecolor=COLOURS["comm"], alpha=0.7, label="async call (strip under the row)"))
-    if handles:
-        ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.01), ncol=len(handles), frameon=False,
-                  fontsize=LABEL_PT)
+    legend_lines = _legend(fig, ax, handles)
+    if legend_lines > 1:   # the picture grows by the legend's extra lines, above the rows
+        height_px += LEGEND_LINE_PX * (legend_lines - 1)
+        fig.set_size_inches(WIDTH_PX / 100, height_px / 100)
+        fig.subplots_adjust(top=1 - (110 + LEGEND_LINE_PX * (legend_lines - 1)) / height_px, bottom=80 / height_px)
     ranks = len({pid for pid, _, _ in rows})
     title = f"pydist timeline: {ranks} rank(s), {(last - first) / 1e6:.3f} s"
     if shows:

@@ -162,6 +162,7 @@ def test_strategies_quick(tmp_path):
     assert "lr 0.02" in sweep
     for png in ("strategies.png", "strategies_window.png"):
         assert figures.page_px(tmp_path / png) >= figures.MIN_PAGE_PX   # legible at the docs' column
+        assert figures.recorded_problems(tmp_path / png) == []
 
 
 def test_strategies_says_what_it_skips(tmp_path):
@@ -209,6 +210,7 @@ def test_pipeline_quick(tmp_path):
     assert float(table[("mlp-256x4", "1f1b", 2, 1)][11]) < float(table[("mlp-256x4", "gpipe", 2, 1)][11]), out
     for png in ("pipeline_timeline.png", "pipeline_bubble.png"):
         assert figures.page_px(tmp_path / png) >= figures.MIN_PAGE_PX
+        assert figures.recorded_problems(tmp_path / png) == []
     again = subprocess.run([sys.executable, "benchmarks/pipeline.py", "--quick", "--replot", "--out", str(tmp_path)],
                            cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
@@ -281,6 +283,7 @@ def test_cluster_model_quick(tmp_path):
     assert len(speedups) == 2, proc.stdout
     assert (tmp_path / "cluster.png").stat().st_size > 10000 and (tmp_path / "cluster.json").exists()
     assert figures.page_px(tmp_path / "cluster.png") >= figures.MIN_PAGE_PX
+    assert figures.recorded_problems(tmp_path / "cluster.png") == []
     before = (tmp_path / "cluster.png").stat().st_mtime_ns
     proc = subprocess.run([sys.executable, "benchmarks/cluster_model.py", "--replot", "--out-dir", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -333,6 +336,7 @@ def test_compression_cluster_quick(tmp_path):
     assert "every evaluation a stopped run shares with its full run is bitwise the same" in proc.stdout, proc.stdout
     assert (tmp_path / "compression.png").stat().st_size > 10000 and (tmp_path / "compression.json").exists()
     assert figures.page_px(tmp_path / "compression.png") >= figures.MIN_PAGE_PX
+    assert figures.recorded_problems(tmp_path / "compression.png") == []
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not re.search(r"^pdh\d", listed, re.M), listed
 

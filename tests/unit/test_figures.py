@@ -1,6 +1,6 @@
 """The docs' pictures are legible at the column's width: pydist.figures measures what a figure draws, and
 every benchmark's figure, drawn from made-up results of the shape its runs save, has no text under
-figures.MIN_PAGE_PX on the page and none cut off at the edge."""
+figures.MIN_PAGE_PX on the page, none cut off at the edge and none drawn over other text."""
 import os
 import random
 import sys
@@ -57,8 +57,29 @@ def test_save_records_the_smallest_text_for_the_page(tmp_path):
     figures.save(fig, tmp_path / "a.png")
     # 9 pt at 200 dpi is 25 px in the PNG, 2 x the column's width: 12.5 px on the page
     assert figures.page_px(tmp_path / "a.png") == pytest.approx(9 / 72 * 200 / 2, abs=0.05)
+    assert figures.recorded_problems(tmp_path / "a.png") == []
     fig.savefig(tmp_path / "b.png")
     assert figures.page_px(tmp_path / "b.png") is None   # not saved by save(): nothing recorded
+    assert figures.recorded_problems(tmp_path / "b.png") is None
+
+
+def test_text_over_other_text_is_found_and_recorded(tmp_path):
+    fig = column_figure()
+    fig.text(0.5, 0.5, "one label")
+    fig.text(0.52, 0.5, "another label")
+    expected = ["'one label' and 'another label': drawn over each other"]
+    assert figures.problems(fig) == expected
+    assert figures.save(fig, tmp_path / "a.png") == expected
+    assert figures.recorded_problems(tmp_path / "a.png") == expected
+
+
+def test_a_log_axis_spanning_less_than_a_decade_labels_minor_ticks_over_each_other():
+    """What the check is for: matplotlib's default labels on a log axis from 0.2 to 0.9 s."""
+    fig = Figure(figsize=(figures.WIDTH_IN / 2, 3), layout="constrained")
+    ax = fig.subplots()
+    ax.plot([0.2, 0.9], [1, 2])
+    ax.set_xscale("log")
+    assert any(line.endswith("drawn over each other") for line in figures.problems(fig))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -120,6 +141,9 @@ def test_compression_cluster_figure():
              "points": [(t, a) for t, _, a in curve(rng)]}
             for h in args.hosts for rate in args.rates for m in args.models for s in args.strategies
             for c in args.compressors if not (h == 2 and s == "downpour")]
+    assert figures.problems(compression_cluster.figure(args, rows)) == []
+    for r in rows:   # every panel's time axis within one decade, as LeNet-5's at 1 Gbit/s was
+        r["points"] = [(0.2 + t / 30, a) for t, a in r["points"]]
     assert figures.problems(compression_cluster.figure(args, rows)) == []
 
 

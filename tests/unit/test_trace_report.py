@@ -326,6 +326,7 @@ def test_draw_png_shows_steps_3_to_8(merged, tmp_path):
     assert drawn["rows"] == ["rank 0", "rank 1", "rank 2", "rank 2 server"]
     assert png_size(out) == (1600, 200 + 140 * 4)
     assert figures.page_px(out) >= figures.MIN_PAGE_PX   # its smallest text, at the docs' column
+    assert figures.recorded_problems(out) == []   # none cut off or drawn over other text
     assert out.stat().st_size > 20_000   # bars, labels and a legend, not an empty frame
     assert drawn["shows"] == "steps 3-8 of 10"
     assert drawn["window_ms"] == (step_start(3) / 1000, (step_start(8) + 37_000) / 1000)
@@ -337,6 +338,14 @@ def test_draw_png_first_seconds(merged, tmp_path):
     # the broadcast and its wait, the async call's strip not counted, the first step's phases
     assert 5 < drawn["bars"] < 40, drawn
     assert png_size(tmp_path / "start.png")[0] == 1600
+
+
+def test_a_step_that_begins_at_the_windows_end_is_not_labelled_in_part(merged, tmp_path):
+    """A window ending 0.5 ms into step 3: its outline shows, its label (which would be cut to "st" by the
+    window's edge) does not, and steps 1 and 2 keep theirs."""
+    out = tmp_path / "cut.png"
+    trace_report.draw_png(merged, out, max_seconds=(step_start(3) + 500) / 1e6)
+    assert figures.recorded_problems(out) == []
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -357,7 +366,9 @@ def test_the_command_line(parts, tmp_path):
     assert png_size(tmp_path / "cli.png") == (1600, 200 + 140 * 4)
     proc = cli("png", "cli.json", "only.png", "--max-seconds", "0.1", cwd=tmp_path)
     assert proc.returncode == 0 and "the first 0.1 s" in proc.stdout, proc.stderr
-    assert png_size(tmp_path / "only.png") == (1600, 200 + 140 * 4)
+    # the first 0.1 s holds async calls too: a legend of 7 entries, in two lines
+    assert png_size(tmp_path / "only.png") == (1600, 200 + 140 * 4 + trace_report.LEGEND_LINE_PX)
+    assert figures.recorded_problems(tmp_path / "cli.png") == figures.recorded_problems(tmp_path / "only.png") == []
 
 
 @pytest.mark.parametrize("command", ["pydist.trace_report", "pydist.timeline"])
