@@ -952,7 +952,8 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
     """A process group of the given global ranks (default: all). Every rank must call it, as in torch.
 
     On a rank that is not in `ranks`, the returned group is a placeholder: calls with it warn and
-    return None, and ``get_rank(group)`` is -1. Group ranks follow global rank order.
+    return None, and ``get_rank(group)`` is -1. Group ranks follow global rank order. `timeout` (seconds
+    or a timedelta) bounds every wait on the group instead of init_process_group's timeout.
     """
     fn = "new_group"
     world = get_world_size()
@@ -964,9 +965,10 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
         raise TypeError(f"{fn}(): `ranks` must be a list of ints; got {ranks!r}") from None
     if len(set(ranks)) != len(ranks) or any(r < 0 or r >= world for r in ranks):
         raise ValueError(f"{fn}(): `ranks` must be distinct ranks in [0, {world}); got {ranks}")
-    if timeout is not None:
-        _seconds(timeout, fn)
+    seconds = _seconds(timeout, fn)   # -1.0 for None: the session's
     group = ProcessGroup(_C.new_group(ranks), ranks)
+    if group._handle > 0 and seconds > 0:
+        _C.set_group_timeout(group._handle, seconds)
     _subgroups.add(group)
     return group
 
@@ -1052,28 +1054,44 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
 
     Group rank 0 waits for every other rank's message; a rank still missing after `timeout` (default:
     init_process_group's, else 30 minutes) makes rank 0 raise ``DistError`` naming it (with
-    ``wait_all_ranks=True``, naming all of them). Then rank 0 releases the others.
+    ``wait_all_ranks=True``, naming all of them). Then rank 0 releases the others; a rank not released
+    within `timeout` raises ``DistTimeoutError``. A `timeout` of 0 leaves no time: every rank of a group
+    of two or more raises ``DistTimeoutError`` at once. The messages are torch's (gloo's): "Rank 1
+    failed to pass monitoredBarrier", "Rank 0 timed out in monitoredBarrier", "Rank 2 successfully
+    reached monitoredBarrier, but received errors while waiting for send/recv from rank 0".
     """
     import numpy as np
     fn = "monitored_barrier"
     handle = 0 if group is None else _group_handle(group, fn)
     if handle < 0:
         return None
-    seconds = _seconds(timeout, fn) if timeout is not None else (_default_timeout if _default_timeout > 0
-                                                                   else 1800.0)
+    if timeout is None:
+        seconds = _default_timeout if _default_timeout > 0 else 1800.0
+    elif (timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout) == 0:
+        seconds = 0.0   # torch's "no time": rank 0 gives up before it waits for anyone
+    else:
+        seconds = _seconds(timeout, fn)
     ranks = get_process_group_ranks(group)
     me = get_rank()
     token = np.zeros(1, np.uint8)
+    if seconds == 0 and len(ranks) > 1:
+        # No time at all: every rank gives up at once, and no message is left for a later barrier to take
+        if me == ranks[0]:
+            raise DistTimeoutError(f"{fn}(): Rank {me} timed out in monitoredBarrier after 0 ms (a timeout of 0); "
+                                   "no ranks successfully processed in monitoredBarrier")
+        raise DistTimeoutError(f"{fn}(): Rank {me} successfully reached monitoredBarrier, but received errors while "
+                               f"waiting for send/recv from rank {ranks[0]}: a timeout of 0 leaves no time for it")
     if me != ranks[0]:
         _C.send(token, ranks[0], _MONITOR_TAG, handle)
         work = _C.irecv(np.zeros(1, np.uint8), ranks[0], _MONITOR_TAG, handle)
         try:
             work.wait(seconds)
         except DistTimeoutError:
-            raise DistTimeoutError(f"{fn}(): rank {ranks[0]} did not release rank {me} within {seconds:g} s "
-                                   "(another rank may not have called monitored_barrier)") from None
+            raise DistTimeoutError(
+                f"{fn}(): Rank {me} successfully reached monitoredBarrier, but received errors while waiting for "
+                f"send/recv from rank {ranks[0]}: rank {ranks[0]} did not release it within {seconds:g} s (another "
+                f"rank may not have called monitored_barrier; rank {ranks[0]}'s error names it)") from None
         return None
-    import time
     bufs = {r: np.zeros(1, np.uint8) for r in ranks[1:]}
     works = {r: _C.irecv(bufs[r], r, _MONITOR_TAG, handle) for r in ranks[1:]}
     deadline = time.monotonic() + seconds
@@ -1084,6 +1102,7 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
             pass
     missing = [r for r, w in works.items() if not w.is_completed()]
     if missing:
+        w = works = None   # the receives still pending are dropped, and so cancelled
         shown = missing if wait_all_ranks else missing[:1]
         who = ", ".join(str(r) for r in shown)
         raise DistError(f"{fn}(): Rank{'s' if len(shown) > 1 else ''} {who} failed to pass monitoredBarrier "

@@ -46,6 +46,8 @@ static PyMethodDef module_methods[] = {
                                              "(called by every survivor alike; exit skips MPI_Finalize)"},
     {"is_initialized", pd_is_initialized, METH_NOARGS, "is_initialized() -> bool"},
     FAST("set_timeout", pd_set_timeout, "set_timeout(seconds) -> old: the session's timeout (<= 0: none)"),
+    FAST("set_group_timeout", pd_set_group_timeout,
+         "set_group_timeout(group, seconds): the group's own timeout (0: none at all; < 0: the session's)"),
     {"mpi_info", pd_mpi_info, METH_NOARGS, "mpi_info() -> dict"},
     FAST("get_rank", pd_get_rank, "get_rank(group) -> int"),
     FAST("get_world_size", pd_get_world_size, "get_world_size(group) -> int"),

@@ -28,6 +28,7 @@ typedef struct {
     unsigned long caller;  // the thread inside a collective call on the group (calls > 0)
     int calls;             // how deep that thread is (a signal handler's collective may nest)
     const char *calling;   // the outermost call's name, for the error another thread gets
+    double timeout;        // this group's own (torch's new_group(timeout=)), seconds; < 0: the session's
 } GroupSlot;
 
 static GroupSlot groups[PD_MAX_GROUPS];
@@ -42,6 +43,26 @@ double pd_set_session_timeout(double seconds) {
     double old = default_timeout;
     default_timeout = seconds;
     return old;
+}
+
+double pd_group_timeout(long handle) {
+    if (handle > 0 && handle < PD_MAX_GROUPS && groups[handle].in_use && groups[handle].timeout >= 0) {
+        return groups[handle].timeout;
+    }
+    return default_timeout;
+}
+
+int pd_group_set_timeout(long handle, double seconds, const char *fn) {
+    if (handle == 0) {
+        PyErr_Format(PyExc_ValueError, "%s(): the default group's timeout is the session's "
+                     "(init_process_group(timeout=...))", fn);
+        return -1;
+    }
+    if (pd_group_check(handle, fn) < 0) {
+        return -1;
+    }
+    groups[handle].timeout = seconds;
+    return 0;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -80,6 +101,14 @@ MPI_Comm *pd_group_comm(long handle, const char *fn) {
         return NULL;
     }
     return &groups[handle].comm;
+}
+
+int pd_group_world_usable(const char *fn) {
+    if (pd_mpi_inherited) {
+        pd_child_refuse(fn);
+        return -1;
+    }
+    return pd_group_check(0, fn);
 }
 
 int pd_group_size(long handle) {
@@ -258,6 +287,7 @@ int pd_group_slot_set(int slot, MPI_Comm comm) {
     g->in_use = 1;
     g->broken[0] = 0;
     g->shm = NULL;
+    g->timeout = -1.0;
     return 0;
 error:
     PyMem_RawFree(world_ranks);

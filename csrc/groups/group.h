@@ -14,6 +14,12 @@ extern int pd_initialized;           // init_process_group has run and destroy h
 // set returns the old one.
 double pd_session_timeout(void);
 double pd_set_session_timeout(double seconds);
+// The timeout of a wait on group `handle`: its own (pd_group_set_timeout: torch's
+// new_group(timeout=...), 0 meaning "no time at all"), else the session's (< 0: none).
+double pd_group_timeout(long handle);
+// Give the live group `handle` (not the default group) a timeout of its own; < 0: the session's again.
+// 0, or -1 with ValueError set.
+int pd_group_set_timeout(long handle, double seconds, const char *fn);
 // Initialised, and a live group of this rank? 0, or -1 with ValueError raised. A broken group passes.
 int pd_group_check(long handle, const char *fn);
 // The communicator for a handle, or NULL with ValueError raised (bad handle, not initialized) or
@@ -31,6 +37,9 @@ int pd_group_to_global(long handle, int group_rank);
 int pd_group_peer(long handle, long global_rank, const char *fn, const char *arg, int allow_self);
 // The world group's communicator (slot 0), whatever its state: for the session's own calls on it.
 MPI_Comm pd_group_world_comm(void);
+// The world's communicator may be used for point-to-point work (not a forked child's, the session up),
+// broken by a timed-out collective or not: 0, or -1 with the exception set.
+int pd_group_world_usable(const char *fn);
 // Whether the handle names a slot in use with a communicator of this rank.
 int pd_group_live(long handle);
 // The slot's generation: bumped whenever it is freed, so that a stale PdOp can tell.

@@ -316,7 +316,7 @@ static int entry_reclaim(PdPersistEntry *e, const PdOp *op) {
                    // destroyed), the entry stays allocated until this call is done with it
     while (e->active && e->in_cache && rc == 0) {
         if (e->waiting || (e->work != NULL && e->work->waiting)) {
-            rc = pd_yield_while(other_thread_tests, e, pd_session_timeout(), op->what,
+            rc = pd_yield_while(other_thread_tests, e, pd_group_timeout(op->group), op->what,
                                 "another thread was waiting for its cached request");
             continue;
         }
@@ -326,7 +326,7 @@ static int entry_reclaim(PdPersistEntry *e, const PdOp *op) {
         if (w != NULL) {
             w->waiting = 1;   // its wait() in another thread polls until we are done
         }
-        rc = pd_op_wait(&req, MPI_STATUS_IGNORE, op, pd_session_timeout(), 1);
+        rc = pd_op_wait(&req, MPI_STATUS_IGNORE, op, pd_group_timeout(op->group), 1);
         e->waiting = 0;
         if (w != NULL) {
             w->waiting = 0;
@@ -557,7 +557,7 @@ PyObject *pd_persist_run(const PdOp *op, MPI_Comm comm, const PdPersistKey *k, c
     }
     MPI_Request req = e->req;
     e->waiting = 1;
-    int rc = pd_op_wait(&req, MPI_STATUS_IGNORE, op, pd_session_timeout(), 1);
+    int rc = pd_op_wait(&req, MPI_STATUS_IGNORE, op, pd_group_timeout(op->group), 1);
     e->waiting = 0;
     if (rc < 0) {
         // Given up (timeout, Ctrl-C, a departed rank): MPI may still complete it into the staging,

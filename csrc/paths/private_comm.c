@@ -94,7 +94,7 @@ MPI_Comm *pd_group_algo_comm(long handle, const char *fn, int *tag) {
         // A wait given up (Ctrl-C, timeout) leaves the dup pending here: the next call waits on for it.
         PdOp op = pd_op(fn, handle, PD_PEER_ALL);
         g->algo_dup_waiting = 1;
-        rc = pd_op_wait(&g->algo_dup, MPI_STATUS_IGNORE, &op, pd_session_timeout(), 1);
+        rc = pd_op_wait(&g->algo_dup, MPI_STATUS_IGNORE, &op, pd_group_timeout(handle), 1);
         if (!pd_op_current(&op)) {
             // another thread destroyed the group meanwhile (it parked the dup)
             if (rc == 0) {

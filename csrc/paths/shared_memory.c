@@ -469,7 +469,7 @@ static GroupChannel *channel_of(long group, const char *fn, int *fallback) {
         // is issued; a second thread's collective call was refused in ops/route.c). This call queues
         // behind it, and looks again: the group may have gone meanwhile.
         PdOp op = pd_op(fn, group, PD_PEER_ALL);
-        if (pd_yield_while(channel_busy, &op, pd_session_timeout(), fn,
+        if (pd_yield_while(channel_busy, &op, pd_group_timeout(group), fn,
                            "another thread of this rank was waiting in the group's shared-memory channel") < 0) {
             return NULL;
         }
@@ -528,7 +528,7 @@ static int dtype_code(const PdBuf *buf) {
 static int run(GroupChannel *g, long group, const char *what, void *data, int64_t count, int dtype, long op,
                int copy_ok, int no_signals) {
     char err[600] = {0};
-    SliceCtx ctx = {NULL, pd_op(what, group, PD_PEER_ALL), MPI_Wtime(), pd_session_timeout(), no_signals};
+    SliceCtx ctx = {NULL, pd_op(what, group, PD_PEER_ALL), MPI_Wtime(), pd_group_timeout(group), no_signals};
     ShmWait wait = {wait_slice, &ctx, pd_wait_spin};
     g->busy = 1;
     ctx.released = PyEval_SaveThread();
@@ -1017,7 +1017,7 @@ static PyObject *small_run(const char *fn, const char *what, long group, int asy
         shm_progress();   // done already if every peer is there
         return deferred_error(g, (PyObject *)w);
     }
-    double timeout = pd_session_timeout();
+    double timeout = pd_group_timeout(group);
     while (g->q_len > 0) {   // earlier async calls first, then this one (the newest)
         if (complete_oldest(g, timeout, 1) < 0) {
             return NULL;

@@ -86,7 +86,7 @@ static int departure_check(void *ctx, double wait_started) {
 int pd_op_wait_any_or_departure(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status,
                                 const PdOp *op, double since, int handled) {
     DepartureWatch d = {op, handled};
-    PdWaitSpec spec = {op->what, pd_session_timeout(), departure_check, &d, since};
+    PdWaitSpec spec = {op->what, pd_group_timeout(op->group), departure_check, &d, since};
     int known = departure_check(&d, since > 0 ? since : MPI_Wtime());
     if (known != 0) {
         *index = -1;   // already known (or a rank it needs is gone): no need to wait a slice
@@ -123,7 +123,7 @@ int pd_op_wait(MPI_Request *req, MPI_Status *status, const PdOp *op, double time
 
 int pd_op_wait_any(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, const PdOp *op,
                    double since) {
-    PdWaitSpec spec = {op->what, pd_session_timeout(), departed_check, (void *)op, since};
+    PdWaitSpec spec = {op->what, pd_group_timeout(op->group), departed_check, (void *)op, since};
     return pd_wait_any(n, reqs, first, index, status, &spec);
 }
 
@@ -145,7 +145,7 @@ static int cancel_receive(MPI_Request *req, MPI_Status *status) {
 }
 
 int pd_op_wait_or_park(MPI_Request *req, MPI_Status *status, const PdOp *op, PyObject *keep, int cancellable) {
-    if (pd_op_wait(req, status, op, pd_session_timeout(), 1) == 0) {
+    if (pd_op_wait(req, status, op, pd_group_timeout(op->group), 1) == 0) {
         return 0;
     }
     if (cancellable && *req != MPI_REQUEST_NULL) {

@@ -199,7 +199,8 @@ int pd_yield_while(int (*busy)(const void *), const void *ctx, double timeout, c
 int pd_raise_timeout(const char *what, double waited, double timeout, const char *why) {
     // PyErr_Format has no float conversions: format the message first
     char msg[400];
-    PyOS_snprintf(msg, sizeof msg, "%s timed out after %.3f s (timeout %.3f s): %s", what, waited, timeout, why);
+    PyOS_snprintf(msg, sizeof msg, "%s timed out after %.3f s, past its timeout of %.3f s: %s", what, waited, timeout,
+                  why);
     PyErr_SetString(pd_DistTimeoutError, msg);
     return -1;
 }

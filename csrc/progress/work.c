@@ -91,10 +91,10 @@ void pd_work_fail(PdWorkObject *w) {
     Py_CLEAR(w->keep);
 }
 
-// Seconds from wait()'s argument: None (the session's timeout), a number, or a timedelta.
-static int timeout_arg(PyObject *t, double *out) {
+// Seconds from wait()'s argument: None (the group's timeout, else the session's), a number, or a timedelta.
+static int timeout_arg(PyObject *t, long group, double *out) {
     if (t == NULL || t == Py_None) {
-        *out = pd_session_timeout();
+        *out = pd_group_timeout(group);
         return 0;
     }
     PyObject *secs = PyObject_HasAttrString(t, "total_seconds") ? PyObject_CallMethod(t, "total_seconds", NULL)
@@ -145,7 +145,7 @@ static int work_wait_for(PdWorkObject *w, double timeout, int timeout_breaks) {
 }
 
 int pd_work_wait(PdWorkObject *w) {
-    return work_wait_for(w, pd_session_timeout(), 1);
+    return work_wait_for(w, pd_group_timeout(w->op.group), 1);
 }
 
 static PyObject *work_wait(PdWorkObject *w, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
@@ -166,10 +166,10 @@ static PyObject *work_wait(PdWorkObject *w, PyObject *const *args, Py_ssize_t na
         t = args[0];
     }
     double timeout;
-    if (timeout_arg(t, &timeout) < 0) {
+    if (timeout_arg(t, w->op.group, &timeout) < 0) {
         return NULL;
     }
-    // Only the session's own timeout breaks a group, not a caller's short poll.
+    // Only the group's own (or the session's) timeout breaks a group, not a caller's short poll.
     if (work_wait_for(w, timeout, t == NULL || t == Py_None) < 0) {
         return NULL;
     }

@@ -749,22 +749,46 @@ PyObject *pd_get_world_size(PyObject *self, PyObject *const *args, Py_ssize_t na
     return PyLong_FromLong(pd_group_size(h));
 }
 
+// Seconds from a set_*timeout argument (a number, not NaN): 0, or -1 with the exception set.
+static int seconds_arg(PyObject *arg, const char *fn, double *out) {
+    *out = PyFloat_AsDouble(arg);
+    if (*out == -1.0 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (*out != *out) {
+        PyErr_Format(PyExc_ValueError, "%s(): `seconds` must be a number, not NaN", fn);
+        return -1;
+    }
+    return 0;
+}
+
 // _C.set_timeout(seconds) -> the old timeout: the session's for every later wait (< 0: none). The
 // torch backend applies torch's init_process_group(timeout=...) with it when MPI was started earlier.
 PyObject *pd_set_timeout(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (pd_check_nargs(nargs, 1, "set_timeout") < 0) {
-        return NULL;
-    }
-    double timeout = PyFloat_AsDouble(args[0]);
-    if (timeout == -1.0 && PyErr_Occurred()) {
-        return NULL;
-    }
-    if (timeout != timeout) {
-        PyErr_SetString(PyExc_ValueError, "set_timeout(): `seconds` must be a number, not NaN");
+    double timeout;
+    if (pd_check_nargs(nargs, 1, "set_timeout") < 0 || seconds_arg(args[0], "set_timeout", &timeout) < 0) {
         return NULL;
     }
     return PyFloat_FromDouble(pd_set_session_timeout(timeout > 0 ? timeout : -1.0));
+}
+
+// _C.set_group_timeout(handle, seconds): a group's own timeout (new_group(timeout=)); < 0: the session's.
+PyObject *pd_set_group_timeout(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    double timeout;
+    if (pd_check_nargs(nargs, 2, "set_group_timeout") < 0 ||
+        seconds_arg(args[1], "set_group_timeout", &timeout) < 0) {
+        return NULL;
+    }
+    long handle = PyLong_AsLong(args[0]);
+    if (handle == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (pd_group_set_timeout(handle, timeout < 0 ? -1.0 : timeout, "new_group") < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 PyObject *pd_is_initialized(PyObject *self, PyObject *unused) {
@@ -829,7 +853,13 @@ PyObject *pd_new_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     if (nargs == 2 && pd_arg_bool(args[1], fn, "members_only", &members_only) < 0) {
         return NULL;
     }
-    if ((nargs != 2 && pd_check_nargs(nargs, 1, fn) < 0) || pd_group_comm(0, fn) == NULL) {
+    if (nargs != 2 && pd_check_nargs(nargs, 1, fn) < 0) {
+        return NULL;
+    }
+    // Members-only creation runs on the world's point-to-point messages (MPI_Comm_create_group's tag),
+    // never its collectives: it still works once a timed-out collective has broken the default group,
+    // which is how torch's default group is made afresh after destroy_process_group.
+    if (members_only ? (pd_group_world_usable(fn) < 0) : pd_group_comm(0, fn) == NULL) {
         return NULL;
     }
     PyObject *seq = PySequence_Fast(args[0], "new_group(): `ranks` must be a sequence of ints");

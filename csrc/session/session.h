@@ -16,6 +16,7 @@ PyObject *pd_get_rank(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_get_world_size(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_is_initialized(PyObject *self, PyObject *unused);
 PyObject *pd_set_timeout(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *pd_set_group_timeout(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_mpi_info(PyObject *self, PyObject *unused);
 PyObject *pd_new_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *pd_destroy_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

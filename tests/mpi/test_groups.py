@@ -1,5 +1,7 @@
 """Process groups: every kind of subset, group= on every call (roots are global ranks, as in torch),
 non-members, rank translation, and create/destroy without leaking communicators."""
+import datetime
+
 import numpy as np
 import pytest
 
@@ -139,3 +141,40 @@ def test_bad_group_arguments():
             dist.broadcast(np.zeros(1), src=size - 1, group=g)
     dist.destroy_process_group(g)
     parallel_assert(True)
+
+
+@pytest.mark.world_size(min=2)
+def test_a_groups_own_timeout_bounds_its_waits_and_not_the_others():
+    """new_group(timeout=...): a collective only rank 0 calls on the group times out after the group's
+    0.5 s (the session's is a minute) and breaks that group alone; an irecv's wait() on it uses it too;
+    the world and a group without a timeout of its own go on."""
+    import time
+    rank, size = dist.get_rank(), dist.get_world_size()
+    short = dist.new_group(list(range(size)), timeout=0.5)
+    plain = dist.new_group(list(range(size)))
+    ok, msg = True, ""
+    if rank == 0:
+        t = time.monotonic()
+        try:
+            dist.all_reduce(np.ones(4), group=short)
+            ok, msg = False, "no timeout"
+        except dist.DistTimeoutError as e:
+            waited = time.monotonic() - t
+            ok, msg = 0.5 <= waited < 30 and "past its timeout of 0.500 s" in str(e), f"{waited:.2f} s: {e}"
+    short2 = dist.new_group(list(range(size)), timeout=datetime.timedelta(seconds=0.5))
+    if rank == 1:
+        work = dist.irecv(np.zeros(1), src=0, group=short2)
+        t = time.monotonic()
+        try:
+            work.wait()
+            ok, msg = False, "the irecv completed"
+        except dist.DistTimeoutError:
+            ok, msg = time.monotonic() - t < 30, f"waited {time.monotonic() - t:.2f} s"
+        del work
+    x, y = np.ones(2), np.ones(2)
+    dist.all_reduce(x)
+    dist.all_reduce(y, group=plain)
+    ok &= x[0] == size and y[0] == size
+    for g in (short, short2, plain):
+        dist.destroy_process_group(g)
+    parallel_assert(ok, msg)
