@@ -19,8 +19,9 @@ their Works and futures by itself: the buckets' all-reduces overlap the backward
 on the group waits for the worker's queue to empty first, so one group's collectives never run on two
 threads at once. Point-to-point calls are pydist's own nonblocking ones.
 
-Timeouts: torch's ``init_process_group(timeout=...)`` becomes pydist's session timeout: a call that
-has not completed by then raises ``pydist.DistTimeoutError`` (through the future, in DDP).
+Timeouts: torch's ``init_process_group(timeout=...)`` becomes pydist's session timeout, and each
+``new_group``'s timeout (torch's default for it: 30 minutes) its own group's: a call that has not
+completed by then raises ``pydist.DistTimeoutError`` (through the future, in DDP).
 ``torch.distributed.monitored_barrier``, which torch 2.13 refuses on every backend but gloo, is
 replaced on import by one that runs pydist's monitored barrier on pydist groups.
 
@@ -110,6 +111,9 @@ class _Array:
             return
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{fn}(): `{arg}` must be a torch.Tensor; got {type(tensor).__name__}")
+        if tensor.layout is not torch.strided:
+            raise TypeError(f"{fn}(): `{arg}` is a {tensor.layout} tensor: the pydist backend takes sparse "
+                            f"tensors in all_reduce with ReduceOp.SUM only (as gloo does); use tensor.to_dense()")
         if not tensor.is_cpu:
             raise TypeError(f"{fn}(): the pydist backend works on CPU tensors; `{arg}` is on {tensor.device}")
         self.tensor = tensor.detach()
@@ -413,6 +417,8 @@ class ProcessGroupPydist(tdist.ProcessGroup):
                 if op is not None:
                     pd._C.all_reduce(t.numpy(), op, 0, False)
                     return _DONE
+        if any(t.layout is torch.sparse_coo for t in tensors):
+            return self._sparse_allreduce(tensors, opts)
         op = _op(opts.reduceOp if opts is not None else tdist.ReduceOp.SUM, "all_reduce")
         arrays = [_Array(t, "all_reduce", reduce=True) for t in tensors]
         group = self._group
@@ -424,6 +430,47 @@ class ProcessGroupPydist(tdist.ProcessGroup):
                 tensors[0].is_floating_point():   # a gradient bucket (DDP's map of used parameters is int)
             run = self._traced_bucket(run, sum(t.numel() * t.element_size() for t in tensors))
         return self._issue("all_reduce", opts, run, tensors, arrays)
+
+    def _sparse_allreduce(self, tensors, opts):
+        """The sum of sparse COO tensors, as gloo's: every rank's (indices, values) gathered, padded to
+        the largest count, then coalesced (duplicates summed) into each tensor, in place. Every rank
+        coalesces the same entries in the same rank order, so every rank gets bitwise the same sum."""
+        if opts is not None and opts.reduceOp != tdist.ReduceOp.SUM:
+            name = next((ours.name for theirs, ours in _OPS if opts.reduceOp == theirs), "PREMUL_SUM")
+            raise ValueError(f"all_reduce(): sparse tensors are summed only (ReduceOp.SUM), as gloo does; "
+                             f"got ReduceOp.{name}")
+        for t in tensors:
+            if t.layout is not torch.sparse_coo or not t.is_cpu:
+                raise TypeError("all_reduce(): a list of sparse tensors must hold CPU sparse COO tensors only; "
+                                f"got a {t.layout} tensor on {t.device}")
+        group, size = self._group, len(self._ranks)
+
+        def gathered(array, width):
+            """Every rank's `array`, its last axis padded to `width`: (ranks, *array.shape[:-1], width)."""
+            padded = torch.zeros(array.shape[:-1] + (width,), dtype=array.dtype)
+            padded[..., :array.shape[-1]] = array
+            out = torch.empty((size,) + tuple(padded.shape), dtype=array.dtype)
+            pd.all_gather_into_tensor(_Array(out, "all_reduce").array.reshape(-1),
+                                      _Array(padded, "all_reduce").array.reshape(-1), group=group)
+            return out
+
+        def run():
+            for t in tensors:
+                local = t.detach().coalesce()
+                indices, values = local.indices(), local.values()
+                nnz = torch.tensor([indices.shape[1]], dtype=torch.int64)
+                counts_t = torch.empty(size, dtype=torch.int64)
+                pd.all_gather_into_tensor(counts_t.numpy(), nnz.numpy(), group=group)
+                counts = counts_t.tolist()
+                all_indices = gathered(indices, max(counts))
+                # values: nnz first; moved last to pad it, and back
+                all_values = gathered(values.movedim(0, -1).contiguous(), max(counts)).movedim(-1, 1)
+                idx = torch.cat([all_indices[r, :, :counts[r]] for r in range(size)], dim=1)
+                val = torch.cat([all_values[r, :counts[r]] for r in range(size)], dim=0)
+                total = torch.sparse_coo_tensor(idx, val, local.shape).coalesce()
+                with torch.no_grad():
+                    t.copy_(total)
+        return self._issue("all_reduce", opts, run, tensors, [])
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
@@ -455,6 +502,25 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         dst = [_Array(t, "all_gather", arg="tensor_list") for t in outs]
         return self._issue("all_gather", opts, lambda: pd.all_gather([d.array for d in dst], src.array,
                                                                      group=self._group), output_tensors, dst)
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        """torch.distributed.all_gather_coalesced: output_lists[r][i] receives group rank r's
+        input_list[i], for tensors of any shapes (each index one all-gather)."""
+        if len(output_lists) != len(self._ranks):
+            raise ValueError(f"all_gather_coalesced(): `output_tensor_lists` must hold one list per rank of the "
+                             f"group ({len(self._ranks)}); got {len(output_lists)}")
+        for outs in output_lists:
+            if len(outs) != len(input_list):
+                raise ValueError(f"all_gather_coalesced(): each list of `output_tensor_lists` must hold one tensor "
+                                 f"per input tensor ({len(input_list)}); got {len(outs)}")
+        src = [_Array(t, "all_gather_coalesced", arg="input_tensor_list") for t in input_list]
+        dst = [[_Array(t, "all_gather_coalesced", arg="output_tensor_lists") for t in outs] for outs in output_lists]
+        group = self._group
+
+        def run():
+            for i, s in enumerate(src):
+                pd.all_gather([row[i].array for row in dst], s.array, group=group)
+        return self._issue("all_gather_coalesced", opts, run, output_lists, [a for row in dst for a in row])
 
     def all_gather_single(self, output, input, opts=None):
         return self.all_gather_single_coalesced([output], [input], opts)
@@ -550,8 +616,8 @@ class ProcessGroupPydist(tdist.ProcessGroup):
         """pydist's monitored barrier (torch's own front refuses every backend but gloo: see
         monitored_barrier below). `timeout`: a timedelta, or barrier options carrying one."""
         timeout = getattr(timeout, "timeout", timeout)
-        if isinstance(timeout, datetime.timedelta) and timeout.total_seconds() <= 0:
-            timeout = None   # torch's "unset"
+        if isinstance(timeout, datetime.timedelta) and timeout.total_seconds() < 0:
+            timeout = None   # torch's "unset" (BarrierOptions' -1 ms); 0 is no time at all
         self._quiet()
         pd.monitored_barrier(group=self._group, timeout=timeout, wait_all_ranks=wait_all_ranks)
 
@@ -586,32 +652,53 @@ def _backward_done(b):
 # ---------------------------------------------------------------------------------------------------
 # Creation and rendezvous
 
+_default_groups_made = 0   # torch default groups made in this process (init_process_group calls)
+
+
 def _create(options, backend_options=None):
-    """torch's creator (extended_api): the default group (no ranks listed: the world) or a new_group."""
+    """torch's creator (extended_api): the default group (no ranks listed: the world) or a new_group.
+
+    torch's first default group is pydist's default group. A later one (init_process_group again after
+    destroy_process_group) is a communicator of its own, made members-only as a new_group is: the first
+    may have been broken by a timed-out collective, and torch promises a working group after a new
+    init. Every rank makes the same number of init calls, so every rank decides alike."""
+    global _default_groups_made
     if not pd.is_initialized():
         pd.init_process_group(timeout=options.timeout)
-    ranks = list(options.global_ranks_in_group) or list(range(pd.get_world_size()))
-    if not options.global_ranks_in_group:
-        _check_world(options.group_rank, options.group_size)
-        # The default group: torch's init_process_group(timeout=...) bounds every pydist wait from now
-        # on (MPI was started at import, before torch had a timeout to give).
-        pd._set_default_timeout(options.timeout.total_seconds())
     default = not options.global_ranks_in_group
-    if not default:
+    ranks = list(options.global_ranks_in_group) or list(range(pd.get_world_size()))
+    fresh = not default or _default_groups_made > 0
+    if default:
+        _default_groups_made += 1
+        if not fresh:
+            _check_world(options.group_rank, options.group_size)
+        # torch's init_process_group(timeout=...) bounds every pydist wait from now on (MPI was started
+        # at import, before torch had a timeout to give).
+        pd._set_default_timeout(options.timeout.total_seconds())
+    if fresh:
         # Only the members get here (torch returns early on the others; all of them for a group of the
         # whole world): wait until all have arrived, through the store and with its timeout, before
         # MPI's blocking members-only creation.
         options.store.add("pydist_arrived", 1)
         deadline = time.monotonic() + options.timeout.total_seconds()
-        while options.store.add("pydist_arrived", 0) < options.group_size:
+        while options.store.add("pydist_arrived", 0) < len(ranks):
             if time.monotonic() > deadline:
                 raise pd.DistTimeoutError(f"new_group(): not every member of {ranks} arrived within "
                                           f"{options.timeout}")
             time.sleep(0.001)
-    return ProcessGroupPydist(options.group_rank, options.group_size, ranks, default=default)
+    pg = ProcessGroupPydist(options.group_rank, options.group_size, ranks, default=not fresh)
+    if default and fresh:
+        try:
+            _check_world(options.group_rank, options.group_size, pg._group)
+        except ValueError:
+            pd.destroy_process_group(pg._group)
+            raise
+    if not default:   # torch's new_group(timeout=...) (default: torch's 30 minutes) bounds this group's waits
+        pd._C.set_group_timeout(pg._group._handle, options.timeout.total_seconds())
+    return pg
 
 
-def _check_world(torch_rank, torch_size):
+def _check_world(torch_rank, torch_size, group=None):
     """The default group's rank and size as torch was told them (arguments, RANK and WORLD_SIZE, a
     store) must be MPI's, which every pydist call uses: processes that torch's spawn or torchrun
     started are each an MPI world of one, and would sum alone and return a wrong result without a
@@ -619,7 +706,7 @@ def _check_world(torch_rank, torch_size):
     rank is the same ValueError on all of them and none goes on to wait for the others."""
     size = pd.get_world_size()
     views = [None] * size
-    pd.all_gather_object(views, (torch_rank, torch_size))
+    pd.all_gather_object(views, (torch_rank, torch_size), group=group)
     wrong = [(r, view) for r, view in enumerate(views) if view != (r, size)]
     if not wrong:
         return

@@ -287,6 +287,57 @@ def test_monitored_barrier(gloo):
     parallel_assert(tdist.monitored_barrier is pydist.torch.monitored_barrier, "not in place")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64, torch.int64, torch.bfloat16])
+def test_all_gather_coalesced_equals_gloo(gloo, dtype):
+    """torch.distributed.all_gather_coalesced: tensors of several shapes (an empty one too) in one call,
+    on the default group and on a subgroup, the same as gloo's; its output lists checked."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    shapes = [(1,), (2, 3), (0,), (3, 1, 2)]
+    inputs = [ints(rank, shape, torch.float32, seed=i).to(dtype) for i, shape in enumerate(shapes)]
+    results = []
+    for group in (None, gloo):
+        outs = [[torch.full(shape, -1).to(dtype) for shape in shapes] for _ in range(size)]
+        tdist.all_gather_coalesced(outs, inputs, group=group)
+        results.append(outs)
+    expected = [[ints(r, shape, torch.float32, seed=i).to(dtype) for i, shape in enumerate(shapes)] for r in range(size)]
+    ok = all(torch.equal(a, b) and torch.equal(a, e) for ra, rb, re_ in zip(*results, expected)
+             for a, b, e in zip(ra, rb, re_))
+    members = sorted({0, size - 1})
+    sub = tdist.new_group(members)   # every rank calls new_group; only members gather
+    if rank in members:
+        outs = [[torch.empty(shape).to(dtype) for shape in shapes] for _ in members]
+        work = tdist.all_gather_coalesced(outs, inputs, group=sub, async_op=True)
+        work.wait()
+        ok &= all(torch.equal(a, e) for ra, re_ in zip(outs, [expected[m] for m in members]) for a, e in zip(ra, re_))
+    tdist.destroy_process_group(sub)
+    parallel_assert(ok, "all_gather_coalesced differs from gloo's or from the inputs")
+
+
+def test_sparse_all_reduce_equals_gloo(gloo):
+    """A sparse COO all-reduce (SUM, as gloo's): entries that overlap across ranks and within a rank,
+    values with dense dimensions, a rank with no entries; the same sum as gloo's and as the dense
+    tensors' sum. Anything but SUM, or a sparse tensor in another collective, is refused."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+
+    def sparse(r):
+        g = torch.Generator().manual_seed(r)
+        nnz = 0 if r == 1 else 5
+        indices = torch.randint(0, 4, (2, nnz), generator=g)   # duplicates on purpose
+        values = torch.randint(1, 5, (nnz, 3), generator=g).float()
+        return torch.sparse_coo_tensor(indices, values, (4, 4, 3))
+
+    ours, theirs = sparse(rank), sparse(rank)
+    tdist.all_reduce(ours)
+    tdist.all_reduce(theirs, group=gloo)
+    dense = sum(sparse(r).to_dense() for r in range(size))
+    ok = ours.is_sparse and torch.equal(ours.to_dense(), theirs.to_dense()) and torch.equal(ours.to_dense(), dense)
+    with pytest.raises(ValueError, match="summed only"):
+        tdist.all_reduce(sparse(rank), op=tdist.ReduceOp.MAX)
+    with pytest.raises(TypeError, match="sparse"):
+        tdist.broadcast(sparse(rank), src=0)
+    parallel_assert(ok, f"{ours.to_dense()} {theirs.to_dense()}")
+
+
 @pytest.mark.world_size(min=3, max=3)
 def test_new_group_translates_ranks(gloo):
     rank = tdist.get_rank()

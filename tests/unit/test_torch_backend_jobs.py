@@ -89,6 +89,91 @@ def test_monitored_barrier_names_the_rank_that_never_came(tmp_path):
     assert "[rank0]: pydist.DistError: monitored_barrier(): Rank 1 failed to pass monitoredBarrier in 2 s" in out, out
 
 
+def test_timeouts_mean_what_torch_says(tmp_path):
+    """torch's semantics, as gloo has them: a new_group's timeout (not init_process_group's 60 s) bounds
+    a barrier that only rank 0 calls; monitored_barrier with a timeout of 0 fails at once on rank 0
+    ("timed out in monitoredBarrier"); a rank that reached a monitored barrier rank 0 failed is told so
+    in torch's words. Each rank writes what it saw; rank 1 never calls the monitored barriers."""
+    proc = run(tmp_path, 3, """
+        import datetime, json, os, time, torch.distributed as dist
+        import pydist.torch
+        dist.init_process_group(backend="pydist", timeout=datetime.timedelta(seconds=60))
+        rank, seen = dist.get_rank(), {}
+        short = dist.new_group(timeout=datetime.timedelta(seconds=1))
+        if rank == 0:
+            t = time.monotonic()
+            try:
+                dist.barrier(short)
+            except RuntimeError as e:
+                seen["barrier"] = [type(e).__name__, str(e), time.monotonic() - t]
+        whole = dist.new_group()
+        if rank == 0:
+            try:
+                whole.monitored_barrier(datetime.timedelta(0))
+            except RuntimeError as e:
+                seen["zero"] = [type(e).__name__, str(e)]
+        dist.barrier()
+        if rank != 1:
+            try:
+                dist.monitored_barrier(timeout=datetime.timedelta(seconds=2))
+            except RuntimeError as e:
+                seen["monitored"] = [type(e).__name__, str(e)]
+        json.dump(seen, open(os.path.join(os.environ["JOB_OUT"], f"rank{rank}.json"), "w"))
+        time.sleep(3)   # rank 1 stays until the others have given up on it
+    """)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
+    kind, text, waited = seen[0]["barrier"]
+    assert kind == "DistTimeoutError" and 1.0 <= waited < 20, seen[0]
+    assert re.search(" (Timed out|closed|timeout) ", text), text   # torch's own tests look for this
+    assert seen[0]["zero"][0] == "DistTimeoutError" and "Rank 0 timed out in monitoredBarrier" in seen[0]["zero"][1]
+    assert seen[0]["monitored"] == ["DistError", "monitored_barrier(): Rank 1 failed to pass monitoredBarrier in 2 s"]
+    assert seen[2]["monitored"][0] == "DistTimeoutError", seen[2]
+    assert seen[2]["monitored"][1].startswith("monitored_barrier(): Rank 2 successfully reached monitoredBarrier, "
+                                              "but received errors while waiting for send/recv from rank 0"), seen[2]
+    assert seen[1] == {} and list(seen[2]) == ["monitored"], seen
+
+
+def test_a_new_default_group_works_after_a_timeout_broke_the_old_one(tmp_path):
+    """torch's promise after destroy_process_group: init_process_group again gives a working group. Rank 0
+    alone calls a barrier that times out (breaking the default group); every rank destroys and inits
+    again (as torch's own suite does between tests), and the sums are right on every rank."""
+    proc = run(tmp_path, 3, """
+        import datetime, json, os, torch, torch.distributed as dist
+        import pydist.torch
+        store = lambda n: "file://" + os.path.join(os.environ["JOB_OUT"], f"store{n}")
+        rank = int(os.environ["PMI_RANK"])
+        dist.init_process_group("pydist", init_method=store(1), rank=rank, world_size=3,
+                                timeout=datetime.timedelta(seconds=1))
+        seen = {}
+        if rank == 0:
+            try:
+                dist.barrier()
+            except RuntimeError as e:
+                seen["timeout"] = type(e).__name__
+        dist.destroy_process_group()
+        for n in (2, 3):
+            dist.init_process_group("pydist", init_method=store(n), rank=rank, world_size=3)
+            t = torch.full((4,), float(rank + 1))
+            dist.all_reduce(t)
+            g = dist.new_group([0, 2])
+            u = torch.ones(2)
+            if rank != 1:
+                dist.all_reduce(u, group=g)
+            seen[f"init{n}"] = [t.tolist(), u.tolist()]
+            dist.destroy_process_group()
+        json.dump(seen, open(os.path.join(os.environ["JOB_OUT"], f"rank{rank}.json"), "w"))
+    """)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
+    assert seen[0]["timeout"] == "DistTimeoutError", seen
+    for r in range(3):
+        for n in (2, 3):
+            assert seen[r][f"init{n}"] == [[6.0] * 4, [1.0, 1.0] if r == 1 else [2.0, 2.0]], seen
+
+
 def test_the_tutorial_example_trains_identically_on_every_rank(tmp_path):
     example = os.path.join(ROOT, "examples", "torch_lenet_sync_sgd.py")
     proc = run(tmp_path, 2, f"""
