@@ -1,6 +1,6 @@
 # Every target installs what it needs first (scripts/setup.sh is idempotent), so on a fresh machine
 # `make train` or `make test` is the only command to type.
-.PHONY: setup setup-test train check test bench docs wheel clean
+.PHONY: setup setup-test train check test torch-suite bench docs wheel clean
 
 setup:
 	scripts/setup.sh
@@ -24,8 +24,13 @@ check:
 test: setup-test
 	scripts/test.sh
 
-# The documentation site (Sphinx) from docs/ into docs/_build/html; open docs/_build/html/index.html.
-# The documentation site, docs/_build/html: needs only the package and Sphinx (pyproject.toml's docs extra).
+# torch's own distributed test suite over pydist's backend and over gloo, at 2 and 3 ranks: every test,
+# a table of outcomes and the differences (make test runs a bounded subset of it).
+torch-suite: setup-test
+	.venv/bin/python tests/torch_suite/run.py
+
+# The documentation site, docs/_build/html (open index.html): needs only the package and Sphinx
+# (pyproject.toml's docs extra).
 docs:
 	scripts/setup.sh --docs
 	.venv/bin/python -m sphinx -W --keep-going -b html docs docs/_build/html

@@ -72,7 +72,7 @@ if [ "${1:-}" = "--test" ]; then
   # hypothesis is pinned: the fuzz tests draw from a fixed seed, and the same version draws the same
   # cases on every machine.
   # ml_dtypes: bfloat16 as a NumPy dtype (JAX's), which pydist reduces as torch's bfloat16.
-  "${PIP[@]}" "pytest>=7" "hypothesis==6.170.15" "torch==2.13.0" "ml_dtypes==0.6.0"
+  "${PIP[@]}" "pytest>=7" "hypothesis==6.170.15" "torch==2.13.0" "ml_dtypes==0.6.0" "expecttest==0.3.0"
   # mpi4py from source against MPICH (about 2 minutes, once): the PyPI wheel wants another libmpi.
   if ! .venv/bin/python -c "import mpi4py" 2>/dev/null; then
     echo "setup: building mpi4py against MPICH"

@@ -22,6 +22,8 @@
 #     levels   the kernels' tests again at each instruction-set level below the CPU's widest (PYDIST_SIMD)
 #     blocks   the shell blocks of README.md and docs/guides/install.md, run as written (a fresh venv and
 #              HOME, a clean copy of the checkout): tests/docs/shell_blocks.py
+#     torch    torch's own distributed test suite over pydist's backend beside gloo, at 2 and 3 ranks: a
+#              bounded subset (tests/torch_suite; make torch-suite runs every test)
 #   then, after both lanes:
 #     make     the README's make commands as written (make train, make docs), which reinstall the
 #              package in this checkout: alone, when nothing else uses it
@@ -38,7 +40,7 @@ source scripts/compiler.sh
 LOGS=$(mktemp -d)   # each stage's time, and what each lane printed
 start=$(date +%s)
 LANE1=(unit mpi docs libraries)
-LANE2=(unit2 pythons py314 pip asan levels blocks)
+LANE2=(unit2 pythons py314 pip asan levels blocks torch)
 LAST=(make)
 
 declare -A TITLE=(
@@ -52,6 +54,7 @@ declare -A TITLE=(
   [asan]="AddressSanitizer build: core tests"
   [docs]="the documentation site: built with warnings as errors, every example run"
   [blocks]="the README's and the install guide's shell blocks, as written (tests/docs/shell_blocks.py)"
+  [torch]="torch's own distributed tests over pydist and gloo, a subset (tests/torch_suite/run.py --subset)"
   [make]="the README's make commands, as written: make train, make docs"
   [libraries]="one install on each other MPI: MPICH 5, Intel MPI, the standard ABI, Open MPI 5.0 and 4.1 (scripts/test_libraries.sh)"
 )

@@ -46,6 +46,12 @@ stage_docs() {
 # The shell blocks of the README and the install guide, as a reader types them, on this machine with
 # Debian's MPICH: a fresh venv, a fresh HOME, a clean copy of the checkout (tests/docs/shell_blocks.py).
 # The pip stage runs the README's install block again with no MPI on the machine at all.
+# torch's own distributed test suite (tests/torch_suite): a bounded subset over pydist and gloo at 2 and
+# 3 ranks; it fails on a test that passes over gloo and not over pydist (make torch-suite: every test)
+stage_torch() {
+  $PY tests/torch_suite/run.py --subset
+}
+
 stage_blocks() {
   local work
   work=$(mktemp -d)
