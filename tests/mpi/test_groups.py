@@ -175,6 +175,9 @@ def test_a_groups_own_timeout_bounds_its_waits_and_not_the_others():
     dist.all_reduce(x)
     dist.all_reduce(y, group=plain)
     ok &= x[0] == size and y[0] == size
-    for g in (short, short2, plain):
-        dist.destroy_process_group(g)
+    # `short` stays: rank 0's timed-out all-reduce left its messages at the others, and a destroyed
+    # group's communicator id may be reused by MPI for a later group without rank 0, where a later
+    # collective could take them (docs/guides/errors.md, timeouts)
+    dist.destroy_process_group(short2)
+    dist.destroy_process_group(plain)
     parallel_assert(ok, msg)
