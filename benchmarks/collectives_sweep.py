@@ -6,6 +6,7 @@
     python benchmarks/collectives_sweep.py --quick                # 2 ranks, 3 sizes, 1 repeat (smoke test)
     PYDIST_WAIT=mpi python benchmarks/collectives_sweep.py        # pydist waits with plain MPI_Wait
     python benchmarks/collectives_sweep.py --arrays own           # each size its own arrays (default: views)
+    python benchmarks/collectives_sweep.py --load 2 --ranks 2     # beside 2 busy processes of its own
 
 Run it directly, not under mpiexec: it launches the jobs itself. It compiles collectives_raw.c (the
 raw-C baseline) into benchmarks/.build/, calibrates an iteration count per program, collective and size
@@ -39,6 +40,11 @@ All of them measure the same way (collectives_raw.c's header): warm-up calls, a 
 the slowest rank's elapsed time (an all-reduce with MAX) divided by N. Bandwidth follows nccl-tests:
 algbw = SIZE / time, busbw = algbw * factor, factor 2(R-1)/R for all_reduce, (R-1)/R for all_gather,
 reduce_scatter and all_to_all, 1 for broadcast.
+
+--load N starts N busy processes (a CPU loop each) before the first job and stops them after the last,
+so that every program runs on a machine whose other load is known: the busy machine researchers
+have (a browser, DataLoader workers, a second job), not a background left to chance. The header and
+the footer say how many ran.
 
 mpi4py must be built against MPICH (scripts/setup.sh --test does it; the PyPI wheel wants another
 libmpi): MPICC=mpicc.mpich pip install --no-binary mpi4py mpi4py.
@@ -369,6 +375,19 @@ def sweep(args, ranks, sizes, programs):
     sys.stdout.flush()
 
 
+def start_load(n):
+    """n busy processes (a CPU loop each, at the default priority), in a session of their own."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL,
+                             start_new_session=True) for _ in range(n)]
+
+
+def stop_load(procs):
+    for p in procs:
+        p.kill()
+    for p in procs:
+        p.wait(timeout=10)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes (default 2 4)")
@@ -396,6 +415,8 @@ def main():
     ap.add_argument("--timeout", type=float, default=300, help="seconds per mpiexec job (default 300)")
     ap.add_argument("--json", help="also append each figure to this file, one JSON object a line")
     ap.add_argument("--quick", action="store_true", help="4 B, 4 KiB and 1 MiB, 2 ranks, 1 repeat, short cells")
+    ap.add_argument("--load", type=int, default=0, metavar="N",
+                    help="run beside N busy processes that the benchmark starts and stops (default 0)")
     ap.add_argument("--worker", nargs=3, metavar=("PROGRAM", "ARRAYS", "PLAN"), help=argparse.SUPPRESS)  # under mpiexec
     args = ap.parse_args()
 
@@ -425,9 +446,10 @@ def main():
             sizes.append(b)
             b *= max(2, args.factor)
     bad = [b for b in sizes if b <= 0 or b % 4]
-    if bad or min(args.ranks) < 1 or args.repeats < 1:
+    if bad or min(args.ranks) < 1 or args.repeats < 1 or args.load < 0:
         sys.exit(f"collectives_sweep: sizes must be positive multiples of 4 bytes (got {bad}), "
-                 f"--ranks and --repeats at least 1 (got {args.ranks}, {args.repeats})")
+                 f"--ranks and --repeats at least 1 (got {args.ranks}, {args.repeats}), --load at least 0 "
+                 f"(got {args.load})")
 
     args.started = time.monotonic()
     # Printed with the results: other processes on these 2 cores distort every side (MPICH's
@@ -435,12 +457,17 @@ def main():
     load_before = os.getloadavg()[0]
     compile_baseline()
     wait = "MPI_Wait (PYDIST_WAIT=mpi)" if os.environ.get("PYDIST_WAIT", "").lower() == "mpi" else "poll (default)"
+    load = f"beside {args.load} busy process(es) of its own" if args.load else "no load of its own"
     print(f"float32 collectives; {'fastest' if args.stat == 'min' else 'median'} of {args.repeats} interleaved runs of {', '.join(programs)}; "
-          f"pydist wait: {wait}; raw C flags: '{args.raw_flags}'; arrays: {args.arrays}; {os.cpu_count()} CPUs")
-    for ranks in args.ranks:
-        sweep(args, ranks, sizes, programs)
+          f"pydist wait: {wait}; raw C flags: '{args.raw_flags}'; arrays: {args.arrays}; {os.cpu_count()} CPUs; {load}")
+    busy = start_load(args.load)
+    try:
+        for ranks in args.ranks:
+            sweep(args, ranks, sizes, programs)
+    finally:
+        stop_load(busy)
     print(f"\n1-min load average: {load_before:.2f} before the run, {os.getloadavg()[0]:.2f} after "
-          f"(the run itself adds up to {max(args.ranks)})")
+          f"(the run itself adds up to {max(args.ranks)}{f', and its {args.load} busy process(es)' if args.load else ''})")
     sys.stdout.flush()  # the tables first, then the stderr footer, when both go to one terminal
     print(f"# total {time.monotonic() - args.started:.0f} s", file=sys.stderr)
 

@@ -90,6 +90,24 @@ def test_collectives_sweep_rejects_bad_sizes():
     assert proc.returncode != 0 and "multiples of 4 bytes" in proc.stderr, proc.stderr
 
 
+def test_collectives_sweep_runs_beside_its_own_load_and_stops_it():
+    """--load N: the header says the run is beside N busy processes, the figures come out, and none of
+    the busy processes outlives the benchmark."""
+    marker = "while True: pass"
+    before = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    proc = subprocess.run([sys.executable, "benchmarks/collectives_sweep.py", "--quick", "--load", "1", "--ops",
+                           "all_reduce", "--programs", "c", "pydist"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "beside 1 busy process(es) of its own" in proc.stdout.splitlines()[0], proc.stdout[:500]
+    assert "and its 1 busy process(es)" in proc.stdout and "all_reduce" in proc.stdout, proc.stdout[-1500:]
+    after = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    assert set(after) <= set(before), "a busy process outlived the benchmark"
+    bad = subprocess.run([sys.executable, "benchmarks/collectives_sweep.py", "--load", "-1"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--load at least 0" in bad.stderr, bad.stderr
+
+
 def test_train_compare_at_two_ranks():
     """pydist's trainer, torch DDP over gloo and torch DDP over pydist (torch+pd) on the same LeNet-5,
     1 epoch at 2 ranks, nothing capped (one level, native; R=1 too would triple the time: one process
