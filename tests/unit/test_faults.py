@@ -84,6 +84,41 @@ def test_timeout_names_the_operation_and_breaks_the_group(tmp_path):
         assert float(broken.split()[2]) < 1.0 and "broken" in broken and "all_reduce" in broken, broken
 
 
+def test_a_groups_own_timeout_bounds_its_collectives_and_breaks_only_that_group(tmp_path):
+    """new_group(timeout=0.5): rank 0 alone calls an all-reduce on it, which times out after the group's
+    0.5 s (the session's is a minute) and breaks that group only; the world and a group without a
+    timeout of its own go on. (A job of its own: the timed-out call's messages stay at the ranks that
+    never made it, docs/guides/errors.md.)"""
+    proc, _ = run_job(tmp_path, 3, """
+        dist.init_process_group(timeout=60.0)
+        short = dist.new_group([0, 1, 2], timeout=0.5)
+        plain = dist.new_group([0, 1, 2])
+        if dist.get_rank() == 0:
+            t = time.monotonic()
+            try:
+                dist.all_reduce(np.ones(4), group=short)
+            except dist.DistTimeoutError as e:
+                report(f"TIMEOUT after {time.monotonic() - t:.2f} s: {e}")
+            try:
+                dist.barrier(group=short)
+            except dist.DistError as e:
+                report(f"BROKEN: {e}")
+        x, y = np.ones(2), np.ones(2)
+        dist.all_reduce(x)
+        dist.all_reduce(y, group=plain)
+        report(f"SUMS {x[0]:g} {y[0]:g}")
+        dist.barrier()
+        time.sleep(1)   # every rank's report written before the first exit ends the job
+        os._exit(0)     # the broken all-reduce can never finish: skip the orderly shutdown
+    """)
+    timeout_line, broken, sums = reports(tmp_path, 0)
+    assert timeout_line.startswith("TIMEOUT after"), (timeout_line, proc.stderr)
+    assert 0.5 <= float(timeout_line.split()[2]) < 20, timeout_line   # 20: a hang guard only
+    assert "past its timeout of 0.500 s" in timeout_line, timeout_line
+    assert broken.startswith("BROKEN") and "broken" in broken, broken
+    assert sums == "SUMS 3 3" and reports(tmp_path, 1) == reports(tmp_path, 2) == ["SUMS 3 3"], proc.stderr
+
+
 def test_monitored_barrier_names_the_missing_rank(tmp_path):
     proc, seconds = run_job(tmp_path, 4, """
         dist.init_process_group()

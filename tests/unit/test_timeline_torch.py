@@ -3,6 +3,7 @@ over pydist's backend with PYDIST_TIMELINE set gives, on both ranks, a "backward
 and a "bucket all_reduce" span per gradient bucket (cat "torch"), each around the pydist all-reduce that
 carried it on the group's worker thread; with a pydist comm hook too."""
 import json
+import re
 import os
 import subprocess
 import sys
@@ -27,7 +28,7 @@ for hook in (None, hooks.fp16()):
         model.register_comm_hook(None, hook)
     for step in range({STEPS}):
         model(torch.randn(16, 64)).sum().backward()
-print("params", sum(p.numel() for p in net.parameters()), flush=True)   # before MPI_Finalize's exit
+print(f"params {{sum(p.numel() for p in net.parameters())}}", flush=True)   # one write per rank, before MPI_Finalize's exit
 """
 
 
@@ -40,7 +41,7 @@ def test_ddp_buckets_and_backward_passes_on_every_rank(tmp_path):
                           capture_output=True, text=True, timeout=90)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "params " in out, out
-    params = int(out.split("params ")[1].split()[0])
+    params = int(re.search(r"params (\d+)\n", out).group(1))   # (both ranks print it; their lines may interleave)
     trace = json.loads((tmp_path / "run.json").read_text())
     problems = validate(trace)
     assert problems == [], problems[:10]
