@@ -40,12 +40,6 @@ int pd_wait(MPI_Request *req, MPI_Status *status, const PdWaitSpec *spec);
 // *index: the one that completed (-1 when every request is null: returns 0 at once).
 int pd_wait_any(int n, MPI_Request *reqs, int first, int *index, MPI_Status *status, const PdWaitSpec *spec);
 
-
-// Raise DistTimeoutError "<what> timed out after <waited> s, past its timeout of <timeout> s: <why>"; returns -1.
-int pd_raise_timeout(const char *what, double waited, double timeout, const char *why);
-// Yield (GIL released) while busy(ctx): another thread is finishing what we need. Checks signals and
-// `timeout` (raising DistTimeoutError "<what> timed out ...: <why>"). 0, or -1 with the error set.
-
 // Raise DistTimeoutError "<what> timed out after <waited> s, past its timeout of <timeout> s: <why>"; returns -1.
 int pd_raise_timeout(const char *what, double waited, double timeout, const char *why);
 // Yield (GIL released) while busy(ctx): another thread is finishing what we need. Checks signals and

@@ -116,6 +116,13 @@ def main():
         os.environ["INIT_METHOD"] = suite.INIT_METHOD = "file://" + os.path.join(folder, "init_dir", "shared_init_file")
         suite.Barrier.barrier_id = 0
         record(test=name, event="start")
+        method = getattr(Case, name)
+        if getattr(method, "__unittest_skip__", False):
+            # a skip decided at import (unittest's own, which torch's spawn harness honours before it
+            # starts any process): the test does not run
+            record(test=name, event="end", outcome="skipped", seconds=0.0,
+                   message=getattr(method, "__unittest_skip_why__", ""))
+            continue
         start = time.monotonic()
 
         def hung(name=name):
@@ -127,14 +134,6 @@ def main():
         guard.daemon = True
         guard.start()
         outcome, message = "passed", ""
-        method = getattr(Case, name)
-        if getattr(method, "__unittest_skip__", False):
-            # a skip decided at import (unittest's own, which torch's spawn harness honours before it
-            # starts any process): the test does not run
-            guard.cancel()
-            record(test=name, event="end", outcome="skipped", seconds=0.0,
-                   message=getattr(method, "__unittest_skip_why__", ""))
-            continue
         try:
             case = Case(name)
             case.rank, case.file_name = rank, os.path.join(folder, "store")

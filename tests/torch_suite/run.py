@@ -84,7 +84,10 @@ def run_backend(backend, size, names, args, work):
             if os.path.exists(path):
                 for line in open(path):
                     rec = json.loads(line)
-                    (ends[rec["test"]].__setitem__(r, rec) if rec["event"] == "end" else started.add(rec["test"]))
+                    if rec["event"] == "end":
+                        ends[rec["test"]][r] = rec
+                    else:
+                        started.add(rec["test"])
         done = 0
         for name in todo:
             got = ends.get(name, {})
@@ -95,8 +98,9 @@ def run_backend(backend, size, names, args, work):
             if got:   # some ranks ended it: errored or hung there, the others were stopped in it
                 results[name] = merge(got.values(), stopped=size - len(got))
                 done += 1
-            elif name in started and not any(r.get("outcome") == "errored" for e in ends.values() for r in e.values()
-                                            if r["test"] in todo[:done]):
+            elif name in started and not any(results[n][0] == "errored" for n in todo[:done]):
+                # started, ended by no rank, and no earlier test's error ended the job: a rank died in it
+                # (after an error, the ranks that passed may have started it before the job was ended)
                 tail = open(os.path.join(out, "job.log"), errors="replace").read()[-3000:]
                 results[name] = ("crashed", f"the job ended (status {code}) in this test:\n{tail}", 0.0)
                 done += 1
